@@ -1,0 +1,29 @@
+"""barrierguard: find the hidden CPU-GPU barriers in PyTorch training loops.
+
+Example:
+    >>> import barrierguard
+    >>> with barrierguard.watch(policy="record") as guard:
+    ...     pass
+    >>> isinstance(guard.report, barrierguard.Report)
+    True
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from barrierguard._errors import BarrierGuardError, SyncError, SyncWarning
+from barrierguard._guard import Guard, watch
+from barrierguard._report import Report, Site, Violation
+
+__all__ = [
+    "BarrierGuardError",
+    "Guard",
+    "Report",
+    "Site",
+    "SyncError",
+    "SyncWarning",
+    "Violation",
+    "__version__",
+    "watch",
+]

@@ -1,0 +1,1 @@
+"""Detection engines: each installs global hooks and hands syncs to the hub."""

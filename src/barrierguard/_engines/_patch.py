@@ -1,0 +1,48 @@
+"""Reversible attribute patches: every one is undone, in reverse order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Patches"]
+
+_MISSING = object()
+
+
+class Patches:
+    """A stack of ``setattr`` patches that :meth:`undo` reverts exactly.
+
+    Example:
+        >>> import types
+        >>> ns = types.SimpleNamespace(f=1)
+        >>> p = Patches()
+        >>> p.set(ns, "f", 2); p.set(ns, "g", 3)
+        >>> (ns.f, ns.g)
+        (2, 3)
+        >>> p.undo(); (ns.f, hasattr(ns, "g"))
+        (1, False)
+    """
+
+    def __init__(self) -> None:
+        self._stack: list[tuple[Any, str, object]] = []
+
+    def set(self, owner: Any, name: str, value: object) -> None:
+        """Set ``owner.name = value``, remembering what was there before."""
+        own = owner.__dict__ if isinstance(owner, type) else vars(owner)
+        self._stack.append((owner, name, own.get(name, _MISSING)))
+        setattr(owner, name, value)
+
+    def undo(self) -> None:
+        """Restore every patched attribute, last patch first."""
+        while self._stack:
+            owner, name, old = self._stack.pop()
+            if old is _MISSING:
+                try:
+                    delattr(owner, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, name, old)
+
+    def __len__(self) -> int:
+        return len(self._stack)

@@ -1,0 +1,234 @@
+"""The CUDA engine: sync-debug mode in warn mode, plus what that mode misses.
+
+CUDA sync-debug mode reports a synchronizing call as a ``UserWarning`` after the
+sync has completed, pointing at the innermost Python frame. This engine turns
+every such warning into a located record (the user's line, the framework line,
+the kind), and intercepts what the mode does not flag although the host blocks:
+``torch.cuda.synchronize()``, ``Event.synchronize()`` and ``non_blocking=True``
+copies of large pageable host tensors. A ``non_blocking`` copy to pinned host
+memory is reported as ``async_d2h``: no barrier, but a race if read too soon.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import torch
+
+from barrierguard import _hub
+from barrierguard._engines._patch import Patches
+from barrierguard._frames import locate
+
+__all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
+
+SYNC_MESSAGE = "called a synchronizing CUDA operation"
+_PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
+
+# A non_blocking host-to-device copy from pageable memory is staged by the
+# driver; from this size on it blocks the host (measured on an H200, see
+# docs/benchmarks.md).
+PAGEABLE_BLOCKING_BYTES = 64 * 1024
+
+_tls = threading.local()
+
+
+def _get_mode() -> int:
+    """The current sync-debug mode (a seam: tests on CPU replace it)."""
+    return int(torch.cuda.get_sync_debug_mode())
+
+
+def _set_mode(mode: int | str) -> None:
+    """Set the sync-debug mode (a seam: tests on CPU replace it)."""
+    torch.cuda.set_sync_debug_mode(mode)
+
+
+def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    flag = kwargs.get("non_blocking")
+    if flag is not None:
+        return bool(flag)
+    return any(a is True for a in args)
+
+
+def _direction(src: str, dst: str) -> str:
+    if src == "cpu" and dst != "cpu":
+        return "h2d"
+    if src != "cpu" and dst == "cpu":
+        return "d2h"
+    return "d2d" if src != dst else ""
+
+
+def _target_type(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    device = kwargs.get("device")
+    if device is None:
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                return a.device.type
+            if isinstance(a, (str, torch.device)):
+                device = a
+                break
+            if isinstance(a, int) and not isinstance(a, bool):
+                return "cuda"
+    if device is None:
+        return None
+    if isinstance(device, str):
+        return device.split(":", 1)[0]
+    if isinstance(device, torch.device):
+        return device.type
+    return "cuda" if isinstance(device, int) else None
+
+
+class CudaEngine:
+    """Sync-debug mode plus intercepted calls; see the module docstring."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._patches = Patches()
+        self._saved_mode: int = 0
+        self._filter: Any = None
+        self._saved_show: Callable[..., Any] | None = None
+        self._show_attr = "_showwarnmsg"
+
+    # -- install / uninstall ------------------------------------------------
+    def install(self) -> None:
+        self._saved_mode = _get_mode()
+        try:
+            # Route the mode's warnings to us first, then arm the mode.
+            warnings.filterwarnings("always", message=SYNC_MESSAGE, category=UserWarning)
+            self._filter = warnings.filters[0]
+            # _showwarnmsg sees warnings even inside catch_warnings(record=True)
+            # (pytest records every test that way); showwarning is the fallback.
+            if not hasattr(warnings, "_showwarnmsg"):
+                self._show_attr = "showwarning"
+            self._saved_show = getattr(warnings, self._show_attr)
+            setattr(warnings, self._show_attr, self._show)
+            self._patch_calls()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_PROTOTYPE_MESSAGE)
+                _set_mode("warn")
+        except BaseException:
+            self.uninstall()
+            raise
+
+    def uninstall(self) -> None:
+        try:
+            _set_mode(self._saved_mode)
+        finally:
+            self._patches.undo()
+            if self._saved_show is not None and getattr(warnings, self._show_attr) == self._show:
+                setattr(warnings, self._show_attr, self._saved_show)
+            self._saved_show = None
+            if self._filter is not None:
+                try:
+                    warnings.filters.remove(self._filter)
+                except ValueError:
+                    pass
+                mutated = getattr(warnings, "_filters_mutated", None)
+                if mutated is not None:
+                    mutated()
+                self._filter = None
+
+    # -- the sync-debug warning -------------------------------------------
+    def _show(self, msg: Any, *args: Any) -> None:
+        if args:  # called as showwarning(message, category, filename, lineno, ...)
+            message, category = msg, args[0]
+        else:  # called as _showwarnmsg(WarningMessage)
+            message, category = msg.message, msg.category
+        if category is UserWarning and str(message).startswith(SYNC_MESSAGE):
+            self._on_sync(sys._getframe(1))
+            return
+        assert self._saved_show is not None
+        self._saved_show(msg, *args)
+
+    def _on_sync(self, frame: FrameType | None) -> None:
+        op = getattr(_tls, "op", None)
+        try:
+            if op is not None:
+                kind, method, tensor, args, kwargs = op
+                detail = ""
+                if kind == "copy":
+                    if method == "copy_" and args and isinstance(args[0], torch.Tensor):
+                        detail = _direction(args[0].device.type, tensor.device.type)
+                    else:
+                        dst = "cuda" if method == "cuda" else _target_type(args, kwargs)
+                        detail = _direction(tensor.device.type, dst or tensor.device.type)
+                loc = locate(frame, kind, detail)
+            else:
+                loc = locate(frame)
+        except Exception as exc:  # a fault of ours is reported, never raised
+            for guard in _hub.running_guards():
+                guard._fault(exc)
+            return
+        if loc is not None:
+            _hub.emit(self.name, loc)
+
+    # -- what the mode misses ---------------------------------------------
+    def _record(self, kind: str, detail: str) -> None:
+        try:
+            loc = locate(sys._getframe(1), kind, detail)
+        except Exception as exc:
+            for guard in _hub.running_guards():
+                guard._fault(exc)
+            return
+        if loc is not None:
+            _hub.emit(self.name, loc)
+
+    def _patch_calls(self) -> None:
+        record = self._record
+
+        def after(orig: Callable[..., Any], detail: str) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def synchronize(*args: Any, **kwargs: Any) -> Any:
+                out = orig(*args, **kwargs)
+                record("synchronize", detail)
+                return out
+
+            return synchronize
+
+        self._patches.set(torch.cuda, "synchronize", after(torch.cuda.synchronize, "device"))
+        self._patches.set(
+            torch.cuda.Event, "synchronize", after(torch.cuda.Event.synchronize, "event")
+        )
+        accel = getattr(torch, "accelerator", None)
+        if accel is not None and hasattr(accel, "synchronize"):
+            self._patches.set(accel, "synchronize", after(accel.synchronize, "device"))
+        for method in ("to", "cuda", "copy_"):
+            orig = getattr(torch.Tensor, method)
+            self._patches.set(torch.Tensor, method, self._copy_wrapper(orig, method))
+
+    def _copy_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
+        record = self._record
+        compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+        @functools.wraps(orig)
+        def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return orig(self, *args, **kwargs)
+            prev = getattr(_tls, "op", None)
+            _tls.op = ("copy", method, self, args, kwargs)
+            try:
+                out = orig(self, *args, **kwargs)
+            finally:
+                _tls.op = prev
+            if prev is None and _nonblocking(args, kwargs):
+                if method == "copy_":
+                    src = args[0] if args else kwargs.get("src")
+                    dst = self
+                else:
+                    src, dst = self, out
+                if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src is not dst:
+                    s, d = src.device.type, dst.device.type
+                    if s == "cpu" and d == "cuda":
+                        if src.nbytes >= PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
+                            record("copy", "h2d pageable non_blocking")
+                    elif s == "cuda" and d == "cpu" and dst.is_pinned():
+                        record("async_d2h", "non_blocking")
+            return out
+
+        return wrapper

@@ -1,0 +1,502 @@
+"""The guard: one watching session, its steps, its records and its policy."""
+
+from __future__ import annotations
+
+import functools
+import linecache
+import logging
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from barrierguard import _hub
+from barrierguard._env import cuda_available, environment
+from barrierguard._errors import BarrierGuardError, SyncError, SyncWarning
+from barrierguard._frames import Location
+from barrierguard._kinds import KINDS, fix_for
+from barrierguard._options import Options, make_options, unknown_options
+from barrierguard._report import Report, Site, Violation
+
+__all__ = ["Guard", "watch"]
+
+log = logging.getLogger("barrierguard")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_MAX_VIOLATIONS = 1000
+
+
+class _SiteStats:
+    """Mutable counters of one site while the guard runs."""
+
+    __slots__ = (
+        "allowed",
+        "blocking",
+        "count",
+        "loc",
+        "ranges",
+        "setup_count",
+        "step_count",
+        "threads",
+    )
+
+    def __init__(self, loc: Location, allowed: bool, blocking: bool) -> None:
+        self.loc = loc
+        self.allowed = allowed
+        self.blocking = blocking
+        self.count = 0
+        self.setup_count = 0
+        self.step_count = 0
+        self.ranges: list[list[int]] = []
+        self.threads: dict[str, None] = {}
+
+    def add_step(self, step: int) -> None:
+        if self.ranges and self.ranges[-1][1] >= step - 1:
+            if step > self.ranges[-1][1]:
+                self.ranges[-1][1] = step
+        else:
+            self.ranges.append([step, step])
+
+
+def _code_at(file: str, line: int) -> str:
+    return linecache.getline(file, line).strip()
+
+
+def _pick_engine(requested: str) -> tuple[str, list[str]]:
+    notes: list[str] = []
+    if requested == "cuda":
+        if not cuda_available():
+            raise BarrierGuardError(
+                "watch(engine='cuda') needs a CUDA device, but torch.cuda.is_available() is "
+                "False here; use engine='auto' (CUDA when available, else the CPU audit) or "
+                "engine='audit'"
+            )
+        return "cuda", notes
+    if requested == "auto" and cuda_available():
+        return "cuda", notes
+    notes.append(
+        "no detection ran: CUDA is not available here and the CPU audit engine is not part "
+        "of this release; run on a CUDA machine to find synchronizations"
+    )
+    return "none", notes
+
+
+def _make_engine(name: str) -> _hub.Engine:
+    if name == "cuda":
+        from barrierguard._engines.cuda import CudaEngine
+
+        return CudaEngine()
+    from barrierguard._engines.none import NoneEngine
+
+    return NoneEngine()
+
+
+class Guard:
+    """A watching session: collects syncs between :meth:`start` and :meth:`stop`.
+
+    Create one with :func:`watch`. A guard is a context manager, a decorator,
+    or driven by hand with :meth:`start`/:meth:`stop`; starting it again after a
+    stop adds to the same report.
+
+    Steps: every ``optimizer.step()`` ends a step (the first optimizer that
+    steps leads, so a GAN's two optimizers make one step). Loops without an
+    optimizer call :meth:`step`; once :meth:`step` has been called, optimizer
+    steps no longer count. Everything before the first step, and the first
+    ``warmup_steps`` steps, is setup: recorded, never held against the policy.
+
+    Example:
+        >>> import barrierguard, torch
+        >>> with barrierguard.watch(policy="record") as guard:
+        ...     for _ in range(3):
+        ...         x = torch.ones(4) * 2
+        ...         guard.step()
+        >>> guard.report.steps
+        3
+    """
+
+    def __init__(self, options: Options) -> None:
+        self._options = options
+        self._lock = threading.Lock()
+        self._sites: dict[tuple[str, int, str, str], _SiteStats] = {}
+        self._steps = 0
+        self._step_syncs = 0
+        self._manual = False
+        self._lead: Any = None
+        self._violations: list[Violation] = []
+        self._violation_count = 0
+        self._deferred: list[SyncError] = []
+        self._warned: set[tuple[str, int, str, str]] = set()
+        self._faults: list[str] = []
+        self._notes: list[str] = []
+        self._engine_name = "none"
+        self._running = False
+        self._thread_ident: int | None = None
+        self._hook_handle: Any = None
+        self._started = 0.0
+        self._elapsed = 0.0
+        self._env: dict[str, str] = {}
+        self._step_listeners: list[Callable[[int], None]] = []
+
+    # -- lifecycle ----------------------------------------------------------
+    @property
+    def is_running(self) -> bool:
+        """Whether the guard is collecting now."""
+        return self._running
+
+    @property
+    def options(self) -> Options:
+        """The validated options this guard runs with."""
+        return self._options
+
+    def start(self) -> Guard:
+        """Install the engine's hooks and start collecting.
+
+        Raises:
+            BarrierGuardError: If this guard is already running, or the engine
+                cannot run here (``engine='cuda'`` without CUDA).
+        """
+        if self._running:
+            raise BarrierGuardError(
+                "this guard is already running - did you call start() twice, or enter the "
+                "same guard in a nested 'with'? Create a second guard with watch() instead"
+            )
+        name, notes = _pick_engine(self._options.engine)
+        engine = _make_engine(name)
+        self._engine_name = name
+        for note in notes:
+            if note not in self._notes:
+                self._notes.append(note)
+        if not self._env:
+            self._env = environment(name)
+        self._thread_ident = threading.get_ident()
+        _hub.attach(self, engine)
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+        except BaseException:
+            _hub.detach(self, name)
+            raise
+        self._running = True
+        self._started = time.perf_counter()
+        return self
+
+    def stop(self) -> Report:
+        """Remove every hook, restore every global, and return the report.
+
+        Raises:
+            SyncError: Under the ``"error"`` policy, when a sync in another
+                thread broke the policy (raised here, in the guard's thread).
+        """
+        if not self._running:
+            return self.report
+        self._running = False
+        self._elapsed += time.perf_counter() - self._started
+        try:
+            if self._hook_handle is not None:
+                self._hook_handle.remove()
+                self._hook_handle = None
+        finally:
+            _hub.detach(self, self._engine_name)
+        if self._deferred:
+            err = self._deferred[0]
+            self._deferred.clear()
+            raise err
+        return self.report
+
+    def __enter__(self) -> Guard:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.stop()
+            return
+        # An exception is already on its way out: restore everything, and do
+        # not hide it behind a deferred policy error.
+        self._deferred.clear()
+        self.stop()
+
+    def __call__(self, func: F) -> F:
+        """Use the guard as a decorator: each call of ``func`` runs watched."""
+
+        @functools.wraps(func)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        watched.guard = self  # type: ignore[attr-defined]
+        return watched  # type: ignore[return-value]
+
+    # -- steps --------------------------------------------------------------
+    def step(self) -> None:
+        """Mark the end of a training step (for loops without an optimizer).
+
+        Once called, optimizer steps no longer mark steps for this guard.
+        """
+        self._manual = True
+        self._advance()
+
+    def add_step_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(step)`` at every step boundary (samplers hook in here)."""
+        self._step_listeners.append(listener)
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._manual:
+            return
+        if self._lead is None:
+            self._lead = id(optimizer)
+        if id(optimizer) == self._lead:
+            self._advance()
+
+    def _advance(self) -> None:
+        with self._lock:
+            self._steps += 1
+            self._step_syncs = 0
+            step = self._steps
+        for listener in self._step_listeners:
+            try:
+                listener(step)
+            except Exception as exc:
+                self._fault(exc)
+
+    @property
+    def steps(self) -> int:
+        """Step boundaries seen so far."""
+        return self._steps
+
+    # -- recording (called from the hub, on any thread) --------------------
+    def _fault(self, exc: BaseException) -> None:
+        text = f"internal error in barrierguard: {type(exc).__name__}: {exc}"
+        with self._lock:
+            first = not self._faults
+            if len(self._faults) < 5:
+                self._faults.append(text)
+        if first:
+            log.warning("%s (recording goes on; the report lists it)", text, exc_info=exc)
+
+    def _record(self, loc: Location, thread: threading.Thread) -> Callable[[], None] | None:
+        key = (loc.file, loc.line, loc.kind, loc.origin)
+        opts = self._options
+        with self._lock:
+            stats = self._sites.get(key)
+            if stats is None:
+                known = KINDS.get(loc.kind)
+                stats = _SiteStats(
+                    loc,
+                    allowed=opts.allowed(loc.file, loc.line, loc.kind, loc.origin),
+                    blocking=known.blocking if known is not None else True,
+                )
+                self._sites[key] = stats
+            stats.count += 1
+            stats.threads[thread.name] = None
+            step = self._steps
+            if step <= opts.warmup_steps:
+                stats.setup_count += 1
+                return None
+            stats.step_count += 1
+            stats.add_step(step)
+            if not stats.blocking:
+                if opts.policy == "record" or key in self._warned:
+                    return None
+                self._warned.add(key)
+                return functools.partial(self._warn, stats, step, "not a barrier, but a race")
+            if stats.allowed:
+                return None
+            self._step_syncs += 1
+            budget = opts.max_syncs_per_step or 0
+            if self._step_syncs <= budget:
+                return None
+            if opts.max_syncs_per_step is None:
+                reason = "not allowed"
+            else:
+                reason = f"{self._step_syncs} syncs in step {step}, budget {budget}"
+            violation = Violation(
+                file=loc.file,
+                line=loc.line,
+                kind=loc.kind,
+                origin=loc.origin,
+                step=step,
+                reason=reason,
+                thread=thread.name,
+            )
+            self._violation_count += 1
+            if len(self._violations) < _MAX_VIOLATIONS:
+                self._violations.append(violation)
+            if opts.policy == "record":
+                return None
+            first_time = key not in self._warned
+            self._warned.add(key)
+            if opts.policy == "warn":
+                return functools.partial(self._warn, stats, step, reason) if first_time else None
+            error = SyncError(self._message(stats, step, reason), self._site(stats).to_dict())
+            if thread.ident != self._thread_ident:
+                # Raising in a worker thread would kill it, not the run: the
+                # guard's own thread raises it at stop().
+                if not self._deferred:
+                    self._deferred.append(error)
+                return functools.partial(self._warn, stats, step, reason) if first_time else None
+        return functools.partial(_raise, error)
+
+    def _message(self, stats: _SiteStats, step: int, reason: str) -> str:
+        loc = stats.loc
+        kind = loc.kind + (f" ({loc.detail})" if loc.detail else "")
+        where = f"{loc.file}:{loc.line}"
+        inside = (
+            f" inside {os.path.basename(loc.framework_file)}:{loc.framework_line}"
+            if loc.framework_file
+            else ""
+        )
+        return (
+            f"{kind} sync at {where} in step {step} [{loc.origin}{inside}]: "
+            f"{_code_at(loc.file, loc.line)!r} - {reason}. Fix: {fix_for(loc.kind)}. "
+            f"To accept it: allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
+        )
+
+    def _warn(self, stats: _SiteStats, step: int, reason: str) -> None:
+        loc = stats.loc
+        warnings.warn_explicit(
+            self._message(stats, step, reason),
+            SyncWarning,
+            filename=loc.file,
+            lineno=loc.line,
+            module=os.path.splitext(os.path.basename(loc.file))[0],
+            registry=None,
+        )
+
+    # -- the report -------------------------------------------------------------
+    def _site(self, stats: _SiteStats) -> Site:
+        loc = stats.loc
+        measured = max(0, self._steps - self._options.warmup_steps)
+        return Site(
+            file=loc.file,
+            line=loc.line,
+            function=loc.function,
+            code=_code_at(loc.file, loc.line),
+            kind=loc.kind,
+            detail=loc.detail,
+            origin=loc.origin,
+            count=stats.count,
+            setup_count=stats.setup_count,
+            step_count=stats.step_count,
+            per_step=stats.step_count / measured if measured else 0.0,
+            steps=tuple((a, b) for a, b in stats.ranges),
+            threads=tuple(stats.threads),
+            allowed=stats.allowed,
+            blocking=stats.blocking,
+            fix=fix_for(loc.kind),
+            framework_file=loc.framework_file,
+            framework_line=loc.framework_line,
+            framework_function=loc.framework_function,
+        )
+
+    @property
+    def report(self) -> Report:
+        """A snapshot of what was found so far (also while running)."""
+        with self._lock:
+            stats = list(self._sites.values())
+            violations = tuple(self._violations)
+            extra = self._violation_count - len(self._violations)
+            notes = list(self._notes) + list(self._faults)
+            steps = self._steps
+        if extra > 0:
+            notes.append(f"{extra} further policy violations were counted but not listed")
+        if steps == 0:
+            notes.append(
+                "no step boundary was seen (no optimizer.step() and no guard.step()): every "
+                "sync counts as setup, and the policy never applied"
+            )
+        elapsed = self._elapsed + (time.perf_counter() - self._started if self._running else 0.0)
+        warmup = self._options.warmup_steps
+        return Report(
+            engine=self._engine_name,
+            detection=self._engine_name != "none",
+            policy=self._options.policy,
+            steps=steps,
+            warmup_steps=min(warmup, steps),
+            measured_steps=max(0, steps - warmup),
+            sites=tuple(self._site(s) for s in stats),
+            violations=violations,
+            notes=tuple(notes),
+            duration_s=elapsed,
+            environment=dict(self._env),
+        )
+
+
+def _raise(error: SyncError) -> None:
+    raise error
+
+
+_WATCH_OPTIONS = ("policy", "engine", "warmup_steps", "allow", "max_syncs_per_step")
+
+
+def watch(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    policy: str | None = None,
+    engine: str = "auto",
+    warmup_steps: int = 0,
+    allow: Iterable[str] | str = (),
+    max_syncs_per_step: int | None = None,
+    **unknown: Any,
+) -> Any:
+    """Watch a block of training code for host-device synchronizations.
+
+    Args:
+        func: When given (``@watch`` without brackets), the function to watch.
+        policy: ``"record"`` (silent), ``"warn"`` (one
+            :class:`~barrierguard.SyncWarning` per new site) or ``"error"``
+            (raise :class:`~barrierguard.SyncError` at the first site not
+            allowed). Default: ``$BARRIERGUARD_POLICY``, else ``"warn"``.
+        engine: ``"auto"`` (``"cuda"`` when CUDA is available), ``"cuda"`` or
+            ``"audit"``.
+        warmup_steps: Steps after the first that also count as setup.
+        allow: Allow rules: a kind (``"item"``), an origin
+            (``"framework:lightning"``), or ``"path/file.py:LINE"`` with LINE
+            ``*``, ``N`` or ``N-M``.
+        max_syncs_per_step: A budget of syncs per step that are not allowed by
+            a rule; ``None`` means none.
+
+    Returns:
+        A :class:`Guard` (use it with ``with``, as a decorator, or with
+        ``start()``/``stop()``), or the wrapped ``func``.
+
+    Raises:
+        BarrierGuardError: For an unknown policy or engine, a malformed allow
+            rule, or a bad count.
+        TypeError: For an unknown keyword argument.
+
+    Example:
+        >>> import barrierguard, torch
+        >>> with barrierguard.watch(policy="record") as guard:
+        ...     loss = torch.ones(()) * 3
+        >>> guard.report.policy
+        'record'
+    """
+    if unknown:
+        raise unknown_options("watch", unknown, _WATCH_OPTIONS)
+    options = make_options(
+        policy=policy,
+        engine=engine,
+        warmup_steps=warmup_steps,
+        allow=allow,
+        max_syncs_per_step=max_syncs_per_step,
+    )
+    guard = Guard(options)
+    if func is not None:
+        if not callable(func):
+            raise BarrierGuardError(
+                f"watch({func!r}): the only positional argument is a function to decorate; "
+                "pass options by keyword, e.g. watch(policy='error')"
+            )
+        return guard(func)
+    return guard

@@ -1,0 +1,176 @@
+"""Options of a guard, validated in one place, at construction."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from barrierguard._errors import BarrierGuardError
+from barrierguard._kinds import KINDS
+
+__all__ = ["ENGINES", "POLICIES", "AllowRule", "Options", "make_options", "parse_allow"]
+
+POLICIES = ("record", "warn", "error")
+ENGINES = ("auto", "cuda", "audit")
+DEFAULT_POLICY = "warn"
+POLICY_ENV = "BARRIERGUARD_POLICY"
+
+_ALLOW_FORMS = (
+    "a kind (" + ", ".join(sorted(KINDS)) + "), an origin ('user', 'framework:<name>', "
+    "'framework:*'), or a file pattern 'path/to/file.py:LINE' with LINE one of *, N or N-M"
+)
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    """One allow rule, parsed from its string form (see :func:`parse_allow`)."""
+
+    text: str
+    kind: str | None = None
+    origin: str | None = None
+    path: str | None = None
+    first_line: int = 0
+    last_line: int = 0
+
+    def matches(self, file: str, line: int, kind: str, origin: str) -> bool:
+        """Whether a sync at ``file:line`` of ``kind`` and ``origin`` is allowed."""
+        if self.kind is not None:
+            return kind == self.kind
+        if self.origin is not None:
+            if self.origin == "framework:*":
+                return origin.startswith("framework:")
+            return origin == self.origin or origin.startswith(self.origin + ".")
+        assert self.path is not None
+        if self.last_line and not self.first_line <= line <= self.last_line:
+            return False
+        norm = file.replace(os.sep, "/")
+        pat = self.path
+        return (
+            fnmatch.fnmatchcase(norm, pat)
+            or fnmatch.fnmatchcase(norm, "*/" + pat.lstrip("/"))
+            or norm.endswith("/" + pat.lstrip("/"))
+        )
+
+
+def parse_allow(rule: str) -> AllowRule:
+    """Parse one allow rule.
+
+    Forms: a kind (``"item"``), an origin (``"user"``, ``"framework:lightning"``,
+    ``"framework:*"``), or a file pattern with a line spec
+    (``"mypkg/metrics.py:*"``, ``"train.py:42"``, ``"train.py:40-50"``).
+
+    Raises:
+        BarrierGuardError: When ``rule`` has none of these forms.
+
+    Example:
+        >>> parse_allow("mypkg/metrics.py:*").matches("/src/mypkg/metrics.py", 7, "item", "user")
+        True
+        >>> parse_allow("framework:lightning").matches("/w/t.py", 1, "copy", "framework:lightning")
+        True
+    """
+    if not isinstance(rule, str):
+        raise BarrierGuardError(
+            f"allow rule {rule!r} is not a string; expected {_ALLOW_FORMS}"
+        )
+    text = rule.strip()
+    if text in KINDS:
+        return AllowRule(text=rule, kind=text)
+    if text == "user" or (text.startswith("framework:") and len(text) > len("framework:")):
+        return AllowRule(text=rule, origin=text)
+    if ":" in text:
+        path, _, spec = text.rpartition(":")
+        if path:
+            if spec == "*":
+                return AllowRule(text=rule, path=path)
+            lo, sep, hi = spec.partition("-")
+            if lo.isdigit() and (not sep or hi.isdigit()):
+                first, last = int(lo), int(hi) if sep else int(lo)
+                if first <= last:
+                    return AllowRule(text=rule, path=path, first_line=first, last_line=last)
+    hint = difflib.get_close_matches(text, list(KINDS), n=1)
+    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+    raise BarrierGuardError(f"allow rule {rule!r} is malformed{extra}; expected {_ALLOW_FORMS}")
+
+
+@dataclass(frozen=True)
+class Options:
+    """A guard's validated options."""
+
+    policy: str
+    engine: str
+    warmup_steps: int
+    allow: tuple[AllowRule, ...]
+    max_syncs_per_step: int | None
+
+    def allowed(self, file: str, line: int, kind: str, origin: str) -> bool:
+        return any(r.matches(file, line, kind, origin) for r in self.allow)
+
+
+def _choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> str:
+    if isinstance(value, str) and value.strip().lower() in choices:
+        return value.strip().lower()
+    raise BarrierGuardError(
+        f"{owner}({name}={value!r}) is not a valid {name}: expected one of "
+        + ", ".join(repr(c) for c in choices)
+    )
+
+
+def resolve_policy(value: str | None, owner: str = "watch") -> str:
+    """The policy to use: ``value``, else ``$BARRIERGUARD_POLICY``, else ``"warn"``."""
+    if value is None:
+        env = os.environ.get(POLICY_ENV)
+        if env is None or not env.strip():
+            return DEFAULT_POLICY
+        if env.strip().lower() in POLICIES:
+            return env.strip().lower()
+        raise BarrierGuardError(
+            f"{POLICY_ENV}={env!r} is not a valid policy: expected one of "
+            + ", ".join(repr(c) for c in POLICIES)
+        )
+    return _choice(owner, "policy", value, POLICIES)
+
+
+def _count(owner: str, name: str, value: object, allow_none: bool) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    expected = "a non-negative int" + (" or None" if allow_none else "")
+    raise BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected {expected}")
+
+
+def make_options(
+    *,
+    policy: str | None,
+    engine: str,
+    warmup_steps: int,
+    allow: Iterable[str] | str,
+    max_syncs_per_step: int | None,
+    owner: str = "watch",
+) -> Options:
+    """Validate and freeze a guard's options; every error names the argument."""
+    rules = [allow] if isinstance(allow, str) else list(allow)
+    warmup = _count(owner, "warmup_steps", warmup_steps, allow_none=False)
+    assert warmup is not None
+    return Options(
+        policy=resolve_policy(policy, owner),
+        engine=_choice(owner, "engine", engine, ENGINES),
+        warmup_steps=warmup,
+        allow=tuple(parse_allow(r) for r in rules),
+        max_syncs_per_step=_count(owner, "max_syncs_per_step", max_syncs_per_step, True),
+    )
+
+
+def unknown_options(owner: str, unknown: Iterable[str], accepted: Iterable[str]) -> TypeError:
+    """A TypeError for unknown keyword arguments, naming the accepted ones."""
+    names = sorted(unknown)
+    accepted = sorted(accepted)
+    hints = [difflib.get_close_matches(n, accepted, n=1) for n in names]
+    parts = [f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for n, h in zip(names, hints)]
+    return TypeError(
+        f"{owner}() got unknown keyword argument(s) {', '.join(parts)}; "
+        f"accepted: {', '.join(accepted)}"
+    )

@@ -1,0 +1,1 @@
+"""Renderers: each turns a :class:`~barrierguard.Report` into one output format."""

@@ -1,0 +1,107 @@
+"""Plain-text rendering of a report, for terminals and logs."""
+
+from __future__ import annotations
+
+import os
+
+from barrierguard._report import Report, Site
+
+__all__ = ["render"]
+
+_ENGINE_WORDS = {
+    "cuda": "cuda (CUDA sync-debug mode + intercepted calls)",
+    "audit": "audit (CPU: lines that would sync on a GPU)",
+    "none": "none",
+}
+
+
+def _short(path: str, width: int = 28) -> str:
+    return path if len(path) <= width else "..." + path[-(width - 3) :]
+
+
+def _where(site: Site) -> str:
+    return f"{os.path.basename(site.file)}:{site.line}"
+
+
+def _row(i: int, site: Site, measured: bool) -> list[str]:
+    count = site.step_count if measured else site.setup_count
+    per = f"{site.per_step:.2f}" if measured else "-"
+    stall = f"{site.stall_s * 1e3:.2f}" if site.stall_s is not None else "-"
+    kind = site.kind + (f"/{site.detail}" if site.detail else "")
+    return [str(i), _where(site), kind, site.origin, str(count), per, stall, site.code]
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header) - 1)]
+    out = []
+    for r in [header, *rows]:
+        cells = [r[c].ljust(widths[c]) for c in range(len(widths))]
+        out.append("  " + "  ".join(cells) + "  " + r[-1])
+    return out
+
+
+def render(report: Report) -> str:
+    """Render ``report`` as the console table, sites ranked by cost.
+
+    Example:
+        >>> from barrierguard import Report
+        >>> print(render(Report(engine="none", detection=False, policy="record")))
+        ... # doctest: +ELLIPSIS
+        barrierguard report: engine none, policy record
+        ...
+    """
+    lines = [f"barrierguard report: engine {report.engine}, policy {report.policy}"]
+    if not report.detection:
+        lines.append("  no detection ran: nothing below says anything about synchronizations.")
+    else:
+        lines[0] = (
+            f"barrierguard report: engine {_ENGINE_WORDS.get(report.engine, report.engine)}, "
+            f"policy {report.policy}"
+        )
+    per = report.step_syncs / report.measured_steps if report.measured_steps else 0.0
+    setup = sum(s.setup_count for s in report.sites if s.blocking)
+    lines.append(
+        f"  steps {report.steps} (warm-up {report.warmup_steps}, measured {report.measured_steps})"
+        f" | syncs in measured steps {report.step_syncs} ({per:.2f} per step)"
+        f" | setup syncs {setup} | {report.duration_s:.2f} s"
+    )
+    header = ["#", "where", "kind", "origin", "count", "/step", "stall ms", "code"]
+    ranked = report.ranked()
+    hot = [s for s in ranked if s.step_count > 0]
+    cold = [s for s in ranked if s.step_count == 0]
+    if report.detection and not report.sites:
+        lines.append("  no synchronization found.")
+    if hot:
+        lines.append("")
+        lines.append("in the measured steps (ranked by cost):")
+        rows = [_row(i, s, True) for i, s in enumerate(hot, 1)]
+        table = _table(rows, header)
+        lines.append(table[0])
+        for site, text in zip(hot, table[1:]):
+            lines.append(text)
+            if site.framework_file is not None:
+                lines.append(
+                    f"       inside {_short(site.framework_file, 60)}:{site.framework_line}"
+                    f" ({site.framework_function})"
+                )
+            if site.threads != ("MainThread",):
+                lines.append(f"       thread {', '.join(site.threads)}")
+            tag = "allowed; " if site.allowed else ""
+            lines.append(f"       {tag}fix: {site.fix}")
+    if cold:
+        lines.append("")
+        lines.append("setup and warm-up only (never counted against the policy):")
+        rows = [_row(i, s, False) for i, s in enumerate(cold, 1)]
+        lines.extend(_table(rows, header))
+    if report.violations:
+        lines.append("")
+        lines.append(f"policy violations ({len(report.violations)}):")
+        for v in report.violations[:20]:
+            lines.append(
+                f"  step {v.step}: {os.path.basename(v.file)}:{v.line} {v.kind} ({v.origin}): {v.reason}"
+            )
+        if len(report.violations) > 20:
+            lines.append(f"  ... and {len(report.violations) - 20} more")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
