@@ -1,0 +1,54 @@
+"""Shared fixtures: every test leaves torch, warnings and hooks as it found them."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from barrierguard import _hub
+
+
+def _global_state() -> dict[str, Any]:
+    from torch.optim import optimizer as optim_mod
+
+    state: dict[str, Any] = {
+        "filters": list(warnings.filters),
+        "showwarning": warnings.showwarning,
+        "_showwarnmsg": getattr(warnings, "_showwarnmsg", None),
+        "tensor_patches": {
+            k: torch.Tensor.__dict__.get(k)
+            for k in ("to", "cuda", "cpu", "copy_", "item", "__bool__", "__repr__")
+        },
+        "cuda.synchronize": torch.cuda.synchronize,
+        "Event.synchronize": torch.cuda.Event.__dict__.get("synchronize"),
+        "optimizer_post_hooks": len(optim_mod._global_optimizer_post_hooks),
+        "optimizer_pre_hooks": len(optim_mod._global_optimizer_pre_hooks),
+        "function_modes": torch._C._len_torch_function_stack(),
+        "trace": sys.gettrace(),
+        "profile": sys.getprofile(),
+        "running_guards": _hub.running_guards(),
+    }
+    accel = getattr(torch, "accelerator", None)
+    if accel is not None:
+        state["accelerator.synchronize"] = getattr(accel, "synchronize", None)
+    if torch.cuda.is_available():
+        state["sync_debug_mode"] = torch.cuda.get_sync_debug_mode()
+    return state
+
+
+@pytest.fixture(autouse=True)
+def check_global_state() -> Iterator[None]:
+    """Fail any test after which barrierguard left a global touched."""
+    before = _global_state()
+    yield
+    after = _global_state()
+    leaked = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    # A leaked guard would keep the others leaked too: stop it so later tests run clean.
+    for guard in _hub.running_guards():
+        guard.stop()
+    assert not leaked, f"global state leaked: {sorted(leaked)}"
