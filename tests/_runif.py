@@ -1,24 +1,20 @@
-"""One helper to mark tests that need hardware, like Lightning's ``RunIf``."""
+"""One helper to mark tests that need hardware, like Lightning's ``RunIf``.
+
+``conftest.py`` skips the marked tests on a machine without the hardware.
+"""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 
-def run_if(*, min_cuda_gpus: int = 0) -> pytest.MarkDecorator:
-    """Skip unless at least ``min_cuda_gpus`` CUDA GPUs are present.
+def run_if(*, min_cuda_gpus: int = 1) -> pytest.MarkDecorator:
+    """A mark that skips the test unless ``min_cuda_gpus`` CUDA GPUs are present.
+
+    Works on a function or as a module's ``pytestmark``.
 
     Example:
         @run_if(min_cuda_gpus=1)
         def test_on_gpu(): ...
     """
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    reason = f"needs {min_cuda_gpus} CUDA GPU(s), found {have}"
-    mark = pytest.mark.cuda if min_cuda_gpus <= 1 else pytest.mark.multigpu
-    skip = pytest.mark.skipif(have < min_cuda_gpus, reason=reason)
-
-    def combine(obj: object) -> object:
-        return mark(skip(obj))
-
-    return combine  # type: ignore[return-value]
+    return pytest.mark.multigpu if min_cuda_gpus > 1 else pytest.mark.cuda

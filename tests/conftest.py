@@ -10,14 +10,32 @@ from typing import Any
 import pytest
 import torch
 
+import barrierguard
 from barrierguard import _hub
+
+pytest_plugins = ["_fake_cuda"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        need = 2 if item.get_closest_marker("multigpu") else 1 if item.get_closest_marker("cuda") else 0
+        if gpus < need:
+            item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA GPU(s), found {gpus}"))
+
+
+def _is_ours(entry: Any) -> bool:
+    _action, message, category, _module, _lineno = entry
+    text = getattr(message, "pattern", "") or ""
+    return "synchronizing" in text or category is barrierguard.SyncWarning
 
 
 def _global_state() -> dict[str, Any]:
     from torch.optim import optimizer as optim_mod
 
     state: dict[str, Any] = {
-        "filters": list(warnings.filters),
+        # Third-party imports may add filters of their own; ours must not stay.
+        "our_filters": [f for f in warnings.filters if _is_ours(f)],
         "showwarning": warnings.showwarning,
         "_showwarnmsg": getattr(warnings, "_showwarnmsg", None),
         "tensor_patches": {

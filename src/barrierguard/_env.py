@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 import sys
 
@@ -15,8 +16,8 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def environment(engine: str) -> dict[str, str]:
-    """Versions and device, recorded in every report."""
+@functools.lru_cache(maxsize=None)
+def _environment(engine: str) -> tuple[tuple[str, str], ...]:
     import torch
 
     from barrierguard import __version__
@@ -32,4 +33,9 @@ def environment(engine: str) -> dict[str, str]:
             env["device"] = torch.cuda.get_device_name()
         except Exception:  # a report never fails for want of a device name
             env["device"] = "unknown"
-    return env
+    return tuple(env.items())
+
+
+def environment(engine: str) -> dict[str, str]:
+    """Versions and device, recorded in every report (read once per process)."""
+    return dict(_environment(engine))

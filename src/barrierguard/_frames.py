@@ -254,8 +254,14 @@ def kind_at(frame: FrameType) -> tuple[str, str]:
     hit = _kind_cache.get(key)
     if hit is not None:
         return hit
+    raw = code.co_code
     try:
-        opname = dis.opname[code.co_code[lasti]]
+        opname = dis.opname[raw[lasti]]
+        # A frame suspended in a call into Python code points at the last
+        # inline CACHE entry of its CALL (3.11+): step back to the CALL itself.
+        while opname == "CACHE" and lasti >= 2:
+            lasti -= 2
+            opname = dis.opname[raw[lasti]]
     except IndexError:
         opname = ""
     if opname in _CALL_OPS:

@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from barrierguard import _hub
-from barrierguard._env import cuda_available, environment
+from barrierguard import _env, _hub
 from barrierguard._errors import BarrierGuardError, SyncError, SyncWarning
 from barrierguard._frames import Location
 from barrierguard._kinds import KINDS, fix_for
@@ -69,14 +68,14 @@ def _code_at(file: str, line: int) -> str:
 def _pick_engine(requested: str) -> tuple[str, list[str]]:
     notes: list[str] = []
     if requested == "cuda":
-        if not cuda_available():
+        if not _env.cuda_available():
             raise BarrierGuardError(
                 "watch(engine='cuda') needs a CUDA device, but torch.cuda.is_available() is "
                 "False here; use engine='auto' (CUDA when available, else the CPU audit) or "
                 "engine='audit'"
             )
         return "cuda", notes
-    if requested == "auto" and cuda_available():
+    if requested == "auto" and _env.cuda_available():
         return "cuda", notes
     notes.append(
         "no detection ran: CUDA is not available here and the CPU audit engine is not part "
@@ -171,7 +170,7 @@ class Guard:
             if note not in self._notes:
                 self._notes.append(note)
         if not self._env:
-            self._env = environment(name)
+            self._env = _env.environment(name)
         self._thread_ident = threading.get_ident()
         _hub.attach(self, engine)
         try:

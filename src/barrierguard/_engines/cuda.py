@@ -227,7 +227,9 @@ class CudaEngine:
                     if s == "cpu" and d == "cuda":
                         if src.nbytes >= PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
                             record("copy", "h2d pageable non_blocking")
-                    elif s == "cuda" and d == "cpu" and dst.is_pinned():
+                    elif s == "cuda" and d == "cpu" and method != "copy_":
+                        # A new host tensor that is not ready yet; copy_ into a
+                        # pinned buffer is the deliberate pattern, left alone.
                         record("async_d2h", "non_blocking")
             return out
 

@@ -1,0 +1,9 @@
+"""``python -m barrierguard``: the same as the ``barrierguard`` command."""
+
+from __future__ import annotations
+
+import sys
+
+from barrierguard._cli import main
+
+sys.exit(main())

@@ -1,0 +1,168 @@
+"""The command line: ``barrierguard run``, ``barrierguard demo``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Sequence
+
+from barrierguard._errors import BarrierGuardError, SyncError
+from barrierguard._guard import Guard, watch
+from barrierguard._options import ENGINES, POLICIES
+
+__all__ = ["main"]
+
+EXIT_POLICY = 3
+EXIT_USAGE = 2
+
+
+def _guard_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy",
+        help=f"one of {', '.join(POLICIES)} (default: $BARRIERGUARD_POLICY, else warn)",
+    )
+    p.add_argument("--engine", default="auto", help=f"one of {', '.join(ENGINES)} (default auto)")
+    p.add_argument("--warmup-steps", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="allow rule: a kind, framework:<name>, or file.py:LINE (repeatable)",
+    )
+    p.add_argument("--max-syncs-per-step", type=int, default=None, metavar="N")
+    p.add_argument("--out", metavar="FILE", help="write the report as JSON to FILE")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="barrierguard",
+        description="Find the hidden CPU-GPU synchronizations in PyTorch training loops.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="run a script or module under watch() and print the report",
+        usage="barrierguard run [options] (script.py | -m module) [args ...]",
+    )
+    _guard_options(run)
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    run.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args ...]")
+    demo = sub.add_parser("demo", help="train a small model with typical barriers, then report")
+    _guard_options(demo)
+    demo.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    demo.add_argument("--steps", type=int, default=30)
+    return parser
+
+
+def _make_guard(ns: argparse.Namespace) -> Guard:
+    guard: Guard = watch(
+        policy=ns.policy,
+        engine=ns.engine,
+        warmup_steps=ns.warmup_steps,
+        allow=ns.allow,
+        max_syncs_per_step=ns.max_syncs_per_step,
+    )
+    return guard
+
+
+def _finish(guard: Guard, ns: argparse.Namespace, code: int) -> int:
+    report = guard.report
+    print(report, file=sys.stderr)
+    if ns.out:
+        report.save(ns.out)
+        print(f"barrierguard: report written to {ns.out}", file=sys.stderr)
+    if report.policy == "error" and not report.ok:
+        return EXIT_POLICY
+    return code
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _run(ns: argparse.Namespace) -> int:
+    if ns.module:
+        spec = importlib.util.find_spec(ns.module)
+        if spec is None:
+            raise BarrierGuardError(f"run -m {ns.module}: no module named {ns.module!r}")
+        argv = [spec.origin or ns.module, *ns.target]
+    else:
+        if not ns.target:
+            raise BarrierGuardError("run: expected a script (script.py [args]) or -m module")
+        script = ns.target[0]
+        if not os.path.isfile(script):
+            raise BarrierGuardError(f"run: can't open script {script!r}: no such file")
+        argv = list(ns.target)
+    guard = _make_guard(ns)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = argv
+    if not ns.module:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    code = 0
+    try:
+        with guard:
+            if ns.module:
+                runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except SyncError:
+        traceback.print_exc()
+        code = EXIT_POLICY
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return _finish(guard, ns, code)
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    import torch
+
+    from barrierguard._demo import train
+
+    device = ns.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise BarrierGuardError(f"demo --device {device!r}: expected auto, cpu or cuda")
+    guard = _make_guard(ns)
+    code = 0
+    try:
+        with guard:
+            train(device, steps=ns.steps)
+    except SyncError:
+        traceback.print_exc()
+        code = EXIT_POLICY
+    return _finish(guard, ns, code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``barrierguard`` command; returns the exit status."""
+    ns = _parser().parse_args(argv)
+    try:
+        if ns.command == "run":
+            return _run(ns)
+        return _demo(ns)
+    except BarrierGuardError as err:
+        print(f"barrierguard: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""A stand-in for CUDA on CPU machines: tensors whose host reads emit the exact
+warning that CUDA sync-debug mode emits, from a file that barrierguard treats as
+part of torch. With :func:`fake_cuda` the real CUDA engine runs on a CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from barrierguard import _env, _frames
+from barrierguard._engines import cuda as cuda_engine
+
+MESSAGE = "called a synchronizing CUDA operation (Triggered internally at fake/CUDAFunctions.cpp:1.)"
+
+
+def _sync() -> None:
+    warnings.warn(MESSAGE, UserWarning, stacklevel=2)
+
+
+class FakeTensor:
+    """Each host read of this tensor 'synchronizes', like a CUDA tensor would."""
+
+    def __init__(self, value: float = 1.0) -> None:
+        self.value = value
+
+    def item(self) -> float:
+        _sync()
+        return self.value
+
+    def tolist(self) -> list[float]:
+        _sync()
+        return [self.value]
+
+    def cpu(self) -> FakeTensor:
+        _sync()
+        return self
+
+    def __bool__(self) -> bool:
+        _sync()
+        return bool(self.value)
+
+    def __int__(self) -> int:
+        _sync()
+        return int(self.value)
+
+    def __float__(self) -> float:
+        _sync()
+        return float(self.value)
+
+    def __format__(self, spec: str) -> str:
+        _sync()
+        return format(self.value, spec)
+
+    def __repr__(self) -> str:
+        _sync()
+        return f"FakeTensor({self.value})"
+
+    def __getitem__(self, key: Any) -> FakeTensor:
+        _sync()
+        return self
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        _sync()
+
+    def backward(self) -> None:
+        _sync()
+
+
+def unique(t: FakeTensor) -> FakeTensor:
+    _sync()
+    return t
+
+
+class FakeMode:
+    """Records what the engine sets the sync-debug mode to."""
+
+    def __init__(self) -> None:
+        self.mode = 0
+        self.history: list[int | str] = []
+
+    def get(self) -> int:
+        return self.mode
+
+    def set(self, mode: int | str) -> None:
+        self.history.append(mode)
+        self.mode = {"default": 0, "warn": 1, "error": 2}.get(str(mode), mode)  # type: ignore[assignment]
+
+
+@contextmanager
+def _registered() -> Iterator[None]:
+    path = os.path.abspath(__file__)
+    _frames._classifier.classify(path)
+    saved = _frames._classifier._cache[path]
+    _frames._classifier._cache[path] = (_frames.TORCH, "torch")
+    try:
+        yield
+    finally:
+        _frames._classifier._cache[path] = saved
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMode]:
+    """Make the CUDA engine run on CPU: CUDA 'available', the mode faked."""
+    mode = FakeMode()
+    monkeypatch.setattr(_env, "cuda_available", lambda: True)
+    monkeypatch.setattr(cuda_engine, "_get_mode", mode.get)
+    monkeypatch.setattr(cuda_engine, "_set_mode", mode.set)
+    with _registered():
+        yield mode
