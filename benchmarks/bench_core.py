@@ -47,6 +47,34 @@ def make_step(device: str, layers: int, width: int) -> Any:
     return step
 
 
+def calibrate(device: str, width: int, target_ms: float) -> int:
+    """The layer count whose bare step is closest to ``target_ms``."""
+    best, best_gap = 1, float("inf")
+    for layers in (1, 2, 3, 4, 6, 8):
+        step = make_step(device, layers, width)
+        for _ in range(5):
+            step()
+        ms = median([timed(lambda: [step() for _ in range(20)]) / 20 * 1e3 for _ in range(3)])
+        if abs(ms - target_ms) < best_gap:
+            best, best_gap = layers, abs(ms - target_ms)
+    return best
+
+
+class _ModeOnly:
+    """Sync-debug warn mode with an 'always' filter and nothing else."""
+
+    def __enter__(self) -> None:
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.filterwarnings("ignore", message="called a synchronizing CUDA operation")
+        warnings.filterwarnings("ignore", message="Synchronization debug mode")
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def __exit__(self, *exc: object) -> None:
+        torch.cuda.set_sync_debug_mode(0)
+        self._w.__exit__(None, None, None)
+
+
 def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> dict[str, Any]:
     step = make_step(device, layers, width)
 
@@ -54,35 +82,63 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         for _ in range(steps):
             step()
 
-    for _ in range(3):
+    guard = barrierguard.watch(policy="record")
+
+    def watched() -> None:
+        # Timed while running: the per-step cost, not the one-time start/stop.
         block()
-    bare_t, watched_t, ratios = [], [], []
+
+    def mode_only() -> None:
+        with _ModeOnly():
+            block()
+
+    variants: dict[str, Any] = {"bare": block, "watch": watched}
+    if device == "cuda":
+        variants["mode_only"] = mode_only
+    block()
+    starts = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        guard.start()
+        guard.stop()
+        starts.append(time.perf_counter() - t0)
+    names = list(variants)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    ratios: dict[str, list[float]] = {n: [] for n in names if n != "bare"}
     for i in range(pairs):
-        guard = barrierguard.watch(policy="record")
-
-        def watched() -> None:
-            with guard:
-                block()
-
-        if i % 2 == 0:
-            b, w = timed(block), timed(watched)
-        else:
-            w, b = timed(watched), timed(block)
-        bare_t.append(b / steps)
-        watched_t.append(w / steps)
-        ratios.append(w / b)
-        assert guard.report.steps == steps
-        assert guard.report.step_syncs == 0, guard.report
-    return {
-        "step_ms_bare": median(bare_t) * 1e3,
-        "step_ms_watched": median(watched_t) * 1e3,
-        "ratio_median": median(ratios),
-        "ratios": ratios,
+        order = names[i % len(names) :] + names[: i % len(names)]
+        got = {}
+        for n in order:
+            if n == "watch":
+                guard.start()
+                got[n] = timed(variants[n])
+                guard.stop()
+            elif n == "mode_only":
+                with _ModeOnly():
+                    got[n] = timed(block)
+            else:
+                got[n] = timed(variants[n])
+        for n in names:
+            times[n].append(got[n] / steps)
+            if n != "bare":
+                ratios[n].append(got[n] / got["bare"])
+    report = guard.report
+    assert report.step_syncs == 0, report
+    assert report.steps == steps * pairs, report.steps
+    out: dict[str, Any] = {
+        "start_stop_us": median(starts) * 1e6,
         "steps_per_block": steps,
         "pairs": pairs,
         "layers": layers,
         "width": width,
+        "step_ms": {n: median(v) * 1e3 for n, v in times.items()},
+        "ratio_median": {n: median(v) for n, v in ratios.items()},
+        "ratio_quartiles": {
+            n: [sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]] for n, v in ratios.items()
+        },
+        "ratios": ratios,
     }
+    return out
 
 
 def _naive_hook() -> Any:
@@ -152,7 +208,7 @@ def _sleep_cycles_per_ms() -> float:
 def pageable_sweep(repeats: int) -> dict[str, Any]:
     per_ms = _sleep_cycles_per_ms()
     rows = []
-    for size in [128, 1024, 4096, 16384, 65536, 65540, 131072, 262144, 1 << 20, 8 << 20]:
+    for size in [128, 4096, 65536, 262144, 1 << 20, 3 << 19, 2 << 20, 3 << 20, 4 << 20, 6 << 20, 8 << 20]:
         host = torch.empty(size // 4)
         host.to("cuda", non_blocking=True)
         samples = []
@@ -169,9 +225,10 @@ def pageable_sweep(repeats: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--pairs", type=int, default=15)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--pairs", type=int, default=300)
+    ap.add_argument("--layers", type=int, default=0, help="0: calibrate to --target-ms")
+    ap.add_argument("--target-ms", type=float, default=1.0)
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=7)
@@ -179,16 +236,17 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     results: dict[str, Any] = {"command": " ".join(sys.argv)}
-    ov = overhead(args.device, args.steps, args.pairs, args.layers, args.width)
+    layers = args.layers or calibrate(args.device, args.width, args.target_ms)
+    ov = overhead(args.device, args.steps, args.pairs, layers, args.width)
     results["overhead"] = ov
-    print("\n## watch() on a launch-bound step (no sync in it)")
-    print(
-        table(
-            ["step ms bare", "step ms watched", "median ratio (paired)", "pairs x steps"],
-            [[f"{ov['step_ms_bare']:.3f}", f"{ov['step_ms_watched']:.3f}",
-              f"{ov['ratio_median']:.4f}", f"{ov['pairs']} x {ov['steps_per_block']}"]],
-        )
-    )
+    print(f"\n## watch() on a launch-bound step (no sync in it), {layers} layers of {args.width}")
+    rows = []
+    for name, ms in ov["step_ms"].items():
+        ratio = ov["ratio_median"].get(name)
+        q = ov["ratio_quartiles"].get(name)
+        rows.append([name, f"{ms:.3f}", f"{ratio:.4f}" if ratio else "1", f"{q[0]:.3f}-{q[1]:.3f}" if q else "-"])
+    print(table(["variant", "step ms (median)", "ratio to bare (median of paired)", "ratio IQR"], rows))
+    print(f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps; one start()+stop(): {ov['start_stop_us']:.0f} us")
     if args.device == "cuda":
         ps = per_sync(args.calls, args.repeats)
         results["per_sync"] = ps

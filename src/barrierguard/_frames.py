@@ -15,7 +15,6 @@ import os
 import sys
 import sysconfig
 import threading
-from dataclasses import dataclass
 from types import CodeType, FrameType
 
 from barrierguard._kinds import kind_for_call
@@ -133,19 +132,51 @@ def classify_file(filename: str) -> tuple[int, str]:
     return _classifier.classify(filename)
 
 
-@dataclass(frozen=True)
 class Location:
-    """Where a synchronization happened, as seen on the Python stack."""
+    """Where a synchronization happened, as seen on the Python stack.
 
-    file: str
-    line: int
-    function: str
-    kind: str
-    detail: str
-    origin: str
-    framework_file: str | None = None
-    framework_line: int | None = None
-    framework_function: str | None = None
+    Locations are interned (see :func:`locate`): a hot site reuses one object,
+    whose ``key`` (file, line, kind, origin) names the site.
+    """
+
+    __slots__ = (
+        "detail",
+        "file",
+        "framework_file",
+        "framework_function",
+        "framework_line",
+        "function",
+        "key",
+        "kind",
+        "line",
+        "origin",
+    )
+
+    def __init__(
+        self,
+        file: str,
+        line: int,
+        function: str,
+        kind: str,
+        detail: str,
+        origin: str,
+        framework_file: str | None = None,
+        framework_line: int | None = None,
+        framework_function: str | None = None,
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.function = function
+        self.kind = kind
+        self.detail = detail
+        self.origin = origin
+        self.framework_file = framework_file
+        self.framework_line = framework_line
+        self.framework_function = framework_function
+        self.key = (file, line, kind, origin)
+
+    def __repr__(self) -> str:
+        return f"Location({self.file}:{self.line} {self.kind} {self.origin})"
 
 
 _BOOL_OPS = frozenset(
@@ -278,6 +309,9 @@ def kind_at(frame: FrameType) -> tuple[str, str]:
     return result
 
 
+_location_cache: dict[tuple[object, ...], Location] = {}
+
+
 def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -> Location | None:
     """Walk outward from ``frame`` to the user's line and the framework line.
 
@@ -291,6 +325,7 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
     Returns:
         The location, or ``None`` when the stack holds no Python frame at all.
     """
+    cache = _classifier._cache
     classify = _classifier.classify
     innermost: FrameType | None = None
     framework: FrameType | None = None
@@ -298,7 +333,8 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
     user: FrameType | None = None
     f = frame
     while f is not None:
-        category, name = classify(f.f_code.co_filename)
+        filename = f.f_code.co_filename
+        category, name = cache.get(filename) or classify(filename)
         if category == OWN:
             f = f.f_back
             continue
@@ -314,12 +350,25 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
         return None
     if user is None:
         # Nothing but library frames (a module run with -m from site-packages):
-        # the outermost one that is not the standard library stands in.
+        # the innermost framework frame, else the innermost frame, stands in.
         user = framework or innermost
+    probe = framework if framework is not None else user
+    key = (
+        user.f_code,
+        user.f_lineno,
+        probe.f_code,
+        probe.f_lasti,
+        probe.f_lineno,
+        kind,
+        detail,
+    )
+    hit = _location_cache.get(key)
+    if hit is not None:
+        return hit
     if kind is None:
-        kind, detail = kind_at(framework if framework is not None else user)
+        kind, detail = kind_at(probe)
     if framework is not None:
-        return Location(
+        loc = Location(
             file=user.f_code.co_filename,
             line=user.f_lineno,
             function=user.f_code.co_name,
@@ -330,14 +379,18 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
             framework_line=framework.f_lineno,
             framework_function=framework.f_code.co_name,
         )
-    return Location(
-        file=user.f_code.co_filename,
-        line=user.f_lineno,
-        function=user.f_code.co_name,
-        kind=kind,
-        detail=detail,
-        origin="user",
-    )
+    else:
+        loc = Location(
+            file=user.f_code.co_filename,
+            line=user.f_lineno,
+            function=user.f_code.co_name,
+            kind=kind,
+            detail=detail,
+            origin="user",
+        )
+    if len(_location_cache) < 100_000:
+        _location_cache[key] = loc
+    return loc
 
 
 def current_frame(depth: int = 1) -> FrameType:

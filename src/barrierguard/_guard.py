@@ -36,6 +36,7 @@ class _SiteStats:
         "allowed",
         "blocking",
         "count",
+        "last_ident",
         "loc",
         "ranges",
         "setup_count",
@@ -52,13 +53,14 @@ class _SiteStats:
         self.step_count = 0
         self.ranges: list[list[int]] = []
         self.threads: dict[str, None] = {}
+        self.last_ident = 0
 
-    def add_step(self, step: int) -> None:
-        if self.ranges and self.ranges[-1][1] >= step - 1:
-            if step > self.ranges[-1][1]:
-                self.ranges[-1][1] = step
-        else:
-            self.ranges.append([step, step])
+
+def _thread_name(ident: int) -> str:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name
+    return f"thread-{ident}"
 
 
 def _code_at(file: str, line: int) -> str:
@@ -282,11 +284,11 @@ class Guard:
         if first:
             log.warning("%s (recording goes on; the report lists it)", text, exc_info=exc)
 
-    def _record(self, loc: Location, thread: threading.Thread) -> Callable[[], None] | None:
-        key = (loc.file, loc.line, loc.kind, loc.origin)
+    def _record(self, loc: Location, ident: int) -> Callable[[], None] | None:
+        """Count one sync at ``loc`` from thread ``ident``; return the policy's action."""
         opts = self._options
         with self._lock:
-            stats = self._sites.get(key)
+            stats = self._sites.get(loc.key)
             if stats is None:
                 known = KINDS.get(loc.kind)
                 stats = _SiteStats(
@@ -294,19 +296,25 @@ class Guard:
                     allowed=opts.allowed(loc.file, loc.line, loc.kind, loc.origin),
                     blocking=known.blocking if known is not None else True,
                 )
-                self._sites[key] = stats
+                self._sites[loc.key] = stats
             stats.count += 1
-            stats.threads[thread.name] = None
+            if ident != stats.last_ident:
+                stats.last_ident = ident
+                stats.threads[_thread_name(ident)] = None
             step = self._steps
             if step <= opts.warmup_steps:
                 stats.setup_count += 1
                 return None
             stats.step_count += 1
-            stats.add_step(step)
+            ranges = stats.ranges
+            if ranges and ranges[-1][1] >= step - 1:
+                ranges[-1][1] = step
+            else:
+                ranges.append([step, step])
             if not stats.blocking:
-                if opts.policy == "record" or key in self._warned:
+                if opts.policy == "record" or loc.key in self._warned:
                     return None
-                self._warned.add(key)
+                self._warned.add(loc.key)
                 return functools.partial(self._warn, stats, step, "not a barrier, but a race")
             if stats.allowed:
                 return None
@@ -318,26 +326,27 @@ class Guard:
                 reason = "not allowed"
             else:
                 reason = f"{self._step_syncs} syncs in step {step}, budget {budget}"
-            violation = Violation(
-                file=loc.file,
-                line=loc.line,
-                kind=loc.kind,
-                origin=loc.origin,
-                step=step,
-                reason=reason,
-                thread=thread.name,
-            )
             self._violation_count += 1
             if len(self._violations) < _MAX_VIOLATIONS:
-                self._violations.append(violation)
+                self._violations.append(
+                    Violation(
+                        file=loc.file,
+                        line=loc.line,
+                        kind=loc.kind,
+                        origin=loc.origin,
+                        step=step,
+                        reason=reason,
+                        thread=_thread_name(ident),
+                    )
+                )
             if opts.policy == "record":
                 return None
-            first_time = key not in self._warned
-            self._warned.add(key)
+            first_time = loc.key not in self._warned
+            self._warned.add(loc.key)
             if opts.policy == "warn":
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
             error = SyncError(self._message(stats, step, reason), self._site(stats).to_dict())
-            if thread.ident != self._thread_ident:
+            if ident != self._thread_ident:
                 # Raising in a worker thread would kill it, not the run: the
                 # guard's own thread raises it at stop().
                 if not self._deferred:

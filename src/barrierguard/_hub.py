@@ -69,11 +69,11 @@ def emit(engine_name: str, loc: Location) -> None:
     its report. The policy's actions (a warning, a :class:`SyncError`) run
     after every guard has recorded.
     """
-    thread = threading.current_thread()
+    ident = threading.get_ident()
     actions: list[Callable[[], None]] = []
     for guard in _guards.get(engine_name, ()):
         try:
-            action = guard._record(loc, thread)
+            action = guard._record(loc, ident)
         except Exception as exc:  # never lose the user's run to our own bug
             guard._fault(exc)
             continue

@@ -31,9 +31,10 @@ SYNC_MESSAGE = "called a synchronizing CUDA operation"
 _PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
 
 # A non_blocking host-to-device copy from pageable memory is staged by the
-# driver; from this size on it blocks the host (measured on an H200, see
-# docs/benchmarks.md).
-PAGEABLE_BLOCKING_BYTES = 64 * 1024
+# driver through a pinned buffer; above this size the host waits for the queue
+# (on an H200 with driver 580: 2 MiB returned at once, 3 MiB waited behind a
+# 20 ms kernel; see docs/benchmarks.md).
+PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
 
 _tls = threading.local()
 
@@ -140,7 +141,7 @@ class CudaEngine:
             message, category = msg, args[0]
         else:  # called as _showwarnmsg(WarningMessage)
             message, category = msg.message, msg.category
-        if category is UserWarning and str(message).startswith(SYNC_MESSAGE):
+        if category is UserWarning and message.args and str(message.args[0]).startswith(SYNC_MESSAGE):
             self._on_sync(sys._getframe(1))
             return
         assert self._saved_show is not None
@@ -225,7 +226,7 @@ class CudaEngine:
                 if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src is not dst:
                     s, d = src.device.type, dst.device.type
                     if s == "cpu" and d == "cuda":
-                        if src.nbytes >= PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
+                        if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
                             record("copy", "h2d pageable non_blocking")
                     elif s == "cuda" and d == "cpu" and method != "copy_":
                         # A new host tensor that is not ready yet; copy_ into a
