@@ -21,8 +21,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import barrierguard  # noqa: E402
-from _common import median, sync, table, timed, write  # noqa: E402
+from _common import median, sync, table, timed, write
+
+import barrierguard
 
 
 def make_step(device: str, layers: int, width: int) -> Any:
@@ -54,7 +55,7 @@ def calibrate(device: str, width: int, target_ms: float) -> int:
         step = make_step(device, layers, width)
         for _ in range(5):
             step()
-        ms = median([timed(lambda: [step() for _ in range(20)]) / 20 * 1e3 for _ in range(3)])
+        ms = median([timed(lambda s=step: [s() for _ in range(20)]) / 20 * 1e3 for _ in range(3)])
         if abs(ms - target_ms) < best_gap:
             best, best_gap = layers, abs(ms - target_ms)
     return best
@@ -208,7 +209,19 @@ def _sleep_cycles_per_ms() -> float:
 def pageable_sweep(repeats: int) -> dict[str, Any]:
     per_ms = _sleep_cycles_per_ms()
     rows = []
-    for size in [128, 4096, 65536, 262144, 1 << 20, 3 << 19, 2 << 20, 3 << 20, 4 << 20, 6 << 20, 8 << 20]:
+    for size in [
+        128,
+        4096,
+        65536,
+        262144,
+        1 << 20,
+        3 << 19,
+        2 << 20,
+        3 << 20,
+        4 << 20,
+        6 << 20,
+        8 << 20,
+    ]:
         host = torch.empty(size // 4)
         host.to("cuda", non_blocking=True)
         samples = []
@@ -244,24 +257,55 @@ def main() -> None:
     for name, ms in ov["step_ms"].items():
         ratio = ov["ratio_median"].get(name)
         q = ov["ratio_quartiles"].get(name)
-        rows.append([name, f"{ms:.3f}", f"{ratio:.4f}" if ratio else "1", f"{q[0]:.3f}-{q[1]:.3f}" if q else "-"])
-    print(table(["variant", "step ms (median)", "ratio to bare (median of paired)", "ratio IQR"], rows))
-    print(f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps; one start()+stop(): {ov['start_stop_us']:.0f} us")
+        rows.append(
+            [
+                name,
+                f"{ms:.3f}",
+                f"{ratio:.4f}" if ratio else "1",
+                f"{q[0]:.3f}-{q[1]:.3f}" if q else "-",
+            ]
+        )
+    print(
+        table(
+            ["variant", "step ms (median)", "ratio to bare (median of paired)", "ratio IQR"], rows
+        )
+    )
+    print(
+        f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps; one start()+stop(): {ov['start_stop_us']:.0f} us"
+    )
     if args.device == "cuda":
         ps = per_sync(args.calls, args.repeats)
         results["per_sync"] = ps
         print("\n## cost of one recorded .item() on an idle GPU (us per call, median)")
         print(
             table(
-                ["bare", "watch()", "naive hook (extract_stack)", "added by watch()", "added by naive"],
-                [[f"{ps['us_bare']:.1f}", f"{ps['us_watched']:.1f}", f"{ps['us_naive']:.1f}",
-                  f"{ps['us_added_watched']:.1f}", f"{ps['us_added_naive']:.1f}"]],
+                [
+                    "bare",
+                    "watch()",
+                    "naive hook (extract_stack)",
+                    "added by watch()",
+                    "added by naive",
+                ],
+                [
+                    [
+                        f"{ps['us_bare']:.1f}",
+                        f"{ps['us_watched']:.1f}",
+                        f"{ps['us_naive']:.1f}",
+                        f"{ps['us_added_watched']:.1f}",
+                        f"{ps['us_added_naive']:.1f}",
+                    ]
+                ],
             )
         )
         sw = pageable_sweep(5)
         results["pageable_nonblocking"] = sw
         print("\n## host time of a non_blocking copy of pageable memory behind a 20 ms kernel")
-        print(table(["bytes", "host ms", "blocks"], [[r["bytes"], f"{r['host_ms']:.3f}", r["blocks"]] for r in sw["sizes"]]))
+        print(
+            table(
+                ["bytes", "host ms", "blocks"],
+                [[r["bytes"], f"{r['host_ms']:.3f}", r["blocks"]] for r in sw["sizes"]],
+            )
+        )
     write(args.out, results)
 
 

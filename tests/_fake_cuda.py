@@ -16,7 +16,9 @@ import pytest
 from barrierguard import _env, _frames
 from barrierguard._engines import cuda as cuda_engine
 
-MESSAGE = "called a synchronizing CUDA operation (Triggered internally at fake/CUDAFunctions.cpp:1.)"
+MESSAGE = (
+    "called a synchronizing CUDA operation (Triggered internally at fake/CUDAFunctions.cpp:1.)"
+)
 
 
 def _sync() -> None:

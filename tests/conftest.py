@@ -19,7 +19,13 @@ pytest_plugins = ["_fake_cuda"]
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:
-        need = 2 if item.get_closest_marker("multigpu") else 1 if item.get_closest_marker("cuda") else 0
+        need = (
+            2
+            if item.get_closest_marker("multigpu")
+            else 1
+            if item.get_closest_marker("cuda")
+            else 0
+        )
         if gpus < need:
             item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA GPU(s), found {gpus}"))
 

@@ -32,7 +32,7 @@ def train(device: str = "cpu", steps: int = 30, log_every: int = 10, quiet: bool
         out = model(x)
         loss = F.cross_entropy(out, y)
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         running += loss.item()
         confident = out.softmax(-1).amax(-1) > 0.5

@@ -16,7 +16,7 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _environment(engine: str) -> tuple[tuple[str, str], ...]:
     import torch
 

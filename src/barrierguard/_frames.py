@@ -258,10 +258,10 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
         # known synchronizing calls on the line, innermost (rightmost) last.
         line = linecache.getline(code.co_filename, lineno).strip()
         try:
-            tree = ast.parse(line.rstrip(":"), mode="exec")
+            module = ast.parse(line.rstrip(":"), mode="exec")
         except SyntaxError:
             return "call", ""
-        names = [n for n in (_call_name(x) for x in ast.walk(tree)) if n is not None]
+        names = [n for n in (_call_name(x) for x in ast.walk(module)) if n is not None]
         known = [n for n in names if kind_for_call(n) != "call"]
         name = known[-1] if known else (names[0] if names else None)
     if name is None:

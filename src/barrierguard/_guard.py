@@ -125,6 +125,7 @@ class Guard:
         self._sites: dict[tuple[str, int, str, str], _SiteStats] = {}
         self._steps = 0
         self._step_syncs = 0
+        self._per_step: list[int] = [0]
         self._manual = False
         self._lead: Any = None
         self._violations: list[Violation] = []
@@ -262,6 +263,7 @@ class Guard:
         with self._lock:
             self._steps += 1
             self._step_syncs = 0
+            self._per_step.append(0)
             step = self._steps
         for listener in self._step_listeners:
             try:
@@ -298,10 +300,12 @@ class Guard:
                 )
                 self._sites[loc.key] = stats
             stats.count += 1
+            step = self._steps
+            if stats.blocking:
+                self._per_step[step] += 1
             if ident != stats.last_ident:
                 stats.last_ident = ident
                 stats.threads[_thread_name(ident)] = None
-            step = self._steps
             if step <= opts.warmup_steps:
                 stats.setup_count += 1
                 return None
@@ -415,6 +419,7 @@ class Guard:
             extra = self._violation_count - len(self._violations)
             notes = list(self._notes) + list(self._faults)
             steps = self._steps
+            per_step = tuple(self._per_step)
         if extra > 0:
             notes.append(f"{extra} further policy violations were counted but not listed")
         if steps == 0:
@@ -433,6 +438,7 @@ class Guard:
             measured_steps=max(0, steps - warmup),
             sites=tuple(self._site(s) for s in stats),
             violations=violations,
+            syncs_per_step=per_step,
             notes=tuple(notes),
             duration_s=elapsed,
             environment=dict(self._env),

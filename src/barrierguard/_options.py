@@ -72,9 +72,7 @@ def parse_allow(rule: str) -> AllowRule:
         True
     """
     if not isinstance(rule, str):
-        raise BarrierGuardError(
-            f"allow rule {rule!r} is not a string; expected {_ALLOW_FORMS}"
-        )
+        raise BarrierGuardError(f"allow rule {rule!r} is not a string; expected {_ALLOW_FORMS}")
     text = rule.strip()
     if text in KINDS:
         return AllowRule(text=rule, kind=text)
@@ -169,7 +167,10 @@ def unknown_options(owner: str, unknown: Iterable[str], accepted: Iterable[str])
     names = sorted(unknown)
     accepted = sorted(accepted)
     hints = [difflib.get_close_matches(n, accepted, n=1) for n in names]
-    parts = [f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for n, h in zip(names, hints)]
+    parts = [
+        f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "")
+        for n, h in zip(names, hints, strict=True)
+    ]
     return TypeError(
         f"{owner}() got unknown keyword argument(s) {', '.join(parts)}; "
         f"accepted: {', '.join(accepted)}"

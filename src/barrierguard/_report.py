@@ -101,7 +101,8 @@ class Violation:
 class Report:
     """What a guard found: the sites, the steps, and what the policy made of them.
 
-    ``print(report)`` shows the console table; :meth:`to_dict`/:meth:`save` write
+    ``syncs_per_step[i]`` counts the blocking syncs of step ``i`` (index 0 is
+    everything before the first step). ``print(report)`` shows the console table; :meth:`to_dict`/:meth:`save` write
     versioned JSON (``schema`` ``"barrierguard.report/1"``) that
     :meth:`from_dict`/:meth:`load` read back.
 
@@ -119,6 +120,7 @@ class Report:
     measured_steps: int = 0
     sites: tuple[Site, ...] = ()
     violations: tuple[Violation, ...] = ()
+    syncs_per_step: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
     duration_s: float = 0.0
     environment: Mapping[str, str] = field(default_factory=dict)
@@ -172,6 +174,7 @@ class Report:
             "step_syncs": self.step_syncs,
             "sites": [s.to_dict() for s in self.ranked()],
             "violations": [v.to_dict() for v in self.violations],
+            "syncs_per_step": list(self.syncs_per_step),
             "notes": list(self.notes),
             "environment": dict(self.environment),
         }
@@ -185,9 +188,7 @@ class Report:
                 schema version this release reads.
         """
         if not isinstance(data, Mapping):
-            raise BarrierGuardError(
-                f"{source}: expected a JSON object, got {type(data).__name__}"
-            )
+            raise BarrierGuardError(f"{source}: expected a JSON object, got {type(data).__name__}")
         schema = data.get("schema")
         if schema != SCHEMA:
             raise BarrierGuardError(
@@ -203,6 +204,7 @@ class Report:
                 measured_steps=int(data.get("measured_steps", 0)),
                 sites=tuple(Site.from_dict(s) for s in data.get("sites", ())),
                 violations=tuple(Violation.from_dict(v) for v in data.get("violations", ())),
+                syncs_per_step=tuple(int(n) for n in data.get("syncs_per_step", ())),
                 notes=tuple(data.get("notes", ())),
                 duration_s=float(data.get("duration_s", 0.0)),
                 environment=dict(data.get("environment", {})),

@@ -85,7 +85,7 @@ def test_sync_warnings_are_swallowed_and_others_pass(fake_cuda: FakeMode) -> Non
         with barrierguard.watch(engine="cuda", policy="record") as guard:
             guard.step()
             t.item()
-            warnings.warn("unrelated", UserWarning)
+            warnings.warn("unrelated", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["unrelated"]
 
 

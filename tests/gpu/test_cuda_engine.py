@@ -14,9 +14,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import barrierguard  # noqa: E402
-from _runif import run_if  # noqa: E402
-from corpus import cases  # noqa: E402
+import barrierguard
+from _runif import run_if
+from corpus import cases
 
 pytestmark = run_if(min_cuda_gpus=1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 __all__ = ["Patches"]
@@ -37,10 +38,8 @@ class Patches:
         while self._stack:
             owner, name, old = self._stack.pop()
             if old is _MISSING:
-                try:
+                with contextlib.suppress(AttributeError):
                     delattr(owner, name)
-                except AttributeError:
-                    pass
             else:
                 setattr(owner, name, old)
 

@@ -11,6 +11,7 @@ memory is reported as ``async_d2h``: no barrier, but a race if read too soon.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
@@ -126,10 +127,8 @@ class CudaEngine:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None
             if self._filter is not None:
-                try:
-                    warnings.filters.remove(self._filter)
-                except ValueError:
-                    pass
+                with contextlib.suppress(ValueError):
+                    warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
                 mutated = getattr(warnings, "_filters_mutated", None)
                 if mutated is not None:
                     mutated()
@@ -141,7 +140,11 @@ class CudaEngine:
             message, category = msg, args[0]
         else:  # called as _showwarnmsg(WarningMessage)
             message, category = msg.message, msg.category
-        if category is UserWarning and message.args and str(message.args[0]).startswith(SYNC_MESSAGE):
+        if (
+            category is UserWarning
+            and message.args
+            and str(message.args[0]).startswith(SYNC_MESSAGE)
+        ):
             self._on_sync(sys._getframe(1))
             return
         assert self._saved_show is not None
@@ -223,7 +226,11 @@ class CudaEngine:
                     dst = self
                 else:
                     src, dst = self, out
-                if isinstance(src, torch.Tensor) and isinstance(dst, torch.Tensor) and src is not dst:
+                if (
+                    isinstance(src, torch.Tensor)
+                    and isinstance(dst, torch.Tensor)
+                    and src is not dst
+                ):
                     s, d = src.device.type, dst.device.type
                     if s == "cpu" and d == "cuda":
                         if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():

@@ -77,7 +77,7 @@ def render(report: Report) -> str:
         rows = [_row(i, s, True) for i, s in enumerate(hot, 1)]
         table = _table(rows, header)
         lines.append(table[0])
-        for site, text in zip(hot, table[1:]):
+        for site, text in zip(hot, table[1:], strict=True):
             lines.append(text)
             if site.framework_file is not None:
                 lines.append(
