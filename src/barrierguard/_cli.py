@@ -152,9 +152,38 @@ def _demo(ns: argparse.Namespace) -> int:
     return _finish(guard, ns, code)
 
 
+def _split_module(argv: list[str]) -> list[str]:
+    """Put ``--`` after ``run ... -m MODULE`` so the module's own options pass through."""
+    if not argv or argv[0] != "run":
+        return argv
+    takes_value = {
+        "--policy",
+        "--engine",
+        "--warmup-steps",
+        "--allow",
+        "--max-syncs-per-step",
+        "--out",
+    }
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "-m" and i + 1 < len(argv):
+            return [*argv[: i + 2], "--", *argv[i + 2 :]]
+        if token in takes_value:
+            i += 2
+        elif token.startswith("-"):
+            i += 1
+        else:
+            return argv
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``barrierguard`` command; returns the exit status."""
-    ns = _parser().parse_args(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    ns = _parser().parse_args(_split_module(args))
+    if getattr(ns, "target", None) and ns.target[0] == "--":
+        ns.target = ns.target[1:]
     try:
         if ns.command == "run":
             return _run(ns)

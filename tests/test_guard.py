@@ -1,0 +1,138 @@
+"""The guard's lifecycle and steps, on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import barrierguard
+from _fake_cuda import FakeMode, FakeTensor
+
+
+def _sgd() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Linear(4, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def test_optimizer_steps_are_steps() -> None:
+    model, opt = _sgd()
+    with barrierguard.watch(policy="record") as guard:
+        for _ in range(5):
+            _train_step(model, opt)
+    assert guard.report.steps == 5
+    _train_step(model, opt)  # after stop: not counted, hook removed
+    assert guard.report.steps == 5
+
+
+def test_two_optimizers_make_one_step() -> None:
+    gen, opt_g = _sgd()
+    disc, opt_d = _sgd()
+    with barrierguard.watch(policy="record") as guard:
+        for _ in range(3):
+            _train_step(disc, opt_d)
+            _train_step(gen, opt_g)
+    assert guard.report.steps == 3
+
+
+def test_manual_steps_take_over_from_optimizer_steps() -> None:
+    model, opt = _sgd()
+    with barrierguard.watch(policy="record") as guard:
+        for _ in range(4):
+            _train_step(model, opt)
+            _train_step(model, opt)  # gradient accumulation-like: 2 optimizer steps
+            guard.step()
+    # The two optimizer steps before the first step() call counted; then only step().
+    assert guard.report.steps == 6
+
+
+def test_start_twice_is_an_error_that_says_how_to_fix_it() -> None:
+    guard = barrierguard.watch(policy="record")
+    with guard, pytest.raises(barrierguard.BarrierGuardError, match="already running"):
+        guard.start()
+
+
+def test_restart_adds_to_the_same_report(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    guard = barrierguard.watch(engine="cuda", policy="record")
+    for _ in range(2):
+        with guard:
+            guard.step()
+            t.item()
+    assert guard.report.steps == 2
+    assert guard.report.sites[0].count == 2
+    assert not guard.is_running
+
+
+def test_decorator_forms(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+
+    @barrierguard.watch(engine="cuda", policy="record")
+    def train() -> float:
+        barrierguard_guard.step()
+        return t.item()
+
+    barrierguard_guard = train.guard  # type: ignore[attr-defined]
+    assert train() == 1.0
+    assert train.guard.report.step_syncs == 1  # type: ignore[attr-defined]
+
+    @barrierguard.watch
+    def bare() -> int:
+        return 3
+
+    assert bare() == 3
+    assert isinstance(bare.guard, barrierguard.Guard)  # type: ignore[attr-defined]
+
+
+def test_report_is_available_while_running(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        t.item()
+        assert guard.is_running
+        assert guard.report.step_syncs == 1
+    assert guard.report.duration_s > 0
+
+
+def test_no_step_boundary_is_noted(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with barrierguard.watch(engine="cuda", policy="error") as guard:
+        t.item()  # no step ever: setup, never an error
+    assert guard.report.ok
+    assert any("no step boundary" in n for n in guard.report.notes)
+
+
+def test_syncs_per_step_series(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        t.item()
+        for n in (2, 0, 1):
+            guard.step()
+            for _ in range(n):
+                t.item()
+    assert guard.report.syncs_per_step == (1, 2, 0, 1)
+
+
+def test_same_seed_same_losses_with_and_without_watch() -> None:
+    def train() -> list[float]:
+        torch.manual_seed(0)
+        model, opt = _sgd()
+        out = []
+        for _ in range(5):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        return out
+
+    bare = train()
+    with barrierguard.watch(policy="record"):
+        watched = train()
+    assert watched == bare
