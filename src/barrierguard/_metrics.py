@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -251,10 +252,10 @@ class MetricBuffer:
 
     @staticmethod
     def _check_torchmetric(name: str, metric: object) -> None:
-        # Imported here: torchmetrics is heavy and importing barrierguard must stay cheap.
-        from torchmetrics import Metric
-
-        if not isinstance(metric, Metric):
+        # A Metric instance means torchmetrics is already imported; importing it here
+        # would cost seconds and change the warnings filters as a side effect.
+        module = sys.modules.get("torchmetrics")
+        if module is None or not isinstance(metric, module.Metric):
             raise BarrierGuardError(
                 f"MetricBuffer(metrics={{{name!r}: {metric!r}}}) is not a torchmetrics "
                 f"Metric: expected an instance of torchmetrics.Metric"
