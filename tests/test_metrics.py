@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -23,6 +24,10 @@ import barrierguard
 from barrierguard import MetricBuffer
 from barrierguard._errors import BarrierGuardError
 from barrierguard._metrics import NAN_POLICIES, REDUCTIONS, WEIGHTABLE
+
+# Same reason: the first meta-device stack imports sympy, which adds a warnings filter.
+with contextlib.suppress(RuntimeError):
+    torch.stack([torch.ones(()), torch.ones((), device="meta")])
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNING = tuple(r for r in REDUCTIONS if r != "cat")
@@ -476,3 +481,32 @@ def test_benchmark_smoke_on_cpu(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert set(data["median_s"]) == {"nothing", "item", "buffer"}
     assert "| loop |" in result.stdout
+
+
+@pytest.mark.parametrize("nan", ["propagate", "error"])
+def test_alternating_sets_of_names_keep_every_value(nan: str) -> None:
+    # Each set of names gets its own fast-path block; rows move between blocks.
+    buf = MetricBuffer(
+        {"loss": "mean", "best": "min", "lr": "last", "tok": ("sum", "weighted")}, nan=nan
+    )
+    loss, best, tok = [], [], []
+    for i in range(30):
+        x = float(i % 7) - 2.5
+        t = torch.tensor(x, dtype=torch.float64)
+        if i % 3 == 0:
+            buf.update(loss=t, best=t, n=2)
+        elif i % 3 == 1:
+            buf.update(tok=t, loss=t, lr=t, n=torch.tensor(3))
+            tok.append(3 * x)
+        else:
+            buf.update(lr=x, best=t, tok=t, n=1)
+            tok.append(x)
+        if i % 3 != 2:
+            loss.append(x)
+        if i % 3 != 1:
+            best.append(x)
+    out = buf.compute()
+    assert out["loss"] == pytest.approx(sum(loss) / len(loss), rel=1e-12)
+    assert out["best"] == min(best)
+    assert out["tok"] == pytest.approx(sum(tok), rel=1e-12)
+    assert out["lr"] == float(29 % 7) - 2.5

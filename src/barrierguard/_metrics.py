@@ -75,6 +75,7 @@ class _Slot:
         "host_last",
         "host_w",
         "last_on_host",
+        "plan",
         "reduction",
         "row",
         "values",
@@ -91,6 +92,8 @@ class _Slot:
         self.w: torch.Tensor | None = None
         self.bad: torch.Tensor | None = None
         self.values: list[torch.Tensor] = []
+        # The _Plan whose block holds ``row`` as a view, if any.
+        self.plan: _Plan | None = None
         self.reset_host()
 
     def reset_host(self) -> None:
@@ -126,6 +129,50 @@ class _Slot:
     @property
     def spec(self) -> ReductionSpec:
         return (self.reduction, "weighted") if self.weighted else self.reduction
+
+
+_GROUP_ORDER: Final = ("weighted", "unweighted", "min", "max", "last")
+_MAX_PLAN_REBUILDS: Final = 3
+
+
+class _Plan:
+    """Fast path for one repeated set of names whose values are all tensors.
+
+    The rows of its metrics are columns of one ``(3, k)`` block, ordered by group
+    (weighted sums, unweighted sums, min, max, last), so one ``update`` is one
+    ``torch.stack`` and one in-place op per group instead of one per metric.
+    """
+
+    __slots__ = ("a", "bad", "groups", "host_unit", "host_weighted", "lasts", "order", "sizes")
+
+    def __init__(self, slots: Mapping[str, _Slot], device: torch.device) -> None:
+        def group(slot: _Slot) -> str:
+            if slot.reduction in _SUM_KINDS:
+                return "weighted" if slot.weighted else "unweighted"
+            return slot.reduction
+
+        names = sorted(slots, key=lambda name: _GROUP_ORDER.index(group(slots[name])))
+        self.order = tuple(names)
+        self.sizes = [sum(group(slots[n]) == g for n in names) for g in _GROUP_ORDER]
+        block = torch.empty((3, len(names)), dtype=_F64, device=device)
+        for j, name in enumerate(names):
+            slot = slots[name]
+            if slot.row is None:
+                block[0, j].fill_(slot.initial_a())
+                block[1:, j].zero_()
+            else:
+                block[:, j].copy_(slot.row)  # device to device: no sync
+            slot.set_row(block[:, j])
+            slot.plan = self
+        self.a = block[0]
+        self.bad = block[2]
+        # Per group: (a view, w view) of the block, in _GROUP_ORDER.
+        a_parts = torch.split(block[0], self.sizes)
+        w_parts = torch.split(block[1], self.sizes)
+        self.groups = list(zip(a_parts, w_parts, strict=True))
+        self.host_weighted = [slots[n] for n in names if group(slots[n]) == "weighted"]
+        self.host_unit = [slots[n] for n in names if group(slots[n]) != "weighted"]
+        self.lasts = [slots[n] for n in names if slots[n].reduction == "last"]
 
 
 def _parse_spec(where: str, name: str, spec: object) -> tuple[str, bool]:
@@ -226,6 +273,9 @@ class MetricBuffer:
         self._sync_dist = sync_dist
         self._group = process_group
         self._slots: dict[str, _Slot] = {}
+        # Fast paths by (names in call order, weight is a tensor); None: use the slow path.
+        self._plans: dict[tuple[tuple[str, ...], bool], _Plan | None] = {}
+        self._plan_builds: dict[tuple[tuple[str, ...], bool], int] = {}
         for name, spec in (reductions or {}).items():
             self._check_name(name, "reductions")
             self._slots[name] = _Slot(*_parse_spec("MetricBuffer(reductions", name, spec))
@@ -333,6 +383,8 @@ class MetricBuffer:
                 )
         # no_grad: a value that requires grad must not pull the state into the graph.
         with torch.no_grad():
+            if self._nan != "ignore" and self._fast_update(items, n_tensor, n_float):
+                return
             for name, value in items.items():
                 metric = self._metrics.get(name)
                 if metric is not None:
@@ -523,10 +575,12 @@ class MetricBuffer:
             if row is not None:
                 row = self._adopt(row).to(_F64).clone()
             slot.set_row(row)
+            slot.plan = None
             slot.host_a, slot.host_w, slot.host_bad = (float(v) for v in saved["host"])
             slot.host_last = float(saved["host_last"])
             slot.last_on_host = bool(saved["last_on_host"])
             slot.values = [self._adopt(v).clone() for v in saved["values"]]
+        self._plans.clear()  # their blocks no longer hold the rows
         for name, saved in state_dict.get("metrics", {}).items():
             metric = self._metrics.get(name)
             if metric is None:
@@ -586,6 +640,78 @@ class MetricBuffer:
         assert slot.a is not None and slot.w is not None and slot.bad is not None
         return slot.a, slot.w, slot.bad
 
+    def _plan_for(self, items: Mapping[str, Any], weight_is_tensor: bool) -> _Plan | None:
+        key = (tuple(items), weight_is_tensor)
+        if key in self._plans:
+            return self._plans[key]
+        if self._device is None:
+            return None  # the slow path claims the device; the next call builds the plan
+        plan: _Plan | None = None
+        builds = self._plan_builds.get(key, 0)
+        eligible = (
+            builds < _MAX_PLAN_REBUILDS  # sets of names that keep stealing rows: slow path
+            and all(isinstance(v, torch.Tensor) for v in items.values())
+            and all(name in self._slots or name not in self._metrics for name in items)
+        )
+        if eligible:
+            slots = {name: self._slots.get(name) or self._register(name) for name in items}
+            if all(slot.reduction != "cat" for slot in slots.values()):
+                # Rows move into the new block: plans that held them as views are stale.
+                stale = {id(slot.plan) for slot in slots.values() if slot.plan is not None}
+                for other_key, other in list(self._plans.items()):
+                    if other is not None and id(other) in stale:
+                        del self._plans[other_key]
+                plan = _Plan(slots, self._device)
+                self._plan_builds[key] = builds + 1
+        self._plans[key] = plan
+        return plan
+
+    def _fast_update(
+        self, items: Mapping[str, Any], n_tensor: torch.Tensor | None, n_float: float
+    ) -> bool:
+        """The batched update; ``False`` leaves every check (and error) to the slow path."""
+        if not items:
+            return True
+        plan = self._plan_for(items, n_tensor is not None)
+        if plan is None:
+            return False
+        try:
+            values = torch.stack([items[name] for name in plan.order])
+        except (RuntimeError, TypeError):  # mixed shapes or devices: the slow path explains
+            return False
+        if values.shape != (len(plan.order),) or values.is_complex():
+            return False
+        assert self._device is not None
+        if not _same_device(values.device, self._device):
+            return False
+        v_weighted, v_unit, v_min, v_max, v_last = values.split_with_sizes(plan.sizes)
+        (a_weighted, w_weighted), (a_unit, _), (a_min, _), (a_max, _), (a_last, _) = plan.groups
+        if plan.sizes[0]:
+            if n_tensor is not None:
+                a_weighted.addcmul_(v_weighted, n_tensor)
+                w_weighted.add_(n_tensor)
+            else:
+                a_weighted.add_(v_weighted, alpha=n_float)
+                for slot in plan.host_weighted:
+                    slot.host_w += n_float
+        if plan.sizes[1]:
+            a_unit.add_(v_unit)
+        if plan.sizes[2]:
+            torch.minimum(a_min, v_min, out=a_min)
+        if plan.sizes[3]:
+            torch.maximum(a_max, v_max, out=a_max)
+        if plan.sizes[4]:
+            a_last.copy_(v_last)
+            for slot in plan.lasts:
+                slot.last_on_host = False
+        for slot in plan.host_unit:
+            slot.host_w += 1.0
+        tail = plan.sizes[2] + plan.sizes[3] + plan.sizes[4]
+        if self._nan == "error" and tail:
+            # x * 0 is NaN exactly for NaN/inf: min/max/last could hide them otherwise.
+            plan.bad[-tail:].add_(values[-tail:] * 0.0)
+        return True
+
     def _update_tensor(
         self,
         name: str,
@@ -642,11 +768,12 @@ class MetricBuffer:
         # reductions can hide one (min of +inf, an overwritten last), so they add
         # x * 0 (NaN exactly when x is NaN or inf) to the bad counter.
         if red in _SUM_KINDS:
-            if red != "count":
-                if weight_t is not None:
-                    a.addcmul_(x, weight_t)
-                else:
-                    a.add_(x, alpha=weight_f)
+            # count accumulates a too (unused by its result): under "error" a bad count
+            # value then shows as a non-finite a, as for mean and sum.
+            if weight_t is not None:
+                a.addcmul_(x, weight_t)
+            else:
+                a.add_(x, alpha=weight_f)
             if weight_t is not None:
                 w.add_(weight_t)
             else:
@@ -660,7 +787,7 @@ class MetricBuffer:
                 a.copy_(x)
                 slot.last_on_host = False
             slot.host_w += 1.0
-        if self._nan == "error" and red not in ("mean", "sum"):
+        if self._nan == "error" and red not in _SUM_KINDS:
             bad.add_(x * 0.0)
 
     def _update_number(
@@ -682,13 +809,11 @@ class MetricBuffer:
             if slot.weighted and n_tensor is not None:
                 # A device weight: the product lives on the device; x is a kernel argument.
                 a, w, _ = self._row(slot)
-                if red != "count":
-                    a.add_(n_tensor, alpha=x)
+                a.add_(n_tensor, alpha=x)
                 w.add_(n_tensor)
                 return
             weight = n_float if slot.weighted else 1.0
-            if red != "count":
-                slot.host_a += weight * x
+            slot.host_a += weight * x
             slot.host_w += weight
             return
         if red == "min":
