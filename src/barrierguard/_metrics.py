@@ -273,9 +273,9 @@ class MetricBuffer:
         self._sync_dist = sync_dist
         self._group = process_group
         self._slots: dict[str, _Slot] = {}
-        # Fast paths by (names in call order, weight is a tensor); None: use the slow path.
-        self._plans: dict[tuple[tuple[str, ...], bool], _Plan | None] = {}
-        self._plan_builds: dict[tuple[tuple[str, ...], bool], int] = {}
+        # Fast paths by names in call order; None: use the slow path for that set.
+        self._plans: dict[tuple[str, ...], _Plan | None] = {}
+        self._plan_builds: dict[tuple[str, ...], int] = {}
         for name, spec in (reductions or {}).items():
             self._check_name(name, "reductions")
             self._slots[name] = _Slot(*_parse_spec("MetricBuffer(reductions", name, spec))
@@ -640,8 +640,8 @@ class MetricBuffer:
         assert slot.a is not None and slot.w is not None and slot.bad is not None
         return slot.a, slot.w, slot.bad
 
-    def _plan_for(self, items: Mapping[str, Any], weight_is_tensor: bool) -> _Plan | None:
-        key = (tuple(items), weight_is_tensor)
+    def _plan_for(self, items: Mapping[str, Any]) -> _Plan | None:
+        key = tuple(items)
         if key in self._plans:
             return self._plans[key]
         if self._device is None:
@@ -672,7 +672,7 @@ class MetricBuffer:
         """The batched update; ``False`` leaves every check (and error) to the slow path."""
         if not items:
             return True
-        plan = self._plan_for(items, n_tensor is not None)
+        plan = self._plan_for(items)
         if plan is None:
             return False
         try:
