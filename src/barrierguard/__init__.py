@@ -14,11 +14,13 @@ __version__ = "0.1.0"
 
 from barrierguard._errors import BarrierGuardError, SyncError, SyncWarning
 from barrierguard._guard import Guard, watch
+from barrierguard._metrics import MetricBuffer
 from barrierguard._report import Report, Site, Violation
 
 __all__ = [
     "BarrierGuardError",
     "Guard",
+    "MetricBuffer",
     "Report",
     "Site",
     "SyncError",
