@@ -1,0 +1,33 @@
+"""The examples run (short settings) under ``barrierguard run``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from barrierguard._cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("name", ["plain_loop.py", "fixed_loop.py"])
+def test_example_runs(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.json"
+    code = main(
+        [
+            "run",
+            "--policy",
+            "record",
+            "--out",
+            str(out),
+            str(EXAMPLES / name),
+            "--steps",
+            "4",
+            "--batch",
+            "8",
+        ]
+    )
+    assert code == 0
+    assert "mean loss" in capsys.readouterr().out
+    assert out.exists()
