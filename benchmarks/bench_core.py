@@ -124,7 +124,8 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
             if n != "bare":
                 ratios[n].append(got[n] / got["bare"])
     report = guard.report
-    assert report.step_syncs == 0, report
+    # The only syncs are timed()'s own synchronize calls around each block.
+    assert all(s.file.endswith("_common.py") for s in report.sites), report
     assert report.steps == steps * pairs, report.steps
     out: dict[str, Any] = {
         "start_stop_us": median(starts) * 1e6,

@@ -52,6 +52,13 @@ TORCH_FRAMEWORKS: tuple[tuple[str, str], ...] = (
 )
 
 _OWN_ROOT = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# barrierguard's own files that are not the guard's machinery: the demo is user
+# code, and MetricBuffer.compute() makes the one deliberate transfer of a
+# framework (reported as "framework:barrierguard", allowed by default).
+_OWN_EXCEPTIONS = {
+    _OWN_ROOT + "_demo.py": (USER, ""),
+    _OWN_ROOT + "_metrics.py": (FRAMEWORK, "barrierguard"),
+}
 
 
 def _package_root(name: str) -> str | None:
@@ -105,6 +112,8 @@ class _Classifier:
             # notebook cells are the user's own code.
             return (LIBRARY, "python") if filename.startswith("<frozen") else (USER, "")
         path = os.path.abspath(filename)
+        if path in _OWN_EXCEPTIONS:
+            return _OWN_EXCEPTIONS[path]
         for prefix, category, name in roots:
             if path.startswith(prefix):
                 return category, name

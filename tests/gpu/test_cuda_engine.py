@@ -220,3 +220,46 @@ def test_watch_does_not_change_results_on_gpu() -> None:
     with barrierguard.watch(engine="cuda", policy="record"):
         watched = run()
     assert bare == watched
+
+
+def test_metricbuffer_compute_is_reported_and_allowed() -> None:
+    x = torch.ones(4, device="cuda")
+    buf = barrierguard.MetricBuffer()
+    with barrierguard.watch(engine="cuda", policy="error") as guard:
+        for _ in range(3):
+            guard.step()
+            buf.update(loss=x.sum())
+        result = buf.compute()  # the one deliberate transfer
+    assert result["loss"] == 4.0
+    sites = [s for s in guard.report.sites if s.step_count]
+    assert sites and all(s.origin == "framework:barrierguard" and s.allowed for s in sites)
+    assert sites[0].framework_file is not None and sites[0].framework_file.endswith("_metrics.py")
+    assert guard.report.ok
+
+
+def test_fixed_example_passes_the_error_policy(tmp_path: Path) -> None:
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "barrierguard",
+            "run",
+            "--policy",
+            "error",
+            "--out",
+            str(tmp_path / "r.json"),
+            str(root / "examples" / "fixed_loop.py"),
+            "--steps",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = barrierguard.Report.load(tmp_path / "r.json")
+    assert report.engine == "cuda" and report.ok and report.steps == 20
