@@ -50,13 +50,6 @@ def _set_mode(mode: int | str) -> None:
     torch.cuda.set_sync_debug_mode(mode)
 
 
-def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    flag = kwargs.get("non_blocking")
-    if flag is not None:
-        return bool(flag)
-    return any(a is True for a in args)
-
-
 def _direction(src: str, dst: str) -> str:
     if src == "cpu" and dst != "cpu":
         return "h2d"
@@ -208,19 +201,26 @@ class CudaEngine:
 
     def _copy_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
         record = self._record
-        compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+        # is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
+        # while tracing: the cheapest way to stay out of compiled graphs.
+        compiling = getattr(
+            torch.compiler, "is_dynamo_compiling", getattr(torch.compiler, "is_compiling", None)
+        )
+        tls = _tls
 
         @functools.wraps(orig)
         def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if compiling():
                 return orig(self, *args, **kwargs)
-            prev = getattr(_tls, "op", None)
-            _tls.op = ("copy", method, self, args, kwargs)
+            prev = getattr(tls, "op", None)
+            tls.op = ("copy", method, self, args, kwargs)
             try:
                 out = orig(self, *args, **kwargs)
             finally:
-                _tls.op = prev
-            if prev is None and _nonblocking(args, kwargs):
+                tls.op = prev
+            if prev is None and (
+                kwargs.get("non_blocking") or (len(args) > 1 and any(a is True for a in args))
+            ):
                 if method == "copy_":
                     src = args[0] if args else kwargs.get("src")
                     dst = self
