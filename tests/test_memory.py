@@ -44,7 +44,9 @@ def _jump(n: int, at: int, size: int = 64 * MB) -> list[int]:
 
 def _noisy(values: list[int], amp: int = 300_000) -> list[int]:
     # Deterministic jitter of +-amp, like RSS wobbling under a flat load.
-    return [v + (amp if (s * 7919) % 3 == 0 else -amp if s % 2 else 0) for s, v in enumerate(values)]
+    return [
+        v + (amp if (s * 7919) % 3 == 0 else -amp if s % 2 else 0) for s, v in enumerate(values)
+    ]
 
 
 def _two_jumps(n: int) -> list[int]:
@@ -424,9 +426,7 @@ def _leaky_report(fake_memory: Callable[..., FakeMemory]) -> barrierguard.Report
     return guard.report
 
 
-def test_json_round_trip_and_shape(
-    fake_memory: Callable[..., FakeMemory], tmp_path: Path
-) -> None:
+def test_json_round_trip_and_shape(fake_memory: Callable[..., FakeMemory], tmp_path: Path) -> None:
     report = _leaky_report(fake_memory)
     path = tmp_path / "r.json"
     report.save(path)
@@ -526,7 +526,9 @@ def test_explain_failure_becomes_a_note() -> None:
         raise RuntimeError("boom")
 
     def probes(notes: list[str]) -> ProbeSet:
-        return ProbeSet({"h": lambda: {"host_rss": BASE + MB * step[0]}}, {}, notes, lambda: ("host_rss",))
+        return ProbeSet(
+            {"h": lambda: {"host_rss": BASE + MB * step[0]}}, {}, notes, lambda: ("host_rss",)
+        )
 
     step = [0]
     monitor = MemoryMonitor(

@@ -26,6 +26,7 @@ every other one is dropped and the stride doubles.
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import os
 import statistics
@@ -35,7 +36,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from barrierguard._errors import MemoryGrowthError, MemoryGrowthWarning
 from barrierguard._report import MemoryReport
@@ -145,8 +146,8 @@ def _cuda_stats_reader() -> Callable[[int], Mapping[str, Any]]:
 
     raw = getattr(torch._C, "_cuda_memoryStats", None)
     if raw is not None:
-        return raw  # type: ignore[no-any-return]
-    return torch.cuda.memory_stats_as_nested_dict  # type: ignore[return-value]
+        return cast("Callable[[int], Mapping[str, Any]]", raw)
+    return torch.cuda.memory_stats_as_nested_dict
 
 
 class _Allocator:
@@ -160,10 +161,12 @@ class _Allocator:
         import torch
 
         self._cuda = torch.cuda
+        # torch leaves is_initialized unannotated.
+        self._initialized: Callable[[], bool] = torch.cuda.is_initialized
         self._stats = _cuda_stats_reader()
 
     def __call__(self) -> Mapping[str, int]:
-        if not self._cuda.is_initialized():
+        if not self._initialized():
             return {"device_allocated": 0, "device_reserved": 0}
         stats = self._stats(self._cuda.current_device())
         return {
@@ -187,6 +190,7 @@ class _Nvml:
 
         self._nvml = pynvml
         self._cuda = torch.cuda
+        self._initialized: Callable[[], bool] = torch.cuda.is_initialized
         self._notes = notes
         self._sources = sources
         self._handle: Any = None
@@ -235,7 +239,7 @@ class _Nvml:
 
     def __call__(self) -> Mapping[str, int]:
         if self._handle is None:
-            if self._broken or not self._cuda.is_initialized():
+            if self._broken or not self._initialized():
                 return {}
             try:
                 self._open()
@@ -490,9 +494,7 @@ def analyze_series(
         slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
         return SeriesVerdict(slope, False, None, peak, peak_step, tuple(jumps), n)
     bounds = _windows(n)
-    rates = [
-        (ys[b] - ys[a]) / (xs[b] - xs[a]) for a, b in zip(bounds, bounds[1:], strict=False)
-    ]
+    rates = [(ys[b] - ys[a]) / (xs[b] - xs[a]) for a, b in itertools.pairwise(bounds)]
     need = 3
     run = 0
     for rate in reversed(rates):
@@ -604,11 +606,12 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
                 depth = _add_chain(fn, 10 * need + 1000)
                 if depth >= need and (chain is None or depth > chain[0]):
                     chain = (depth, obj)
-        elif kind is list and len(obj) >= need:
-            if _tensor_list(obj, torch.Tensor, torch.nn.Parameter):
-                size = sum(int(t.nbytes) for t in obj if issubclass(type(t), tensor_type))
-                if biggest is None or size > biggest[0]:
-                    biggest = (size, obj)
+        elif (
+            kind is list and len(obj) >= need and _tensor_list(obj, tensor_type, torch.nn.Parameter)
+        ):
+            size = sum(int(t.nbytes) for t in obj if issubclass(type(t), tensor_type))
+            if biggest is None or size > biggest[0]:
+                biggest = (size, obj)
     if chain is not None:
         depth, tensor = chain
         name = _name_of(tensor, frame)

@@ -227,7 +227,9 @@ def parse_bytes(value: object, *, owner: str = "watch", name: str = "max_growth_
         match = _BYTES_RE.match(value)
         if match is not None and match.group(2).lower() in _UNITS:
             return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    raise BarrierGuardError(f"{owner}({name}={value!r}) is not a valid size: expected {_BYTES_FORMS}")
+    raise BarrierGuardError(
+        f"{owner}({name}={value!r}) is not a valid size: expected {_BYTES_FORMS}"
+    )
 
 
 def _flag(owner: str, name: str, value: object) -> bool:

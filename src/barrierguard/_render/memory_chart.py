@@ -54,8 +54,8 @@ def _panel(memory: MemoryReport, name: str, top: float) -> list[str]:
         )
         return out
     x0, x1 = memory.steps[0], max(memory.steps[-1], memory.steps[0] + 1)
-    lo = min(v for _, v in pts)
-    hi = max(v for _, v in pts)
+    lo = float(min(v for _, v in pts))
+    hi = float(max(v for _, v in pts))
     if hi - lo < 1e6:  # a flat series gets at least a 1 MB range, centred
         mid = (hi + lo) / 2
         lo, hi = mid - 5e5, mid + 5e5
