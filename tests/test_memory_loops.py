@@ -31,9 +31,9 @@ def _loop(kind: str) -> barrierguard.Report:
                 # Backward on a running total that is never detached (gradient
                 # accumulation gone wrong): every step's graph and saved
                 # activations stay alive through it.
-                total_loss = total_loss + loss
+                total_loss += loss
             elif kind == "detach":
-                total_loss = total_loss + loss.detach()
+                total_loss += loss.detach()
             else:
                 loss.backward()
                 model.zero_grad(set_to_none=True)

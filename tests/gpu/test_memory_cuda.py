@@ -67,7 +67,7 @@ def test_accumulated_loss_leaks_on_the_device() -> None:
 
     def body(step: int, x: torch.Tensor) -> None:
         loss = model(x).square().mean()
-        state["total_loss"] = state["total_loss"] + loss  # keeps every graph alive
+        state["total_loss"] += loss  # keeps every graph alive
 
     report = _run(body)
     memory = report.memory
