@@ -12,14 +12,23 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from barrierguard._errors import BarrierGuardError, SyncError, SyncWarning
+from barrierguard._errors import (
+    BarrierGuardError,
+    MemoryGrowthError,
+    MemoryGrowthWarning,
+    SyncError,
+    SyncWarning,
+)
 from barrierguard._guard import Guard, watch
 from barrierguard._metrics import MetricBuffer
-from barrierguard._report import Report, Site, Violation
+from barrierguard._report import MemoryReport, Report, Site, Violation
 
 __all__ = [
     "BarrierGuardError",
     "Guard",
+    "MemoryGrowthError",
+    "MemoryGrowthWarning",
+    "MemoryReport",
     "MetricBuffer",
     "Report",
     "Site",

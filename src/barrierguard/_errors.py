@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["BarrierGuardError", "SyncError", "SyncWarning"]
+__all__ = [
+    "BarrierGuardError",
+    "MemoryGrowthError",
+    "MemoryGrowthWarning",
+    "SyncError",
+    "SyncWarning",
+]
 
 
 class BarrierGuardError(Exception):
@@ -38,4 +44,29 @@ class SyncWarning(UserWarning):
 
     It is a ``UserWarning`` subclass, so a test suite can make it fatal with
     ``filterwarnings = ["error::barrierguard.SyncWarning"]``.
+    """
+
+
+class MemoryGrowthError(BarrierGuardError):
+    """Memory kept growing per step beyond ``max_growth_per_step`` (``"error"`` policy).
+
+    Raised at the step boundary where the growth verdict first turns to "leak"
+    (from ``optimizer.step()`` or ``guard.step()``), or at ``stop()`` when the
+    final verdict over the whole run is a leak.
+
+    Attributes:
+        memory: The memory section of the report at that point, as a dict
+            (the ``"memory"`` object of the JSON report).
+    """
+
+    def __init__(self, message: str, memory: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.memory = memory
+
+
+class MemoryGrowthWarning(UserWarning):
+    """Memory keeps growing per step (``"warn"`` policy); issued once per guard.
+
+    A ``UserWarning`` subclass: make it fatal in a test suite with
+    ``filterwarnings = ["error::barrierguard.MemoryGrowthWarning"]``.
     """

@@ -11,14 +11,17 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from barrierguard import _env, _hub
-from barrierguard._errors import BarrierGuardError, SyncError, SyncWarning
+from barrierguard._errors import BarrierGuardError, MemoryGrowthError, SyncError, SyncWarning
 from barrierguard._frames import Location
 from barrierguard._kinds import KINDS, fix_for
 from barrierguard._options import Options, make_options, unknown_options
-from barrierguard._report import Report, Site, Violation
+from barrierguard._report import MemoryReport, Report, Site, Violation
+
+if TYPE_CHECKING:
+    from barrierguard._memory import MemoryMonitor
 
 __all__ = ["Guard", "watch"]
 
@@ -142,6 +145,7 @@ class Guard:
         self._elapsed = 0.0
         self._env: dict[str, str] = {}
         self._step_listeners: list[Callable[[int], None]] = []
+        self._memory: MemoryMonitor | None = None
 
     # -- lifecycle ----------------------------------------------------------
     @property
@@ -185,7 +189,31 @@ class Guard:
             raise
         self._running = True
         self._started = time.perf_counter()
+        self._start_memory()
         return self
+
+    def _start_memory(self) -> None:
+        opts = self._options
+        if not opts.memory:
+            return
+        try:
+            if self._memory is None:
+                from barrierguard._memory import MemoryMonitor, default_probes
+
+                cuda = _env.cuda_available()
+                children = opts.memory_children
+                self._memory = MemoryMonitor(
+                    lambda notes: default_probes(notes, cuda=cuda, children=children),
+                    policy=opts.policy,
+                    threshold=opts.max_growth_per_step,
+                    warmup=opts.warmup_steps,
+                    every=opts.memory_every,
+                )
+                self.add_step_listener(self._memory.on_step)
+            self._memory.thread_ident = self._thread_ident
+            self._memory.start(self._steps)
+        except Exception as exc:
+            self._fault(exc)
 
     def stop(self) -> Report:
         """Remove every hook, restore every global, and return the report.
@@ -193,7 +221,12 @@ class Guard:
         Raises:
             SyncError: Under the ``"error"`` policy, when a sync in another
                 thread broke the policy (raised here, in the guard's thread).
+            MemoryGrowthError: Under the ``"error"`` policy, when memory kept
+                growing beyond ``max_growth_per_step`` and was not raised yet.
         """
+        return self._stop(act=True)
+
+    def _stop(self, *, act: bool) -> Report:
         if not self._running:
             return self.report
         self._running = False
@@ -204,11 +237,25 @@ class Guard:
                 self._hook_handle = None
         finally:
             _hub.detach(self, self._engine_name)
+            memory_error = self._stop_memory(act)
         if self._deferred:
             err = self._deferred[0]
             self._deferred.clear()
             raise err
+        if memory_error is not None:
+            raise memory_error
         return self.report
+
+    def _stop_memory(self, act: bool) -> MemoryGrowthError | None:
+        if self._memory is None:
+            return None
+        try:
+            self._memory.finish(self._steps, act=act)
+        except MemoryGrowthError as err:
+            return err
+        except Exception as exc:
+            self._fault(exc)
+        return None
 
     def __enter__(self) -> Guard:
         return self.start()
@@ -225,7 +272,7 @@ class Guard:
         # An exception is already on its way out: restore everything, and do
         # not hide it behind a deferred policy error.
         self._deferred.clear()
-        self.stop()
+        self._stop(act=False)
 
     def __call__(self, func: F) -> F:
         """Use the guard as a decorator: each call of ``func`` runs watched."""
@@ -268,6 +315,8 @@ class Guard:
         for listener in self._step_listeners:
             try:
                 listener(step)
+            except MemoryGrowthError:
+                raise  # the error policy's verdict, raised from the step boundary
             except Exception as exc:
                 self._fault(exc)
 
@@ -428,6 +477,13 @@ class Guard:
                 "sync counts as setup, and the policy never applied"
             )
         elapsed = self._elapsed + (time.perf_counter() - self._started if self._running else 0.0)
+        memory: MemoryReport | None = None
+        if self._memory is not None:
+            try:
+                memory = self._memory.report()
+            except Exception as exc:
+                self._fault(exc)
+                notes.append(f"internal error in barrierguard: {type(exc).__name__}: {exc}")
         warmup = self._options.warmup_steps
         return Report(
             engine=self._engine_name,
@@ -442,6 +498,7 @@ class Guard:
             notes=tuple(notes),
             duration_s=elapsed,
             environment=dict(self._env),
+            memory=memory,
         )
 
 
@@ -449,7 +506,17 @@ def _raise(error: SyncError) -> None:
     raise error
 
 
-_WATCH_OPTIONS = ("policy", "engine", "warmup_steps", "allow", "max_syncs_per_step")
+_WATCH_OPTIONS = (
+    "policy",
+    "engine",
+    "warmup_steps",
+    "allow",
+    "max_syncs_per_step",
+    "memory",
+    "max_growth_per_step",
+    "memory_every",
+    "memory_children",
+)
 
 
 def watch(
@@ -461,6 +528,10 @@ def watch(
     warmup_steps: int = 0,
     allow: Iterable[str] | str = (),
     max_syncs_per_step: int | None = None,
+    memory: bool = True,
+    max_growth_per_step: int | str = "1MB",
+    memory_every: int | None = None,
+    memory_children: bool = False,
     **unknown: Any,
 ) -> Any:
     """Watch a block of training code for host-device synchronizations.
@@ -479,6 +550,17 @@ def watch(
             ``*``, ``N`` or ``N-M``.
         max_syncs_per_step: A budget of syncs per step that are not allowed by
             a rule; ``None`` means none.
+        memory: Sample host and device memory at step boundaries and give a
+            growth verdict (the report's ``memory`` section). Sampling is
+            adaptive, kept under 0.5 % of the step time, and never syncs.
+        max_growth_per_step: Growth per step, sustained until the end, above
+            which memory counts as leaking: bytes as an int, or a string such as
+            ``"512KB"``, ``"1MB"``, ``"1.5MiB"``. The policy applies: ``"warn"``
+            issues one :class:`~barrierguard.MemoryGrowthWarning`, ``"error"``
+            raises :class:`~barrierguard.MemoryGrowthError`.
+        memory_every: Sample every N steps instead of adaptively.
+        memory_children: Also sample the RSS of child processes (DataLoader
+            workers).
 
     Returns:
         A :class:`Guard` (use it with ``with``, as a decorator, or with
@@ -486,7 +568,7 @@ def watch(
 
     Raises:
         BarrierGuardError: For an unknown policy or engine, a malformed allow
-            rule, or a bad count.
+            rule, a bad count, or a size ``max_growth_per_step`` cannot parse.
         TypeError: For an unknown keyword argument.
 
     Example:
@@ -504,6 +586,10 @@ def watch(
         warmup_steps=warmup_steps,
         allow=allow,
         max_syncs_per_step=max_syncs_per_step,
+        memory=memory,
+        max_growth_per_step=max_growth_per_step,
+        memory_every=memory_every,
+        memory_children=memory_children,
     )
     guard = Guard(options)
     if func is not None:

@@ -5,13 +5,22 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard._kinds import KINDS
 
-__all__ = ["ENGINES", "POLICIES", "AllowRule", "Options", "make_options", "parse_allow"]
+__all__ = [
+    "ENGINES",
+    "POLICIES",
+    "AllowRule",
+    "Options",
+    "make_options",
+    "parse_allow",
+    "parse_bytes",
+]
 
 POLICIES = ("record", "warn", "error")
 ENGINES = ("auto", "cuda", "audit")
@@ -102,6 +111,10 @@ class Options:
     warmup_steps: int
     allow: tuple[AllowRule, ...]
     max_syncs_per_step: int | None
+    memory: bool = True
+    max_growth_per_step: int = 1_000_000
+    memory_every: int | None = None
+    memory_children: bool = False
 
     def allowed(self, file: str, line: int, kind: str, origin: str) -> bool:
         # MetricBuffer.compute() is the deliberate transfer barrierguard recommends:
@@ -151,6 +164,10 @@ def make_options(
     warmup_steps: int,
     allow: Iterable[str] | str,
     max_syncs_per_step: int | None,
+    memory: bool = True,
+    max_growth_per_step: int | str = "1MB",
+    memory_every: int | None = None,
+    memory_children: bool = False,
     owner: str = "watch",
 ) -> Options:
     """Validate and freeze a guard's options; every error names the argument."""
@@ -163,6 +180,74 @@ def make_options(
         warmup_steps=warmup,
         allow=tuple(parse_allow(r) for r in rules),
         max_syncs_per_step=_count(owner, "max_syncs_per_step", max_syncs_per_step, True),
+        memory=_flag(owner, "memory", memory),
+        max_growth_per_step=parse_bytes(max_growth_per_step, owner=owner),
+        memory_every=_stride(owner, memory_every),
+        memory_children=_flag(owner, "memory_children", memory_children),
+    )
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+_BYTES_FORMS = (
+    "an int number of bytes (>= 0) or a string like '512KB', '1MB', '1.5MiB', '2GB' "
+    "(B, KB/MB/GB = 1000^n, KiB/MiB/GiB = 1024^n)"
+)
+
+
+def parse_bytes(value: object, *, owner: str = "watch", name: str = "max_growth_per_step") -> int:
+    """Parse a size in bytes: an int, or a number with a unit.
+
+    Args:
+        value: ``int`` bytes, or a string such as ``"512KB"``, ``"1MB"`` or
+            ``"1.5MiB"``; units are case-insensitive, ``KB``/``MB``/``GB`` are
+            powers of 1000 and ``KiB``/``MiB``/``GiB`` powers of 1024.
+        owner: The function named in an error message.
+        name: The argument named in an error message.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        BarrierGuardError: For a negative number, a float, a bool, an unknown
+            unit, or anything else; the message names the value and the forms.
+
+    Example:
+        >>> parse_bytes("1.5MiB"), parse_bytes("512KB"), parse_bytes(2048)
+        (1572864, 512000, 2048)
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        match = _BYTES_RE.match(value)
+        if match is not None and match.group(2).lower() in _UNITS:
+            return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    raise BarrierGuardError(
+        f"{owner}({name}={value!r}) is not a valid size: expected {_BYTES_FORMS}"
+    )
+
+
+def _flag(owner: str, name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected True or False")
+
+
+def _stride(owner: str, value: object) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise BarrierGuardError(
+        f"{owner}(memory_every={value!r}) is not valid: expected None (adaptive sampling) "
+        "or an int >= 1 (sample every N steps)"
     )
 
 

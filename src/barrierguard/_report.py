@@ -10,7 +10,7 @@ from typing import Any
 
 from barrierguard._errors import BarrierGuardError
 
-__all__ = ["SCHEMA", "Report", "Site", "Violation"]
+__all__ = ["SCHEMA", "MemoryReport", "Report", "Site", "Violation"]
 
 SCHEMA = "barrierguard.report/1"
 
@@ -98,6 +98,101 @@ class Violation:
 
 
 @dataclass(frozen=True)
+class MemoryReport:
+    """Memory per step, and whether it kept growing: the report's ``memory`` section.
+
+    ``series[name][i]`` is the value in bytes sampled at the end of step
+    ``steps[i]`` (``None`` where that series could not be read then). Series:
+    ``host_rss`` (this process), ``workers_rss`` (child processes such as
+    DataLoader workers, when asked for), ``device_allocated`` and
+    ``device_reserved`` (torch's CUDA caching allocator), ``device_used`` (the
+    driver's view through NVML). ``slopes`` are robust growth rates in bytes per
+    step over the measured (post warm-up) samples; ``leak`` is the verdict.
+
+    Example:
+        >>> m = MemoryReport(steps=(1, 2), series={"host_rss": (10, 10)})
+        >>> MemoryReport.from_dict(m.to_dict()) == m
+        True
+    """
+
+    steps: tuple[int, ...] = ()
+    series: Mapping[str, tuple[int | None, ...]] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+    verdict_series: tuple[str, ...] = ()
+    slopes: Mapping[str, float] = field(default_factory=dict)
+    growth_began_at: Mapping[str, int | None] = field(default_factory=dict)
+    peak: Mapping[str, int] = field(default_factory=dict)
+    peak_step: Mapping[str, int] = field(default_factory=dict)
+    step_changes: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    growing: tuple[str, ...] = ()
+    leak: bool = False
+    threshold: int = 0
+    warmup_steps: int = 0
+    reason: str = ""
+    pattern: str | None = None
+    fix: str = ""
+    evidence: str = ""
+    sampling: str = ""
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as plain JSON-able data (the report's ``"memory"`` object)."""
+        return {
+            "steps": list(self.steps),
+            "series": {k: list(v) for k, v in self.series.items()},
+            "sources": dict(self.sources),
+            "verdict_series": list(self.verdict_series),
+            "slopes": dict(self.slopes),
+            "growth_began_at": dict(self.growth_began_at),
+            "peak": dict(self.peak),
+            "peak_step": dict(self.peak_step),
+            "step_changes": {k: [list(c) for c in v] for k, v in self.step_changes.items()},
+            "growing": list(self.growing),
+            "leak": self.leak,
+            "threshold": self.threshold,
+            "warmup_steps": self.warmup_steps,
+            "reason": self.reason,
+            "pattern": self.pattern,
+            "fix": self.fix,
+            "evidence": self.evidence,
+            "sampling": self.sampling,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryReport:
+        """Rebuild the section from :meth:`to_dict` output."""
+
+        def _opt(v: Any) -> int | None:
+            return None if v is None else int(v)
+
+        return cls(
+            steps=tuple(int(s) for s in data.get("steps", ())),
+            series={k: tuple(_opt(v) for v in vs) for k, vs in data.get("series", {}).items()},
+            sources={str(k): str(v) for k, v in data.get("sources", {}).items()},
+            verdict_series=tuple(str(s) for s in data.get("verdict_series", ())),
+            slopes={str(k): float(v) for k, v in data.get("slopes", {}).items()},
+            growth_began_at={str(k): _opt(v) for k, v in data.get("growth_began_at", {}).items()},
+            peak={str(k): int(v) for k, v in data.get("peak", {}).items()},
+            peak_step={str(k): int(v) for k, v in data.get("peak_step", {}).items()},
+            step_changes={
+                str(k): tuple((int(a), int(b)) for a, b in v)
+                for k, v in data.get("step_changes", {}).items()
+            },
+            growing=tuple(str(s) for s in data.get("growing", ())),
+            leak=bool(data.get("leak", False)),
+            threshold=int(data.get("threshold", 0)),
+            warmup_steps=int(data.get("warmup_steps", 0)),
+            reason=str(data.get("reason", "")),
+            pattern=None if data.get("pattern") is None else str(data["pattern"]),
+            fix=str(data.get("fix", "")),
+            evidence=str(data.get("evidence", "")),
+            sampling=str(data.get("sampling", "")),
+            notes=tuple(str(n) for n in data.get("notes", ())),
+        )
+
+
+@dataclass(frozen=True)
 class Report:
     """What a guard found: the sites, the steps, and what the policy made of them.
 
@@ -125,6 +220,7 @@ class Report:
     duration_s: float = 0.0
     environment: Mapping[str, str] = field(default_factory=dict)
     schema: str = SCHEMA
+    memory: MemoryReport | None = None
 
     @property
     def total_syncs(self) -> int:
@@ -177,6 +273,7 @@ class Report:
             "syncs_per_step": list(self.syncs_per_step),
             "notes": list(self.notes),
             "environment": dict(self.environment),
+            **({"memory": self.memory.to_dict()} if self.memory is not None else {}),
         }
 
     @classmethod
@@ -208,6 +305,11 @@ class Report:
                 notes=tuple(data.get("notes", ())),
                 duration_s=float(data.get("duration_s", 0.0)),
                 environment=dict(data.get("environment", {})),
+                memory=(
+                    MemoryReport.from_dict(data["memory"])
+                    if data.get("memory") is not None
+                    else None
+                ),
             )
         except (KeyError, TypeError, ValueError) as err:
             raise BarrierGuardError(f"{source}: malformed report ({err!r})") from err
@@ -235,6 +337,22 @@ class Report:
         except json.JSONDecodeError as err:
             raise BarrierGuardError(f"{name}: not JSON ({err})") from err
         return cls.from_dict(data, source=name)
+
+    def save_memory_chart(self, path: str | os.PathLike[str]) -> None:
+        """Write the picture of memory per step as an SVG file to ``path``.
+
+        Raises:
+            BarrierGuardError: When the report has no memory section (the guard
+                ran with ``memory=False``).
+        """
+        if self.memory is None:
+            raise BarrierGuardError(
+                "this report has no memory section (watch(memory=False)); nothing to chart"
+            )
+        from barrierguard._render.memory_chart import render_svg
+
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(render_svg(self.memory))
 
     def __str__(self) -> str:
         from barrierguard._render.console import render

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from barrierguard._report import Report, Site
+from barrierguard._report import MemoryReport, Report, Site
 
 __all__ = ["render"]
 
@@ -102,6 +102,49 @@ def render(report: Report) -> str:
             )
         if len(report.violations) > 20:
             lines.append(f"  ... and {len(report.violations) - 20} more")
+    if report.memory is not None:
+        lines.append("")
+        lines.extend(render_memory(report.memory))
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def render_memory(memory: MemoryReport) -> list[str]:
+    """The memory section: one line per series, then the verdict and any cause.
+
+    Example:
+        >>> m = MemoryReport(steps=(0, 1), series={"host_rss": (2_000_000, 2_000_000)})
+        >>> render_memory(m)[1].split()[:2]
+        ['host_rss', '2.0']
+    """
+    lines = [f"memory per step ({memory.sampling or f'{len(memory.steps)} samples'}):"]
+    width = max((len(n) for n in memory.series), default=0)
+    for name, values in memory.series.items():
+        read = [v for v in values if v is not None]
+        if not read:
+            lines.append(f"  {name.ljust(width)}  (never read)")
+            continue
+        slope = memory.slopes.get(name)
+        rate = f"{slope / 1e6:+,.3f} MB/step" if slope is not None else "slope -"
+        state = "GROWING" if name in memory.growing else "flat"
+        if name not in memory.verdict_series:
+            state = "not judged"
+        began = memory.growth_began_at.get(name)
+        since = f" from step {began}" if began is not None and name in memory.growing else ""
+        lines.append(
+            f"  {name.ljust(width)}  {_mb(read[0])} -> {_mb(read[-1])}  peak "
+            f"{_mb(memory.peak.get(name, max(read)))}  {rate}{since}  {state}"
+        )
+    verdict = "LEAK" if memory.leak else "no leak"
+    lines.append(f"  verdict: {verdict} - {memory.reason}")
+    if memory.pattern:
+        lines.append(f"  cause ({memory.pattern}): {memory.evidence}")
+        lines.append(f"  fix: {memory.fix}")
+    for note in memory.notes:
+        lines.append(f"  note: {note}")
+    return lines

@@ -1,0 +1,257 @@
+"""Memory sampling: its cost on a launch-bound step, what each probe costs, and
+proof that it adds no synchronization.
+
+Run on a CUDA machine (the numbers that count):
+
+    PYTHONPATH=src python benchmarks/bench_memory.py --out benchmarks/results/memory.json
+
+Smoke test on CPU (small settings, only the host probes):
+
+    PYTHONPATH=src python benchmarks/bench_memory.py --device cpu --pairs 20 --layers 2 \
+        --out benchmarks/results/memory_cpu_smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import median, table, timed, write
+from bench_core import calibrate, make_step
+
+import barrierguard
+
+
+def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> dict[str, Any]:
+    """Paired, interleaved rounds: bare loop vs watched without and with memory.
+
+    Each guard is started before its timed block and stopped after it, so the
+    time is the per-step cost, not the one-time start/stop.
+    """
+    step = make_step(device, layers, width)
+
+    def block() -> None:
+        for _ in range(steps):
+            step()
+
+    # engine="audit": no sync detection on either side, so the difference
+    # between the two watched variants is the memory sampler alone.
+    guards = {
+        "watch_no_memory": barrierguard.watch(policy="record", engine="audit", memory=False),
+        "watch_memory": barrierguard.watch(policy="record", engine="audit"),
+        "watch_memory_every_step": barrierguard.watch(
+            policy="record", engine="audit", memory_every=1
+        ),
+    }
+    names = ["bare", *guards]
+    for _ in range(3):
+        block()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    ratios: dict[str, list[float]] = {n: [] for n in names if n != "bare"}
+    starts: dict[str, list[float]] = {n: [] for n in guards}
+    for i in range(pairs):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        got: dict[str, float] = {}
+        for n in order:
+            if n == "bare":
+                got[n] = timed(block)
+                continue
+            t0 = time.perf_counter()
+            guards[n].start()
+            starts[n].append(time.perf_counter() - t0)
+            got[n] = timed(block)
+            guards[n].stop()
+        for n in names:
+            times[n].append(got[n] / steps)
+            if n != "bare":
+                ratios[n].append(got[n] / got["bare"])
+    memory = guards["watch_memory"].report.memory
+    assert memory is not None
+    return {
+        "steps_per_block": steps,
+        "pairs": pairs,
+        "layers": layers,
+        "width": width,
+        "step_ms": {n: median(v) * 1e3 for n, v in times.items()},
+        "ratio_median": {n: median(v) for n, v in ratios.items()},
+        "ratio_quartiles": {
+            n: [sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]] for n, v in ratios.items()
+        },
+        "start_ms": {n: median(v) * 1e3 for n, v in starts.items()},
+        "adaptive_sampling": memory.sampling,
+        "series": sorted(memory.series),
+        "notes": list(memory.notes),
+        "ratios": ratios,
+    }
+
+
+def _per_call_us(fn: Callable[[], Any], calls: int) -> float:
+    fn()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return float(statistics.median(samples))
+
+
+def probe_costs(device: str, calls: int) -> dict[str, float]:
+    """Microseconds per call of each way to read memory (host-side cost)."""
+    import psutil
+
+    out: dict[str, float] = {}
+    proc = psutil.Process()
+    out["psutil Process.memory_info().rss"] = _per_call_us(lambda: proc.memory_info().rss, calls)
+    if os.path.exists("/proc/self/statm"):
+        fd = os.open("/proc/self/statm", os.O_RDONLY)
+        try:
+            out["pread /proc/self/statm (used)"] = _per_call_us(
+                lambda: int(os.pread(fd, 128, 0).split()[1]), calls
+            )
+        finally:
+            os.close(fd)
+    if device != "cuda":
+        return out
+    torch.ones(1, device="cuda")
+    idx = torch.cuda.current_device()
+    raw = torch._C._cuda_memoryStats
+    out["torch.cuda.memory_allocated"] = _per_call_us(torch.cuda.memory_allocated, calls)
+    out["torch.cuda.memory_reserved"] = _per_call_us(torch.cuda.memory_reserved, calls)
+    out["torch.cuda.memory_stats"] = _per_call_us(torch.cuda.memory_stats, calls)
+    out["torch._C._cuda_memoryStats (used)"] = _per_call_us(lambda: raw(idx), calls)
+    out["torch.cuda.mem_get_info"] = _per_call_us(torch.cuda.mem_get_info, calls)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            out["nvmlDeviceGetMemoryInfo"] = _per_call_us(
+                lambda: pynvml.nvmlDeviceGetMemoryInfo(handle), calls
+            )
+            out["nvmlDeviceGetComputeRunningProcesses"] = _per_call_us(
+                lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle), calls
+            )
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # a benchmark still reports the rest
+        print(f"NVML not measured: {type(exc).__name__}: {exc}")
+    return out
+
+
+def sample_cost(calls: int) -> dict[str, Any]:
+    """Cost of one whole sample, as the sampler takes it at a step boundary."""
+    from barrierguard import _env
+    from barrierguard._memory import Sampler, default_probes
+
+    notes: list[str] = []
+    probes = default_probes(notes, cuda=_env.cuda_available())
+    sampler = Sampler(probes.probes, notes=notes)
+    step = [0]
+
+    def one() -> None:
+        step[0] += 1
+        sampler.sample(step[0])
+
+    try:
+        us = _per_call_us(one, calls)
+    finally:
+        sampler.close()
+    return {"us_per_sample": us, "series": sorted(sampler.values), "notes": notes}
+
+
+def no_sync(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
+    """Run a watched loop with sampling every step under sync-debug "error"."""
+    if device != "cuda":
+        return {"checked": False, "why": "needs CUDA"}
+    step = make_step(device, layers, width)
+    step()
+    torch.cuda.synchronize()
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with barrierguard.watch(policy="record", engine="audit", memory_every=1) as guard:
+            for _ in range(steps):
+                step()
+                guard.step()
+        memory = guard.report.memory
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+    torch.cuda.synchronize()
+    assert memory is not None
+    return {"checked": True, "steps": steps, "samples": len(memory.steps), "raised": False}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--pairs", type=int, default=300)
+    ap.add_argument("--layers", type=int, default=0, help="0: calibrate to --target-ms")
+    ap.add_argument("--target-ms", type=float, default=1.0)
+    ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    results: dict[str, Any] = {"command": " ".join(sys.argv)}
+    layers = args.layers or calibrate(args.device, args.width, args.target_ms)
+
+    costs = probe_costs(args.device, args.calls)
+    results["probe_us"] = costs
+    print("\n## cost of one read (us per call, median of 5 x calls)")
+    print(table(["read", "us"], [[k, f"{v:.2f}"] for k, v in costs.items()]))
+
+    sc = sample_cost(args.calls)
+    results["sample"] = sc
+    print(f"\none whole sample ({', '.join(sc['series'])}): {sc['us_per_sample']:.2f} us")
+
+    ov = overhead(args.device, args.steps, args.pairs, layers, args.width)
+    results["overhead"] = ov
+    print(f"\n## memory sampling on a launch-bound step, {layers} layers of {args.width}")
+    rows = []
+    for name, ms in ov["step_ms"].items():
+        ratio = ov["ratio_median"].get(name)
+        q = ov["ratio_quartiles"].get(name)
+        rows.append(
+            [
+                name,
+                f"{ms:.3f}",
+                f"{ratio:.4f}" if ratio else "1",
+                f"{q[0]:.3f}-{q[1]:.3f}" if q else "-",
+                f"{ov['start_ms'][name]:.2f}" if name in ov["start_ms"] else "-",
+            ]
+        )
+    print(
+        table(
+            [
+                "variant",
+                "step ms (median)",
+                "ratio to bare (median of paired)",
+                "ratio IQR",
+                "start() ms",
+            ],
+            rows,
+        )
+    )
+    print(f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps")
+    print(f"adaptive sampling: {ov['adaptive_sampling']}")
+
+    ns = no_sync(args.device, 50, layers, args.width)
+    results["no_sync"] = ns
+    print(f"\nno sync under sync-debug 'error' with a sample every step: {ns}")
+    write(args.out, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,827 @@
+"""Memory per step, host and device, and a verdict on whether it keeps growing.
+
+The sampler runs at step boundaries (a guard's step listener). Each sample reads
+a few probes; none of them synchronizes with the device:
+
+* ``host_rss``: this process's resident set, read from ``/proc/self/statm``
+  with one ``pread`` on a descriptor kept open (about 2 us; psutil's
+  ``memory_info()`` costs about 14 us and is the fallback off Linux).
+* ``workers_rss``: the resident sets of child processes (DataLoader workers),
+  on request; the list of children is refreshed every 16th sample because
+  walking the process table costs about a millisecond.
+* ``device_allocated``/``device_reserved``: torch's CUDA caching allocator,
+  both from one ``torch._C._cuda_memoryStats(device)`` call, the nested dict
+  that ``torch.cuda.memory_allocated()`` flattens and sorts (that flattening is
+  most of its 120 us). It is a host-side read of the allocator's counters.
+* ``device_used``: the driver's view through NVML, this process's own usage
+  where the driver reports it, else the whole device's used memory.
+
+Sampling is adaptive: a sample's cost is measured, and the stride (sample every
+N steps) is chosen so that sampling costs at most ``BUDGET`` (0.5 %) of the
+measured step time; slow steps are sampled every step. ``watch(memory_every=N)``
+fixes the stride instead. At most ``MAX_SAMPLES`` samples are kept: when full,
+every other one is dropped and the stride doubles.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, cast
+
+from barrierguard._errors import MemoryGrowthError, MemoryGrowthWarning
+from barrierguard._report import MemoryReport
+
+__all__ = [
+    "BUDGET",
+    "MAX_SAMPLES",
+    "MIN_SAMPLES",
+    "MemoryMonitor",
+    "Probe",
+    "Sampler",
+    "SeriesVerdict",
+    "analyze",
+    "analyze_series",
+    "default_probes",
+    "explain",
+    "format_bytes",
+]
+
+Probe = Callable[[], Mapping[str, int]]
+"""Reads some series now: ``{"host_rss": 123456, ...}`` in bytes."""
+
+BUDGET = 0.005
+MAX_SAMPLES = 2048
+MAX_STRIDE = 256
+MIN_SAMPLES = 9
+_CHILDREN_EVERY = 16
+
+ACCUMULATED_GRAPH = "accumulated_graph"
+TENSOR_LIST = "tensor_list"
+_FIXES = {
+    ACCUMULATED_GRAPH: (
+        "accumulate a detached value: total_loss += loss.detach() (every step's autograd "
+        "graph stays alive through a sum of undetached losses)"
+    ),
+    TENSOR_LIST: (
+        "append detached values (losses.append(loss.detach())), reduce them on the device "
+        "when you log (torch.stack(losses).mean()), and clear the list after logging"
+    ),
+}
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in the largest decimal unit that keeps it above 1."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{n:.0f} B"
+
+
+# -- probes -----------------------------------------------------------------
+class _HostRss:
+    """This process's RSS: one ``pread`` of ``/proc/self/statm``, else psutil."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._page = 4096
+        self._proc: Any = None
+        try:
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+            self._page = os.sysconf("SC_PAGE_SIZE")
+        except (OSError, AttributeError, ValueError):
+            import psutil
+
+            self._proc = psutil.Process()
+
+    def __call__(self) -> Mapping[str, int]:
+        if self._fd is not None:
+            return {"host_rss": int(os.pread(self._fd, 128, 0).split()[1]) * self._page}
+        return {"host_rss": int(self._proc.memory_info().rss)}
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _WorkersRss:
+    """Summed RSS of child processes; the list is refreshed every 16th read."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self._children: list[Any] = []
+        self._reads = 0
+
+    def __call__(self) -> Mapping[str, int]:
+        psutil = self._psutil
+        if self._reads % _CHILDREN_EVERY == 0:
+            self._children = self._me.children(recursive=True)
+        self._reads += 1
+        total = 0
+        for child in self._children:
+            try:
+                total += int(child.memory_info().rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return {"workers_rss": total}
+
+
+def _cuda_stats_reader() -> Callable[[int], Mapping[str, Any]]:
+    import torch
+
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None:
+        return cast("Callable[[int], Mapping[str, Any]]", raw)
+    return torch.cuda.memory_stats_as_nested_dict
+
+
+class _Allocator:
+    """Allocated and reserved bytes of torch's CUDA caching allocator.
+
+    Reads nothing before CUDA is initialized (nothing is allocated then) and
+    never initializes it.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+        # torch leaves is_initialized unannotated.
+        self._initialized: Callable[[], bool] = torch.cuda.is_initialized
+        self._stats = _cuda_stats_reader()
+
+    def __call__(self) -> Mapping[str, int]:
+        if not self._initialized():
+            return {"device_allocated": 0, "device_reserved": 0}
+        stats = self._stats(self._cuda.current_device())
+        return {
+            "device_allocated": int(stats["allocated_bytes"]["all"]["current"]),
+            "device_reserved": int(stats["reserved_bytes"]["all"]["current"]),
+        }
+
+
+class _Nvml:
+    """The driver's used memory of the current device, through NVML.
+
+    Opens (``nvmlInit``) at the first read after CUDA is initialized, finds the
+    device by UUID, and decides once whether this process's own usage can be
+    read (``nvmlDeviceGetComputeRunningProcesses`` lists our PID) or only the
+    device's total. :meth:`close` shuts NVML down again.
+    """
+
+    def __init__(self, notes: list[str], sources: dict[str, str]) -> None:
+        import pynvml
+        import torch
+
+        self._nvml = pynvml
+        self._cuda = torch.cuda
+        self._initialized: Callable[[], bool] = torch.cuda.is_initialized
+        self._notes = notes
+        self._sources = sources
+        self._handle: Any = None
+        self._per_process = False
+        self._opened = False
+        self._broken = False
+        self.setup_s = 0.0
+
+    def _open(self) -> None:
+        t0 = time.perf_counter()
+        nvml = self._nvml
+        nvml.nvmlInit()
+        self._opened = True
+        index = self._cuda.current_device()
+        uuid = getattr(self._cuda.get_device_properties(index), "uuid", None)
+        if uuid is not None:
+            text = str(uuid)
+            self._handle = nvml.nvmlDeviceGetHandleByUUID(
+                text if text.startswith(("GPU-", "MIG-")) else "GPU-" + text
+            )
+        else:
+            self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        self._per_process = self._own_usage() is not None
+        if self._per_process:
+            self._sources["device_used"] = "NVML, this process"
+        else:
+            self._sources["device_used"] = "NVML, whole device (all processes)"
+            self._notes.append(
+                "device_used is the whole device's used memory: the driver does not report "
+                "this process's own usage here (e.g. a container's PID namespace); it is "
+                "shown but left out of the verdict"
+            )
+        self.setup_s += time.perf_counter() - t0
+
+    def _own_usage(self) -> int | None:
+        pid = os.getpid()
+        for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+            if proc.pid == pid:
+                used = getattr(proc, "usedGpuMemory", None)
+                return None if used is None else int(used)
+        return None
+
+    @property
+    def per_process(self) -> bool:
+        return self._per_process
+
+    def __call__(self) -> Mapping[str, int]:
+        if self._handle is None:
+            if self._broken or not self._initialized():
+                return {}
+            try:
+                self._open()
+            except Exception as exc:
+                self._broken = True
+                self.close()
+                self._notes.append(
+                    f"device_used series absent: NVML is not usable here "
+                    f"({type(exc).__name__}: {exc})"
+                )
+                return {}
+        if self._per_process:
+            used = self._own_usage()
+            return {} if used is None else {"device_used": used}
+        return {"device_used": int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)}
+
+    def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            self._handle = None
+            self._nvml.nvmlShutdown()
+
+
+@dataclass
+class ProbeSet:
+    """The probes a sampler reads, how each series is read, and why any is absent."""
+
+    probes: dict[str, Probe]
+    sources: dict[str, str]
+    notes: list[str]
+    verdict_series: Callable[[], tuple[str, ...]]
+
+
+def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> ProbeSet:
+    """The real probes for this machine; missing ones leave a note saying why.
+
+    Args:
+        notes: Where notes go, now and while sampling.
+        cuda: Whether CUDA is available (device series are read only then).
+        children: Whether to read the RSS of child processes too.
+    """
+    probes: dict[str, Probe] = {"host": _HostRss()}
+    sources = {"host_rss": "/proc/self/statm" if os.path.exists("/proc/self/statm") else "psutil"}
+    if children:
+        probes["workers"] = _WorkersRss()
+        sources["workers_rss"] = "psutil, child processes"
+    nvml: _Nvml | None = None
+    if not cuda:
+        notes.append("device memory series absent: CUDA is not available here")
+    else:
+        probes["allocator"] = _Allocator()
+        sources["device_allocated"] = "torch CUDA caching allocator"
+        sources["device_reserved"] = "torch CUDA caching allocator"
+        try:
+            nvml = _Nvml(notes, sources)
+            probes["nvml"] = nvml
+        except ImportError as err:
+            notes.append(f"device_used series absent: pynvml cannot be imported ({err})")
+
+    def verdict_series() -> tuple[str, ...]:
+        names = ["host_rss", "workers_rss", "device_allocated", "device_reserved"]
+        if nvml is not None and nvml.per_process:
+            names.append("device_used")
+        return tuple(names)
+
+    return ProbeSet(probes, sources, notes, verdict_series)
+
+
+# -- sampling ----------------------------------------------------------------
+class Sampler:
+    """Reads the probes at step boundaries, every step or adaptively.
+
+    Args:
+        probes: Name to probe; each returns ``{series: bytes}``. A probe that
+            raises is dropped (with a note) and its series end there.
+        every: A fixed stride (sample every N steps), or ``None`` for adaptive.
+        budget: Adaptive mode's share of the step time that sampling may cost.
+        clock: Seconds, monotonic (tests pass a fake one).
+        max_samples: When this many are kept, every other one is dropped.
+        notes: Where notes go (shared with the probes).
+    """
+
+    def __init__(
+        self,
+        probes: Mapping[str, Probe],
+        *,
+        every: int | None = None,
+        budget: float = BUDGET,
+        clock: Callable[[], float] = time.perf_counter,
+        max_samples: int = MAX_SAMPLES,
+        notes: list[str] | None = None,
+    ) -> None:
+        self._probes = dict(probes)
+        self._every = every
+        self._budget = budget
+        self._clock = clock
+        self._max = max(4, max_samples)
+        self.notes = notes if notes is not None else []
+        self.steps: list[int] = []
+        self.values: dict[str, list[int | None]] = {}
+        self._next = 0
+        self._min_stride = 1
+        self._cost: float | None = None
+        self._step_s: float | None = None
+        self._last_t: float | None = None
+        self._last_step = 0
+        self.stride = every or 1
+
+    def sample(self, step: int) -> None:
+        """Read every probe now and record the values at ``step``."""
+        if self.steps and self.steps[-1] == step:
+            return
+        row: dict[str, int] = {}
+        for name, probe in list(self._probes.items()):
+            try:
+                row.update(probe())
+            except Exception as exc:
+                del self._probes[name]
+                self.notes.append(
+                    f"{name} memory probe failed at step {step} and was dropped: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+        n = len(self.steps)
+        for key in row:
+            if key not in self.values:
+                self.values[key] = [None] * n
+        for key, column in self.values.items():
+            column.append(row.get(key))
+        self.steps.append(step)
+        if len(self.steps) >= self._max:
+            self._decimate()
+
+    def _decimate(self) -> None:
+        keep = range(0, len(self.steps), 2)
+        self.steps = [self.steps[i] for i in keep]
+        for key, column in self.values.items():
+            self.values[key] = [column[i] for i in keep]
+        self._min_stride *= 2
+        self.stride = max(self.stride, self._min_stride)
+
+    def on_step(self, step: int) -> bool:
+        """Called at every step boundary; returns whether a sample was taken."""
+        now = self._clock()
+        if self._last_t is not None and step > self._last_step:
+            dt = (now - self._last_t) / (step - self._last_step)
+            self._step_s = dt if self._step_s is None else 0.8 * self._step_s + 0.2 * dt
+        self._last_t, self._last_step = now, step
+        if step < self._next:
+            return False
+        setup = self._setup_s()
+        t0 = self._clock()
+        self.sample(step)
+        cost = max(0.0, self._clock() - t0 - (self._setup_s() - setup))
+        self._cost = cost if self._cost is None else 0.7 * self._cost + 0.3 * cost
+        if self._every is not None:
+            stride = self._every
+        elif self._step_s is None or self._step_s <= 0:
+            stride = 1
+        else:
+            stride = math.ceil(self._cost / (self._budget * self._step_s))
+            stride = min(MAX_STRIDE, max(1, stride))
+        self.stride = max(stride, self._min_stride)
+        self._next = step + self.stride
+        # Steps are timed from here, so the sample's own cost is not step time.
+        self._last_t = self._clock()
+        return True
+
+    def open(self, probes: Mapping[str, Probe]) -> None:
+        """Read ``probes`` from now on (a restarted guard keeps its samples)."""
+        self._probes = dict(probes)
+        self._last_t = None
+
+    def _setup_s(self) -> float:
+        return sum(float(getattr(p, "setup_s", 0.0)) for p in self._probes.values())
+
+    def close(self) -> None:
+        """Release what the probes hold (file descriptors, NVML)."""
+        for name, probe in list(self._probes.items()):
+            close = getattr(probe, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:
+                    self.notes.append(f"{name} memory probe failed to close: {exc}")
+
+
+# -- analysis ----------------------------------------------------------------
+@dataclass(frozen=True)
+class SeriesVerdict:
+    """What the growth analysis found in one series."""
+
+    slope: float | None
+    growing: bool
+    began_at: int | None
+    peak: int
+    peak_step: int
+    step_changes: tuple[tuple[int, int], ...]
+    samples: int
+    growth: int = 0
+    last_step: int = 0
+
+
+def _windows(n: int) -> list[int]:
+    count = min(8, (n - 1) // 2)
+    return [round(k * (n - 1) / count) for k in range(count + 1)]
+
+
+def analyze_series(
+    steps: Sequence[int], values: Sequence[int | None], *, warmup: int, threshold: int
+) -> SeriesVerdict:
+    """Robust growth of one series after warm-up.
+
+    The measured samples are cut into up to 8 windows of consecutive samples
+    (sharing their end points, so each increase falls in exactly one window),
+    and each window's growth rate is measured in bytes per step. The series is
+    *growing* when the rates of at least the last 3 windows (3 of 4 for short
+    runs) all exceed half the threshold and their median exceeds the threshold:
+    growth that goes on until the end. A one-time allocation raises one window
+    only: it is a step change, not a leak; growth that stopped before the end
+    is not a leak either. ``slope`` is the median rate of that trailing run
+    when growing, else the median over all windows.
+
+    Args:
+        steps: Step of each sample, increasing.
+        values: Bytes at each sample (``None`` where not read).
+        warmup: Samples before step ``warmup`` are not measured.
+        threshold: ``max_growth_per_step`` in bytes.
+
+    Example:
+        >>> v = analyze_series(range(20), [100 * s for s in range(20)], warmup=0, threshold=50)
+        >>> v.growing, v.slope, v.began_at
+        (True, 100.0, 1)
+    """
+    pts = [(s, v) for s, v in zip(steps, values, strict=True) if v is not None]
+    if not pts:
+        return SeriesVerdict(None, False, None, 0, 0, (), 0)
+    peak_step, peak = max(pts, key=lambda p: (p[1], -p[0]))
+    # The sample at the end of the last warm-up step is the measured baseline.
+    measured = [p for p in pts if p[0] >= warmup]
+    n = len(measured)
+    if n < 2:
+        return SeriesVerdict(None, False, None, peak, peak_step, (), n)
+    xs = [p[0] for p in measured]
+    ys = [p[1] for p in measured]
+    jumps = [
+        (xs[i] + 1, ys[i + 1] - ys[i])
+        for i in range(n - 1)
+        if ys[i + 1] - ys[i] > max(4 * threshold * (xs[i + 1] - xs[i]), 0)
+    ]
+    jumps = sorted(sorted(jumps, key=lambda j: -j[1])[:3])
+    if n < MIN_SAMPLES:
+        slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
+        return SeriesVerdict(slope, False, None, peak, peak_step, tuple(jumps), n)
+    bounds = _windows(n)
+    rates = [(ys[b] - ys[a]) / (xs[b] - xs[a]) for a, b in itertools.pairwise(bounds)]
+    need = 3
+    run = 0
+    for rate in reversed(rates):
+        if rate <= threshold / 2:
+            break
+        run += 1
+    trailing = rates[len(rates) - run :]
+    growing = run >= need and statistics.median(trailing) > threshold
+    if not growing:
+        return SeriesVerdict(
+            float(statistics.median(rates)), False, None, peak, peak_step, tuple(jumps), n
+        )
+    first = len(rates) - run
+    a, b = bounds[first], bounds[first + 1]
+    began = xs[a] + 1
+    for i in range(a, b):
+        if (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) > threshold / 2:
+            began = xs[i] + 1
+            break
+    start = bounds[first]
+    return SeriesVerdict(
+        float(statistics.median(trailing)),
+        True,
+        began,
+        peak,
+        peak_step,
+        tuple(jumps),
+        n,
+        growth=ys[-1] - ys[start],
+        last_step=xs[-1],
+    )
+
+
+def analyze(
+    steps: Sequence[int],
+    series: Mapping[str, Sequence[int | None]],
+    *,
+    warmup: int,
+    threshold: int,
+) -> dict[str, SeriesVerdict]:
+    """:func:`analyze_series` for each series."""
+    return {
+        name: analyze_series(steps, values, warmup=warmup, threshold=threshold)
+        for name, values in series.items()
+    }
+
+
+# -- known patterns ------------------------------------------------------------
+def _add_chain(fn: Any, limit: int) -> int:
+    """Length of a chain of additions in an autograd graph (``total += loss``)."""
+    depth = 0
+    while fn is not None and depth < limit and type(fn).__name__.startswith("AddBackward"):
+        depth += 1
+        nxt = None
+        for parent, _ in fn.next_functions:
+            if parent is not None and type(parent).__name__.startswith("AddBackward"):
+                nxt = parent
+                break
+        fn = nxt
+    return depth
+
+
+def _name_of(obj: object, frame: FrameType | None) -> str | None:
+    depth = 0
+    while frame is not None and depth < 40:
+        for name, value in frame.f_locals.items():
+            if value is obj:
+                return name
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def _tensor_list(obj: list[Any], tensor: type, parameter: type) -> bool:
+    probe = obj[:4] + obj[len(obj) // 2 : len(obj) // 2 + 1] + obj[-4:]
+    return all(type(t) is not parameter and issubclass(type(t), tensor) for t in probe)
+
+
+def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str] | None:
+    """Look for a known cause of growth among the live objects, once.
+
+    Scans ``gc.get_objects()`` (tens of milliseconds; run only after a leak
+    verdict) for a tensor whose autograd graph is a long chain of additions
+    (``total_loss += loss`` without ``.detach()``) and for long lists of
+    tensors (``losses.append(loss)``). Both are inferences from what is alive
+    now, not proof that they caused the growth, so the evidence says "likely".
+    Reads only host-side metadata: no synchronization.
+
+    Args:
+        measured_steps: Steps in which growth was seen (sets the minimum size).
+        frame: Where to start looking for the variables' names (outward).
+
+    Returns:
+        ``(pattern, fix, evidence)`` or ``None`` when nothing known was found.
+    """
+    import torch
+
+    need = max(8, measured_steps // 2)
+    chain: tuple[int, Any] | None = None
+    biggest: tuple[int, Any] | None = None
+    tensor_type = torch.Tensor
+    for obj in gc.get_objects():
+        # type() rather than isinstance(): some live objects warn when their
+        # __class__ is read (deprecated torch aliases).
+        kind = type(obj)
+        if issubclass(kind, tensor_type):
+            fn = obj.grad_fn
+            if fn is not None and type(fn).__name__.startswith("AddBackward"):
+                depth = _add_chain(fn, 10 * need + 1000)
+                if depth >= need and (chain is None or depth > chain[0]):
+                    chain = (depth, obj)
+        elif (
+            kind is list and len(obj) >= need and _tensor_list(obj, tensor_type, torch.nn.Parameter)
+        ):
+            size = sum(int(t.nbytes) for t in obj if issubclass(type(t), tensor_type))
+            if biggest is None or size > biggest[0]:
+                biggest = (size, obj)
+    if chain is not None:
+        depth, tensor = chain
+        name = _name_of(tensor, frame)
+        what = f"`{name}`" if name else f"a {tensor.device} tensor"
+        evidence = (
+            f"likely: {what} has an autograd graph that chains {depth} additions "
+            f"(about one per step over {measured_steps} steps), so every step's graph and "
+            "the activations it saved stay alive (found among live objects after the "
+            "growth was seen)"
+        )
+        return ACCUMULATED_GRAPH, _FIXES[ACCUMULATED_GRAPH], evidence
+    if biggest is not None:
+        size, items = biggest
+        name = _name_of(items, frame)
+        first = items[-1]
+        graph = (
+            "; its tensors carry autograd graphs, which stay alive too"
+            if first.grad_fn is not None
+            else ""
+        )
+        what = f"list `{name}`" if name else "a list"
+        evidence = (
+            f"likely: {what} holds {len(items)} {first.device} tensors "
+            f"({format_bytes(size)} of tensor data) after {measured_steps} steps{graph} "
+            "(found among live objects after the growth was seen)"
+        )
+        return TENSOR_LIST, _FIXES[TENSOR_LIST], evidence
+    return None
+
+
+# -- the guard's memory watch ----------------------------------------------------
+class MemoryMonitor:
+    """The sampler, the verdict and the policy's action, for one guard.
+
+    Args:
+        probes: Makes the probes at each start, given the notes list (see
+            :func:`default_probes`).
+        policy: ``"record"``, ``"warn"`` or ``"error"``.
+        threshold: ``max_growth_per_step`` in bytes.
+        warmup: ``warmup_steps`` of the guard.
+        every: A fixed stride, or ``None`` for adaptive sampling.
+        clock: Seconds, monotonic (tests pass a fake one).
+        thread_ident: The guard's thread; a leak found in another thread is
+            raised at :meth:`finish` instead.
+        explain_fn: Finds a known cause (tests replace it).
+    """
+
+    def __init__(
+        self,
+        probes: Callable[[list[str]], ProbeSet],
+        *,
+        policy: str,
+        threshold: int,
+        warmup: int,
+        every: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        explain_fn: Callable[[int, FrameType | None], tuple[str, str, str] | None] = explain,
+    ) -> None:
+        self._make_probes = probes
+        self._probeset = ProbeSet({}, {}, [], tuple)
+        self.sampler = Sampler({}, every=every, clock=clock)
+        self.active = False
+        self._policy = policy
+        self._threshold = threshold
+        self._warmup = warmup
+        self._every = every
+        self._explain = explain_fn
+        self._checkpoint = 16
+        self._acted = False
+        self._cause: tuple[str, str, str] | None = None
+        self._explained = False
+        self._pending: MemoryGrowthError | None = None
+        self.thread_ident: int | None = None
+        self._strides: set[int] = set()
+
+    def start(self, step: int) -> None:
+        """Open the probes and take the baseline sample (the guard starts at ``step``)."""
+        probeset = self._make_probes(self.sampler.notes)
+        self._probeset = probeset
+        self.sampler.open(probeset.probes)
+        self.active = True
+        self.sampler.sample(step)
+
+    def on_step(self, step: int) -> None:
+        """The guard's step listener: sample, and act once a leak is seen."""
+        if not self.active or not self.sampler.on_step(step):
+            return
+        self._strides.add(self.sampler.stride)
+        measured = sum(1 for s in self.sampler.steps if s >= self._warmup)
+        if self._acted or self._policy == "record" or measured < self._checkpoint:
+            return
+        self._checkpoint = math.ceil(self._checkpoint * 1.5)
+        memory = self.report()
+        if memory.leak:
+            self._act(memory, final=False)
+
+    def finish(self, step: int, *, act: bool) -> None:
+        """Last sample, release the probes, and act on the final verdict.
+
+        Raises:
+            MemoryGrowthError: Under the error policy, for a leak not raised yet.
+        """
+        if not self.active:
+            return
+        self.active = False
+        try:
+            self.sampler.sample(step)
+        finally:
+            self.sampler.close()
+        if self._pending is not None:
+            err, self._pending = self._pending, None
+            if act:
+                raise err
+        if not act or self._acted or self._policy == "record":
+            return
+        memory = self.report()
+        if memory.leak:
+            self._act(memory, final=True)
+
+    def _act(self, memory: MemoryReport, *, final: bool) -> None:
+        import threading
+
+        self._acted = True
+        when = "over the run" if final else f"so far (step {memory.steps[-1]})"
+        message = f"memory keeps growing {when}: {memory.reason}"
+        if memory.pattern:
+            message += f". {memory.evidence}. Fix: {memory.fix}"
+        if self._policy == "warn":
+            warnings.warn(message, MemoryGrowthWarning, stacklevel=2)
+            return
+        error = MemoryGrowthError(message, memory.to_dict())
+        if not final and self.thread_ident not in (None, threading.get_ident()):
+            self._pending = error
+            return
+        raise error
+
+    def _sampling_text(self) -> str:
+        n = len(self.sampler.steps)
+        if self._every is not None:
+            return f"every {self._every} step(s); {n} samples"
+        strides = sorted(self._strides) or [1]
+        span = f"{strides[0]}" if len(strides) == 1 else f"{strides[0]}-{strides[-1]}"
+        return (
+            f"adaptive (sampling kept under {BUDGET:.1%} of step time): every {span} step(s); "
+            f"{n} samples"
+        )
+
+    def report(self) -> MemoryReport:
+        """The memory section for the report, with the verdict as of now."""
+        steps = tuple(self.sampler.steps)
+        series = {k: tuple(v) for k, v in self.sampler.values.items()}
+        verdict_names = tuple(n for n in self._probeset.verdict_series() if n in series)
+        found = analyze(steps, series, warmup=self._warmup, threshold=self._threshold)
+        growing = tuple(n for n in verdict_names if found[n].growing)
+        leak = bool(growing)
+        limit = format_bytes(self._threshold)
+        measured = [found[n].samples for n in verdict_names]
+        if leak:
+            parts = []
+            for name in growing:
+                v = found[name]
+                assert v.slope is not None and v.began_at is not None
+                parts.append(
+                    f"{name} grew {format_bytes(v.slope)}/step from step {v.began_at} to step "
+                    f"{v.last_step} (+{format_bytes(v.growth)})"
+                )
+            reason = "; ".join(parts) + f", above max_growth_per_step {limit}"
+        elif not measured or max(measured) < MIN_SAMPLES:
+            reason = (
+                f"no verdict: {max(measured, default=0)} samples after warm-up, "
+                f"{MIN_SAMPLES} needed"
+            )
+        else:
+            reason = f"no series kept growing faster than max_growth_per_step {limit}"
+            jumps = [
+                f"{name} {format_bytes(size)} at step {step}"
+                for name in verdict_names
+                for step, size in found[name].step_changes
+            ]
+            if jumps:
+                reason += "; one-time increases (step changes, not leaks): " + ", ".join(jumps)
+        if leak and not self._explained:
+            self._explained = True
+            first = min(found[n].began_at or 0 for n in growing)
+            try:
+                self._cause = self._explain(max(1, steps[-1] - first + 1), sys._getframe(1))
+            except Exception as exc:
+                self.sampler.notes.append(
+                    f"looking for a known cause of the growth failed: {type(exc).__name__}: {exc}"
+                )
+        pattern, fix, evidence = self._cause if leak and self._cause else (None, "", "")
+        notes = tuple(dict.fromkeys(self.sampler.notes))
+        return MemoryReport(
+            steps=steps,
+            series=series,
+            sources={k: v for k, v in self._probeset.sources.items() if k in series},
+            verdict_series=verdict_names,
+            slopes={k: v.slope for k, v in found.items() if v.slope is not None},
+            growth_began_at={k: v.began_at for k, v in found.items()},
+            peak={k: v.peak for k, v in found.items()},
+            peak_step={k: v.peak_step for k, v in found.items()},
+            step_changes={k: v.step_changes for k, v in found.items() if v.step_changes},
+            growing=growing,
+            leak=leak,
+            threshold=self._threshold,
+            warmup_steps=self._warmup,
+            reason=reason,
+            pattern=pattern,
+            fix=fix,
+            evidence=evidence,
+            sampling=self._sampling_text(),
+            notes=notes,
+        )
