@@ -67,6 +67,14 @@ def _code_at(file: str, line: int) -> str:
     return linecache.getline(file, line).strip()
 
 
+AUDIT_NOTE = (
+    "audit: syncs predicted from a run without a GPU, for the tensors that would live on the "
+    "training device (parameters, tensors moved with .to(device), factories with device=, and "
+    "what is computed from them); it cannot know which host memory would be pinned, sees no "
+    "sync inside optimizer.step() and none in other threads (see docs/audit.md)"
+)
+
+
 def _pick_engine(requested: str) -> tuple[str, list[str]]:
     notes: list[str] = []
     if requested == "cuda":
@@ -79,11 +87,8 @@ def _pick_engine(requested: str) -> tuple[str, list[str]]:
         return "cuda", notes
     if requested == "auto" and _env.cuda_available():
         return "cuda", notes
-    notes.append(
-        "no detection ran: CUDA is not available here and the CPU audit engine is not part "
-        "of this release; run on a CUDA machine to find synchronizations"
-    )
-    return "none", notes
+    notes.append(AUDIT_NOTE)
+    return "audit", notes
 
 
 def _make_engine(name: str) -> _hub.Engine:
@@ -91,6 +96,10 @@ def _make_engine(name: str) -> _hub.Engine:
         from barrierguard._engines.cuda import CudaEngine
 
         return CudaEngine()
+    if name == "audit":
+        from barrierguard._engines.audit import AuditEngine
+
+        return AuditEngine()
     from barrierguard._engines.none import NoneEngine
 
     return NoneEngine()
@@ -203,6 +212,7 @@ class Guard:
                 self._hook_handle.remove()
                 self._hook_handle = None
         finally:
+            self._engine_notes()
             _hub.detach(self, self._engine_name)
         if self._deferred:
             err = self._deferred[0]
@@ -237,6 +247,18 @@ class Guard:
 
         watched.guard = self  # type: ignore[attr-defined]
         return watched  # type: ignore[return-value]
+
+    def _engine_notes(self) -> None:
+        # What the engine had to assume while this guard ran (the audit's notes).
+        notes = getattr(_hub.installed(self._engine_name), "notes", None)
+        if notes is None:
+            return
+        try:
+            for note in notes():
+                if note not in self._notes:
+                    self._notes.append(note)
+        except Exception as exc:
+            self._fault(exc)
 
     # -- steps --------------------------------------------------------------
     def step(self) -> None:
