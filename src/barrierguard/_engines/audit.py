@@ -44,7 +44,7 @@ from torch.overrides import TorchFunctionMode
 from barrierguard import _env, _hub
 from barrierguard._engines._patch import Patches
 from barrierguard._engines.cuda import PAGEABLE_BLOCKING_BYTES
-from barrierguard._frames import OWN, USER, classify_file, locate
+from barrierguard._frames import OWN, USER, _classifier, classify_file, locate
 
 __all__ = ["AuditEngine", "Provenance"]
 
@@ -160,20 +160,24 @@ def _names_host(frame: FrameType) -> bool:
 
 def _call_site() -> FrameType | None:
     """The user's frame of the current call (the innermost frame outside torch)."""
+    cache = _classifier._cache
     f: FrameType | None = sys._getframe(2)
     innermost: FrameType | None = None
     while f is not None:
-        category, _ = classify_file(f.f_code.co_filename)
+        filename = f.f_code.co_filename
+        category = (cache.get(filename) or classify_file(filename))[0]
         if category != OWN:
-            if innermost is None:
-                innermost = f
             if category == USER:
                 return f
+            if innermost is None:
+                innermost = f
         f = f.f_back
     return innermost
 
 
 def _device_type(device: Any) -> str | None:
+    if type(device) is torch.device:
+        return device.type
     if isinstance(device, torch.device):
         return device.type
     if isinstance(device, str):
@@ -229,8 +233,25 @@ class _AuditMode(TorchFunctionMode):
                 engine.mark(out, True)
             return out
         out = func(*args)
-        if args and engine.any_device(args):
-            engine.mark(out, True)
+        if not isinstance(out, _Tensor):
+            if isinstance(out, (tuple, list)) and engine.any_device(args):
+                engine.mark(out, True)
+            return out
+        # The hot path, inlined: is any tensor argument a device tensor?
+        table = engine.prov.table
+        for a in args:
+            if isinstance(a, _Tensor):
+                e = table.get(id(a))
+                if e is not None and e[0]() is a:
+                    if not e[1]:
+                        continue
+                elif not (issubclass(type(a), _Parameter) or engine.cuda_tensor(a)):
+                    continue
+                engine.prov.set(out, True)
+                return out
+            elif isinstance(a, (list, tuple)) and engine.any_device(a):
+                engine.prov.set(out, True)
+                return out
         return out
 
 
@@ -261,6 +282,9 @@ class AuditEngine:
         # Not isinstance: Parameter's metaclass makes that a Python-level check.
         if issubclass(type(t), _Parameter):
             return True
+        return self._cuda and t.device.type != "cpu"
+
+    def cuda_tensor(self, t: Any) -> bool:
         return self._cuda and t.device.type != "cpu"
 
     def any_device(self, values: Any) -> bool:
@@ -596,10 +620,14 @@ class AuditEngine:
         # no new tensor the loop reads, so the mode steps aside for them.
         if threading.get_ident() != self._thread or self._suspended:
             return
+        self._suspended = self._pop_if_on_top()
+
+    def _pop_if_on_top(self) -> bool:
         n = torch._C._len_torch_function_stack()
         if n and torch._C._get_function_stack_at(n - 1) is self._mode:
             torch._C._pop_torch_function_stack()
-            self._suspended = True
+            return True
+        return False
 
     def _resume(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._suspended and threading.get_ident() == self._thread and self._mode is not None:
@@ -650,6 +678,20 @@ class AuditEngine:
                 _remove_mode(mode)
 
         self._patches.set(BackwardCFunction, "apply", apply)
+
+        orig_zero_grad = torch.optim.Optimizer.zero_grad
+
+        @functools.wraps(orig_zero_grad)
+        def zero_grad(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            # Only drops or zeroes gradients: nothing the audit needs to see.
+            suspended = engine._pop_if_on_top()
+            try:
+                return orig_zero_grad(opt, *args, **kwargs)
+            finally:
+                if suspended and engine._mode is not None:
+                    torch._C._push_on_torch_function_stack(engine._mode)
+
+        self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
 
 
 def _new_view(t: Any) -> Any:
