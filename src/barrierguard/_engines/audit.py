@@ -229,10 +229,18 @@ class _AuditMode(TorchFunctionMode):
                 if engine.training(device):
                     engine.mark(out, True)
                 return out
-            if engine.any_device(args) or engine.any_device(kwargs.values()):
+            values = kwargs.values()
+            if any(out is a for a in args) or any(out is v for v in values):
+                return out  # in place (nn.init.uniform_(tensor=w)): stays where it was
+            if engine.any_device(args) or engine.any_device(values):
                 engine.mark(out, True)
             return out
         out = func(*args)
+        if not args or out is args[0]:
+            # A factory without a device makes host tensors; an in-place op
+            # keeps its tensor where it was (and a parameter unseen until
+            # model.to(device) moves it).
+            return out
         if not isinstance(out, _Tensor):
             if isinstance(out, (tuple, list)) and engine.any_device(args):
                 engine.mark(out, True)
