@@ -27,9 +27,7 @@ import barrierguard
 class _NoOpMode(TorchFunctionMode):
     """The floor of any mode-based design: a mode that only forwards."""
 
-    def __torch_function__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return func(*args, **(kwargs or {}))
 
 

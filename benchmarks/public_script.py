@@ -106,7 +106,7 @@ def compare(a: str, b: str) -> None:
     for key in sorted(set(sa) | set(sb)):
         code = (sa.get(key) or sb[key])["code"]
 
-        def cell(s: dict[tuple[str, int], dict[str, Any]]) -> str:
+        def cell(s: dict[tuple[str, int], dict[str, Any]], key: tuple[str, int] = key) -> str:
             e = s.get(key)
             return f"{','.join(sorted(e['kinds']))} x{e['count']}" if e else "-"
 

@@ -94,7 +94,10 @@ QUIET_ON_DEVICE: list[tuple[str, Callable[[torch.Tensor], Any]]] = [
     ("masked_fill", lambda x: x.masked_fill(x < 0, 0.0)),
     ("long index", lambda x: x[torch.tensor([0, 1]).to(DEV)]),
     ("repeat_interleave int", lambda x: x.repeat_interleave(2)),
-    ("repeat_interleave output_size", lambda x: x.repeat_interleave(x.new_ones(8).long(), output_size=8)),
+    (
+        "repeat_interleave output_size",
+        lambda x: x.repeat_interleave(x.new_ones(8).long(), output_size=8),
+    ),
     ("one_hot num_classes", lambda x: F.one_hot(x.abs().long().clamp(0, 3), num_classes=4)),
     ("nonzero_static", lambda x: torch.nonzero_static(x, size=3)),
     ("topk", lambda x: x.topk(3)),
@@ -130,7 +133,10 @@ def test_provenance_follows_computation_and_parameters() -> None:
     with barrierguard.watch(engine="audit", policy="record") as guard:
         run()
     lines = {s.code for s in guard.report.sites if s.kind == "item"}
-    assert lines == {"out.sum().item()  # L-param", "(pred == torch.zeros(3).long().to(DEV)).sum().item()  # L-nograd"}
+    assert lines == {
+        "out.sum().item()  # L-param",
+        "(pred == torch.zeros(3).long().to(DEV)).sum().item()  # L-nograd",
+    }
 
 
 def test_moved_copy_and_host_original_keep_their_own_provenance() -> None:

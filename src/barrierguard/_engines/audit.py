@@ -198,9 +198,7 @@ def _has_bool_index(index: Any) -> bool:
     if isinstance(index, _Tensor):
         return index.dtype in (torch.bool, torch.uint8)
     if isinstance(index, tuple):
-        return any(
-            isinstance(i, _Tensor) and i.dtype in (torch.bool, torch.uint8) for i in index
-        )
+        return any(isinstance(i, _Tensor) and i.dtype in (torch.bool, torch.uint8) for i in index)
     return False
 
 
@@ -368,6 +366,7 @@ class AuditEngine:
     def _build_special(self) -> None:
         T = torch.Tensor
         s = self.special
+        fn: Any  # torch's functions and methods, each with its own stub type
 
         def reader(kind: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
             def handle(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -664,7 +663,7 @@ class AuditEngine:
             self._patches.set(accel, "synchronize", sync_wrapper(accel.synchronize, has_accel))
         from torch.autograd.function import BackwardCFunction
 
-        orig_apply = BackwardCFunction.apply
+        orig_apply: Callable[..., Any] = BackwardCFunction.apply
         prov = self.prov
         engine = self
 
