@@ -493,8 +493,9 @@ def watch(
             :class:`~barrierguard.SyncWarning` per new site) or ``"error"``
             (raise :class:`~barrierguard.SyncError` at the first site not
             allowed). Default: ``$BARRIERGUARD_POLICY``, else ``"warn"``.
-        engine: ``"auto"`` (``"cuda"`` when CUDA is available), ``"cuda"`` or
-            ``"audit"``.
+        engine: ``"auto"`` (``"cuda"`` when CUDA is available, else
+            ``"audit"``), ``"cuda"`` or ``"audit"`` (on a CPU, the lines that
+            would sync on a GPU; see docs/audit.md).
         warmup_steps: Steps after the first that also count as setup.
         allow: Allow rules: a kind (``"item"``), an origin
             (``"framework:lightning"``), or ``"path/file.py:LINE"`` with LINE
