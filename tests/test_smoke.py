@@ -3,8 +3,9 @@ from __future__ import annotations
 import barrierguard
 
 
-def test_watch_without_detection_says_so() -> None:
+def test_audit_engine_detects_and_says_what_it_assumes() -> None:
     with barrierguard.watch(policy="record", engine="audit") as guard:
         guard.step()
-    assert guard.report.detection is False
-    assert any("no detection ran" in n for n in guard.report.notes)
+    assert guard.report.engine == "audit"
+    assert guard.report.detection is True
+    assert any(n.startswith("audit:") and "pinned" in n for n in guard.report.notes)

@@ -70,6 +70,14 @@ def _code_at(file: str, line: int) -> str:
     return linecache.getline(file, line).strip()
 
 
+AUDIT_NOTE = (
+    "audit: syncs predicted from a run without a GPU, for the tensors that would live on the "
+    "training device (parameters, tensors moved with .to(device), factories with device=, and "
+    "what is computed from them); it cannot know which host memory would be pinned, sees no "
+    "sync inside optimizer.step() and none in other threads (see docs/audit.md)"
+)
+
+
 def _pick_engine(requested: str) -> tuple[str, list[str]]:
     notes: list[str] = []
     if requested == "cuda":
@@ -82,11 +90,8 @@ def _pick_engine(requested: str) -> tuple[str, list[str]]:
         return "cuda", notes
     if requested == "auto" and _env.cuda_available():
         return "cuda", notes
-    notes.append(
-        "no detection ran: CUDA is not available here and the CPU audit engine is not part "
-        "of this release; run on a CUDA machine to find synchronizations"
-    )
-    return "none", notes
+    notes.append(AUDIT_NOTE)
+    return "audit", notes
 
 
 def _make_engine(name: str) -> _hub.Engine:
@@ -94,6 +99,10 @@ def _make_engine(name: str) -> _hub.Engine:
         from barrierguard._engines.cuda import CudaEngine
 
         return CudaEngine()
+    if name == "audit":
+        from barrierguard._engines.audit import AuditEngine
+
+        return AuditEngine()
     from barrierguard._engines.none import NoneEngine
 
     return NoneEngine()
@@ -236,6 +245,7 @@ class Guard:
                 self._hook_handle.remove()
                 self._hook_handle = None
         finally:
+            self._engine_notes()
             _hub.detach(self, self._engine_name)
             memory_error = self._stop_memory(act)
         if self._deferred:
@@ -284,6 +294,18 @@ class Guard:
 
         watched.guard = self  # type: ignore[attr-defined]
         return watched  # type: ignore[return-value]
+
+    def _engine_notes(self) -> None:
+        # What the engine had to assume while this guard ran (the audit's notes).
+        notes = getattr(_hub.installed(self._engine_name), "notes", None)
+        if notes is None:
+            return
+        try:
+            for note in notes():
+                if note not in self._notes:
+                    self._notes.append(note)
+        except Exception as exc:
+            self._fault(exc)
 
     # -- steps --------------------------------------------------------------
     def step(self) -> None:
@@ -542,8 +564,9 @@ def watch(
             :class:`~barrierguard.SyncWarning` per new site) or ``"error"``
             (raise :class:`~barrierguard.SyncError` at the first site not
             allowed). Default: ``$BARRIERGUARD_POLICY``, else ``"warn"``.
-        engine: ``"auto"`` (``"cuda"`` when CUDA is available), ``"cuda"`` or
-            ``"audit"``.
+        engine: ``"auto"`` (``"cuda"`` when CUDA is available, else
+            ``"audit"``), ``"cuda"`` or ``"audit"`` (on a CPU, the lines that
+            would sync on a GPU; see docs/audit.md).
         warmup_steps: Steps after the first that also count as setup.
         allow: Allow rules: a kind (``"item"``), an origin
             (``"framework:lightning"``), or ``"path/file.py:LINE"`` with LINE

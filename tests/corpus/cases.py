@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,6 +51,9 @@ def prepare(device: str) -> dict[str, Any]:
     d["target"] = torch.randint(0, 4, (8,), device=device)
     d["adam"] = torch.optim.Adam(d["model"].parameters(), lr=1e-3)
     d["acc"] = torch.zeros((), device=device)
+    # A device-agnostic script calls torch.cuda.synchronize() on any machine; on
+    # one without CUDA only the audit engine makes that call possible.
+    d["cuda_sync"] = device == "cuda"
     if device == "cuda":
         d["event"] = torch.cuda.Event()
         d["scaler"] = torch.amp.GradScaler("cuda")
@@ -117,10 +121,11 @@ def comparisons(d: dict[str, Any]) -> None:
 
 @case
 def explicit_syncs(d: dict[str, Any]) -> None:
+    if d["cuda_sync"]:
+        torch.cuda.synchronize()  # expect: synchronize
     if d["device"] != "cuda":
         return
     torch.cuda.current_stream().synchronize()  # expect: synchronize
-    torch.cuda.synchronize()  # expect: synchronize
     d["event"].record()
     d["event"].synchronize()  # expect: synchronize
 
@@ -194,6 +199,41 @@ def quiet_traps(d: dict[str, Any]) -> None:
     gathered = x[d["idx"]]  # quiet
     perm = torch.randperm(16, device=d["device"])  # quiet
     del kept, filled, drawn, top, srt, biggest, gathered, perm
+
+
+@case
+def metrics(d: dict[str, Any]) -> None:
+    model, batch, target = d["model"], d["batch"], d["target"]
+    with torch.no_grad():
+        logits = model(batch)  # quiet
+        hits = (logits.argmax(1) == target).sum()  # quiet
+    correct = hits.item()  # expect: item
+    rate = correct / len(target)  # quiet
+    text = f"{rate:.3f}"  # quiet
+    del text
+
+
+@case
+def host_bookkeeping(d: dict[str, Any]) -> None:
+    # Host tensors never synchronize, on any machine: the data pipeline,
+    # numpy work and bookkeeping filled with Python numbers.
+    sink = d["sink"]
+    buf = torch.zeros(4)  # quiet
+    buf[0] = 1.5  # quiet
+    buf[1] += 2.0  # quiet
+    print(buf, file=sink)  # quiet
+    text = f"{buf[0]:.2f} {buf.sum():.2f}"  # quiet
+    if buf.sum() > 0:  # quiet
+        sink.write(text)
+    vals = buf.tolist()  # quiet
+    first = buf[0].item()  # quiet
+    host = d["host"]
+    positive = host[host > 0]  # quiet
+    classes = torch.unique(torch.randint(0, 5, (32,)))  # quiet
+    arr = torch.from_numpy(np.arange(6, dtype=np.float32)).reshape(2, 3)  # quiet
+    total = float(arr.sum())  # quiet
+    back = arr.numpy()  # quiet
+    del vals, first, positive, classes, total, back
 
 
 _ANNOTATION = re.compile(r"#\s*(expect:\s*(?P<kind>\w+)(?:\s+(?P<origin>[\w:.]+))?|quiet)\s*$")
