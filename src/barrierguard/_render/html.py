@@ -149,7 +149,7 @@ def _axes(w: int, h: int, pad: tuple[int, int, int, int], ymax_label: str, x_las
 def _syncs_chart(per_step: Sequence[int], warmup: int) -> str:
     if not per_step:
         return '<div class="empty" id="no-syncs-chart">no per-step series in this report</div>'
-    w, h = 560, 180
+    w, h = 520, 180
     pad = (44, 10, 10, 30)
     left, top, right, bottom = pad
     ymax = _nice_max(float(max(per_step)))
@@ -216,7 +216,7 @@ def _memory_chart(report: Report, memory: Any) -> str:
     if parsed is None:
         return '<div class="empty" id="no-memory">no memory samples in this report</div>'
     xs, series = parsed
-    w, h = 560, 180
+    w, h = 520, 180
     pad = (54, 10, 10, 30)
     left, top, right, bottom = pad
     pw, ph = w - left - right, h - top - bottom
@@ -338,7 +338,8 @@ def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
     elif report.ok:
         badge = '<span class="badge ok" id="status">policy kept</span>'
     else:
-        badge = f'<span class="badge bad" id="status">{len(report.violations)} violations</span>'
+        n = len(report.violations)
+        badge = f'<span class="badge bad" id="status">{n} violation{"s" if n != 1 else ""}</span>'
     per = report.step_syncs / report.measured_steps if report.measured_steps else 0.0
     setup = sum(s.setup_count for s in report.sites if s.blocking)
     cards = "".join(
