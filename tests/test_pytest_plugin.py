@@ -117,7 +117,9 @@ def test_warn_policy_passes_with_one_warning_per_site(sandbox: pytest.Pytester) 
 def test_record_policy_only_counts(sandbox: pytest.Pytester) -> None:
     result = sandbox.runpytest(*PLUGIN, "--barrierguard=record")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*test_loop.py:* item (user): 2 in steps, 0.67 per step: value = t.item()*"])
+    result.stdout.fnmatch_lines(
+        ["*test_loop.py:* item (user): 2 in steps, 0.67 per step: value = t.item()*"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -304,9 +306,7 @@ def test_no_step_boundary_is_said_in_the_summary(pytester: pytest.Pytester) -> N
 
 def test_growth_limit_without_memory_samples_warns(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(_fake_cuda=FAKE.read_text(), conftest=CONFTEST)
-    pytester.makepyfile(
-        test_growth=MARKED.format(mark="max_growth_per_step=1024", per_step=0)
-    )
+    pytester.makepyfile(test_growth=MARKED.format(mark="max_growth_per_step=1024", per_step=0))
     result = pytester.runpytest(*PLUGIN)
     result.assert_outcomes(passed=1, warnings=1)
     assert "max_growth_per_step was not checked" in result.stdout.str()

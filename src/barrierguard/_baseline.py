@@ -331,9 +331,9 @@ def compare(
         raise BarrierGuardError(f"tolerance={tolerance!r} is not valid: expected a number >= 0")
     old = baseline.by_key()
     first_site: dict[Key, Site] = {}
-    for site in report.ranked():
-        if _counts(site):
-            first_site.setdefault(site_key(site, root), site)
+    for ranked in report.ranked():
+        if _counts(ranked):
+            first_site.setdefault(site_key(ranked, root), ranked)
     found: list[Finding] = []
     now = _entries(report.sites, root)
     for key, entry in sorted(now.items(), key=lambda kv: (kv[1].file, kv[1].line)):

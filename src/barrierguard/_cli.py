@@ -77,7 +77,10 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     base.add_argument("report", metavar="REPORT.json")
     base.add_argument(
-        "-o", "--out", default=".barrierguard-baseline.json", metavar="FILE",
+        "-o",
+        "--out",
+        default=".barrierguard-baseline.json",
+        metavar="FILE",
         help="where to write the baseline (default .barrierguard-baseline.json)",
     )
     base.add_argument("--root", metavar="DIR", help=root_help)
@@ -87,12 +90,17 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     check.add_argument("report", metavar="REPORT.json")
     check.add_argument(
-        "--baseline", default=".barrierguard-baseline.json", metavar="FILE",
+        "--baseline",
+        default=".barrierguard-baseline.json",
+        metavar="FILE",
         help="the baseline to compare against (default .barrierguard-baseline.json)",
     )
     check.add_argument("--root", metavar="DIR", help=root_help)
     check.add_argument(
-        "--tolerance", type=float, default=0.0, metavar="X",
+        "--tolerance",
+        type=float,
+        default=0.0,
+        metavar="X",
         help="how much a site's syncs per step may grow before it fails (default 0)",
     )
     show = sub.add_parser("report", help="show a saved report as text, JSON or HTML")

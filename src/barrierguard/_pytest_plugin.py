@@ -34,7 +34,14 @@ from barrierguard._report import Report, Site, Violation
 
 __all__: list[str] = []
 
-_MARK_OPTIONS = ("policy", "engine", "warmup_steps", "allow", "max_syncs_per_step", "max_growth_per_step")
+_MARK_OPTIONS = (
+    "policy",
+    "engine",
+    "warmup_steps",
+    "allow",
+    "max_syncs_per_step",
+    "max_growth_per_step",
+)
 _MARKER_HELP = (
     "barrierguard(policy=None, engine='auto', warmup_steps=0, allow=(), max_syncs_per_step=None, "
     "max_growth_per_step=None): watch this test for host-device synchronizations; "
@@ -98,7 +105,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("barrierguard_allow", "barrierguard allow rules, one per line", type="linelist")
     parser.addini("barrierguard_warmup_steps", "barrierguard warm-up steps", default="")
     parser.addini(
-        "barrierguard_max_syncs_per_step", "budget of syncs per step not allowed by a rule", default=""
+        "barrierguard_max_syncs_per_step",
+        "budget of syncs per step not allowed by a rule",
+        default="",
     )
     parser.addini("barrierguard_report", "write one JSON report of all watched tests", default="")
 
@@ -142,8 +151,12 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         # Validate once, up front: a typo in the ini file stops the run at once.
         make_options(
-            policy="record", engine=engine, warmup_steps=warmup, allow=allow,
-            max_syncs_per_step=budget, owner="barrierguard ini",
+            policy="record",
+            engine=engine,
+            warmup_steps=warmup,
+            allow=allow,
+            max_syncs_per_step=budget,
+            owner="barrierguard ini",
         )
     except BarrierGuardError as err:
         raise pytest.UsageError(str(err)) from err
@@ -197,8 +210,11 @@ def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
     )
     # Validate now, so a bad marker is an error at setup, not a surprise later.
     make_options(
-        policy=plan.policy, engine=plan.engine, warmup_steps=plan.warmup_steps,
-        allow=plan.allow, max_syncs_per_step=plan.max_syncs_per_step,
+        policy=plan.policy,
+        engine=plan.engine,
+        warmup_steps=plan.warmup_steps,
+        allow=plan.allow,
+        max_syncs_per_step=plan.max_syncs_per_step,
         owner="@pytest.mark.barrierguard",
     )
     return plan

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from _html_sample import sample_memory, sample_report
 
 from barrierguard import Report
 from barrierguard._render.html import render
-from _html_sample import sample_memory, sample_report
 
 
 def test_page_is_self_contained() -> None:

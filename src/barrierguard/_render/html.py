@@ -313,9 +313,7 @@ def _violations(report: Report) -> str:
     )
     more = len(report.violations) - 200
     tail = f"<li>... and {more} more</li>" if more > 0 else ""
-    return (
-        f'<h2>Policy violations ({len(report.violations)})</h2><ul id="violations">{items}{tail}</ul>'
-    )
+    return f'<h2>Policy violations ({len(report.violations)})</h2><ul id="violations">{items}{tail}</ul>'
 
 
 def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
