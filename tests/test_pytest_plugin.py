@@ -10,10 +10,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from barrierguard import Report
+from barrierguard import Report, _pytest_plugin
 from barrierguard._cli import main
 
-PLUGIN = ("-p", "barrierguard._pytest_plugin")
+# The plugin module is imported by this file (and, once installed, by pytest's
+# entry points), so inner runs cannot assertion-rewrite it: that warning is noise.
+PLUGIN = (
+    "-p",
+    "barrierguard._pytest_plugin",
+    "-W",
+    "ignore::pytest.PytestAssertRewriteWarning",
+)
 FAKE = Path(__file__).with_name("_fake_cuda.py")
 
 CONFTEST = """\
@@ -62,6 +69,13 @@ def _warm_torch() -> None:
 
 
 _warm_torch()
+
+
+@pytest.fixture(autouse=True)
+def _only_this_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Once barrierguard is installed its entry point loads the plugin by itself,
+    # and "-p" would register the module a second time: load plugins by hand only.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 
 def _line(source: str, marker: str) -> int:
@@ -321,10 +335,8 @@ def test_growth_limit_without_memory_samples_warns(pytester: pytest.Pytester) ->
     ],
 )
 def test_growth_limit_reads_report_memory(series: list[float], limit: float, fails: bool) -> None:
-    from barrierguard._pytest_plugin import _growth_failure
-
     report = SimpleNamespace(memory={"steps": [0, 1, 2], "series": {"host_rss": series}})
-    message = _growth_failure(report, limit)  # type: ignore[arg-type]
+    message = _pytest_plugin._growth_failure(report, limit)  # type: ignore[arg-type]
     assert (message is not None) == fails
     if fails:
         assert message is not None and "host_rss: 100 bytes per step (limit 99)" in message
@@ -368,3 +380,15 @@ def test_report_file_feeds_the_ratchet(
     assert "new site: test_more.py:7 in test_more(): 'FakeTensor().tolist()' [tolist]" in (
         capsys.readouterr().out
     )
+
+
+def test_an_internal_fault_is_a_warning_not_a_failure(
+    sandbox: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(report: Report, plan: object) -> str:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(_pytest_plugin, "_failure_text", broken)
+    result = sandbox.runpytest(*PLUGIN, "--barrierguard=error")
+    result.assert_outcomes(passed=2, warnings=1)
+    assert "internal error in barrierguard: RuntimeError: boom" in result.stdout.str()

@@ -367,6 +367,15 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         result = yield
     finally:
         report = guard.stop() if own else guard.report
+        failure = _judge(item, plan, report)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
+    return result
+
+
+def _judge(item: pytest.Item, plan: _Plan, report: Report) -> str | None:
+    """The failure message for this test, or None; never raises (a fault is a warning)."""
+    try:
         failure = None
         if plan.policy == "error" and report.violations:
             failure = _failure_text(report, plan)
@@ -382,11 +391,18 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
                     ),
                     stacklevel=1,
                 )
-        state = item.config.stash[_STATE]
-        state.outcomes.append(_Outcome(item.nodeid, report, failure is not None))
-    if failure is not None:
-        pytest.fail(failure, pytrace=False)
-    return result
+        item.config.stash[_STATE].outcomes.append(
+            _Outcome(item.nodeid, report, failure is not None)
+        )
+        return failure
+    except Exception as exc:  # barrierguard's own bug must not decide the test
+        warnings.warn(
+            pytest.PytestWarning(
+                f"{item.nodeid}: internal error in barrierguard: {type(exc).__name__}: {exc}"
+            ),
+            stacklevel=1,
+        )
+        return None
 
 
 def _merge(outcomes: Sequence[_Outcome]) -> Report:

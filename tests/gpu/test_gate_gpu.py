@@ -52,10 +52,23 @@ def _warm() -> None:
     torch.cuda.synchronize()
 
 
+@pytest.fixture(autouse=True)
+def _only_this_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With barrierguard installed, its entry point would load the plugin a
+    # second time next to "-p": load plugins by hand only.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+
 def _run(pytester: pytest.Pytester, extra: bool, *args: str) -> pytest.RunResult:
     _warm()
     pytester.makepyfile(test_gpu_loop=LOOP.replace("EXTRA", str(extra)))
-    return pytester.runpytest("-p", "barrierguard._pytest_plugin", *args)
+    return pytester.runpytest(
+        "-p",
+        "barrierguard._pytest_plugin",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+        *args,
+    )
 
 
 def test_plugin_fails_a_real_item(pytester: pytest.Pytester) -> None:
