@@ -13,7 +13,7 @@ import torch
 import barrierguard
 from barrierguard import _hub
 
-pytest_plugins = ["_fake_cuda"]
+pytest_plugins = ["_fake_cuda", "pytester"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,4 +1,9 @@
-"""The command line: ``barrierguard run``, ``barrierguard demo``."""
+"""The command line: ``run``, ``demo``, and the CI gate: ``baseline``, ``check``,
+``report``, ``diff``.
+
+Exit status: 0 ok; 1 ``check`` or ``diff`` found a new site or more syncs per
+step; 2 bad usage or a bad file; 3 ``run``/``demo`` broke the error policy.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ __all__ = ["main"]
 
 EXIT_POLICY = 3
 EXIT_USAGE = 2
+EXIT_REGRESSION = 1
 
 
 def _guard_options(p: argparse.ArgumentParser) -> None:
@@ -56,7 +62,57 @@ def _parser() -> argparse.ArgumentParser:
     _guard_options(demo)
     demo.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     demo.add_argument("--steps", type=int, default=30)
+    _gate_commands(sub)
     return parser
+
+
+def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    root_help = (
+        "files under DIR are matched by their path relative to it, others by basename "
+        "(default: the current directory)"
+    )
+    base = sub.add_parser(
+        "baseline",
+        help="save today's sites of a report as the baseline that check compares against",
+    )
+    base.add_argument("report", metavar="REPORT.json")
+    base.add_argument(
+        "-o",
+        "--out",
+        default=".barrierguard-baseline.json",
+        metavar="FILE",
+        help="where to write the baseline (default .barrierguard-baseline.json)",
+    )
+    base.add_argument("--root", metavar="DIR", help=root_help)
+    check = sub.add_parser(
+        "check",
+        help="fail (exit 1) when a report has a site the baseline lacks, or more syncs per step",
+    )
+    check.add_argument("report", metavar="REPORT.json")
+    check.add_argument(
+        "--baseline",
+        default=".barrierguard-baseline.json",
+        metavar="FILE",
+        help="the baseline to compare against (default .barrierguard-baseline.json)",
+    )
+    check.add_argument("--root", metavar="DIR", help=root_help)
+    check.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="how much a site's syncs per step may grow before it fails (default 0)",
+    )
+    show = sub.add_parser("report", help="show a saved report as text, JSON or HTML")
+    show.add_argument("report", metavar="REPORT.json")
+    show.add_argument("--format", choices=("text", "json", "html"), default="text")
+    show.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout")
+    diff = sub.add_parser(
+        "diff", help="what report B adds over report A (exit 1 when B has new sites)"
+    )
+    diff.add_argument("a", metavar="A.json")
+    diff.add_argument("b", metavar="B.json")
+    diff.add_argument("--root", metavar="DIR", help=root_help)
 
 
 def _make_guard(ns: argparse.Namespace) -> Guard:
@@ -187,7 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if ns.command == "run":
             return _run(ns)
-        return _demo(ns)
+        if ns.command == "demo":
+            return _demo(ns)
+        from barrierguard import _gate_cli
+
+        return _gate_cli.dispatch(ns)
     except BarrierGuardError as err:
         print(f"barrierguard: error: {err}", file=sys.stderr)
         return EXIT_USAGE
