@@ -46,7 +46,9 @@ def _probe() -> _frames.Location | None:
 def test_locate_names_the_caller_and_reads_the_call() -> None:
     loc = _probe()  # the call being executed is _probe()
     assert loc is not None
-    assert loc.file == __file__ and loc.function == "test_locate_names_the_caller_and_reads_the_call"
+    assert (
+        loc.file == __file__ and loc.function == "test_locate_names_the_caller_and_reads_the_call"
+    )
     assert (loc.kind, loc.detail) == ("call", "_probe")
     assert loc.origin == "user"
 

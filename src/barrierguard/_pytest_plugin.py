@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +29,7 @@ import pytest
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard._guard import Guard, watch
-from barrierguard._options import POLICIES, make_options, resolve_policy
+from barrierguard._options import POLICIES, make_options, parse_bytes, resolve_policy
 from barrierguard._report import Report, Site, Violation
 
 __all__: list[str] = []
@@ -58,7 +58,7 @@ class _Plan:
     warmup_steps: int
     allow: tuple[str, ...]
     max_syncs_per_step: int | None
-    max_growth_per_step: float | None
+    max_growth_per_step: int | None
 
 
 @dataclass
@@ -192,13 +192,8 @@ def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
     allow = kw.get("allow", ())
     allow = (allow,) if isinstance(allow, str) else tuple(allow)
     growth = kw.get("max_growth_per_step")
-    if growth is not None and (
-        isinstance(growth, bool) or not isinstance(growth, (int, float)) or growth < 0
-    ):
-        raise BarrierGuardError(
-            f"@pytest.mark.barrierguard(max_growth_per_step={growth!r}) is not valid: "
-            "expected a number of bytes >= 0, or None"
-        )
+    if growth is not None:
+        growth = parse_bytes(growth, owner="@pytest.mark.barrierguard")
     policy = kw.get("policy") or state.policy
     plan = _Plan(
         policy=resolve_policy(policy, owner="@pytest.mark.barrierguard"),
@@ -206,7 +201,7 @@ def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
         warmup_steps=kw.get("warmup_steps", state.warmup_steps),
         allow=state.allow + allow,
         max_syncs_per_step=kw.get("max_syncs_per_step", state.max_syncs_per_step),
-        max_growth_per_step=None if growth is None else float(growth),
+        max_growth_per_step=growth,
     )
     # Validate now, so a bad marker is an error at setup, not a surprise later.
     make_options(
@@ -230,6 +225,9 @@ def _start(plan: _Plan) -> Guard:
         warmup_steps=plan.warmup_steps,
         allow=plan.allow,
         max_syncs_per_step=plan.max_syncs_per_step,
+        max_growth_per_step=(
+            "1MB" if plan.max_growth_per_step is None else plan.max_growth_per_step
+        ),
     )
     return guard.start()
 
@@ -317,43 +315,18 @@ def _failure_text(report: Report, plan: _Plan) -> str:
     return "\n".join(lines)
 
 
-def _memory(report: Report) -> tuple[list[float], dict[str, list[float]]] | None:
-    data: Any = getattr(report, "memory", None)
-    if data is None:
+def _growth_failure(report: Report) -> str | None:
+    """A message when the memory verdict of ``report`` is a leak."""
+    memory = report.memory
+    if memory is None or not memory.leak:
         return None
-    if not isinstance(data, Mapping):
-        to_dict = getattr(data, "to_dict", None)
-        data = to_dict() if callable(to_dict) else None
-    if not isinstance(data, Mapping):
-        return None
-    steps, series = data.get("steps"), data.get("series")
-    if not isinstance(steps, Sequence) or not isinstance(series, Mapping) or len(steps) < 2:
-        return None
-    xs = [float(s) for s in steps]
-    return xs, {
-        str(k): [float(v) for v in vs]
-        for k, vs in series.items()
-        if isinstance(vs, Sequence) and len(vs) == len(xs)
-    }
-
-
-def _growth_failure(report: Report, limit: float) -> str | None:
-    """A message when a memory series grew faster than ``limit`` bytes per step."""
-    parsed = _memory(report)
-    if parsed is None:
-        return None
-    xs, series = parsed
-    span = xs[-1] - xs[0]
-    if span <= 0:
-        return None
-    over = []
-    for name, values in sorted(series.items()):
-        growth = (values[-1] - values[0]) / span
-        if growth > limit:
-            over.append(f"  {name}: {growth:,.0f} bytes per step (limit {limit:,.0f})")
-    if not over:
-        return None
-    return "barrierguard: memory grew faster than max_growth_per_step:\n" + "\n".join(over)
+    lines = [
+        f"barrierguard: memory grows faster than max_growth_per_step ({memory.threshold:,} bytes):"
+    ]
+    lines.append(f"  {memory.reason}")
+    if memory.fix:
+        lines.append(f"  fix: {memory.fix}")
+    return "\n".join(lines)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -380,10 +353,10 @@ def _judge(item: pytest.Item, plan: _Plan, report: Report) -> str | None:
         if plan.policy == "error" and report.violations:
             failure = _failure_text(report, plan)
         if plan.max_growth_per_step is not None:
-            grew = _growth_failure(report, plan.max_growth_per_step)
+            grew = _growth_failure(report)
             if grew is not None:
                 failure = grew if failure is None else failure + "\n" + grew
-            elif _memory(report) is None:
+            elif report.memory is None or not report.memory.steps:
                 warnings.warn(
                     pytest.PytestWarning(
                         f"{item.nodeid}: max_growth_per_step was not checked: the report has no "

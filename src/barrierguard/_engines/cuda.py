@@ -203,8 +203,10 @@ class CudaEngine:
         record = self._record
         # is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
         # while tracing: the cheapest way to stay out of compiled graphs.
-        compiling = getattr(
-            torch.compiler, "is_dynamo_compiling", getattr(torch.compiler, "is_compiling", None)
+        compiling: Callable[[], bool] = (
+            getattr(torch.compiler, "is_dynamo_compiling", None)
+            or getattr(torch.compiler, "is_compiling", None)
+            or (lambda: False)
         )
         tls = _tls
 
