@@ -759,7 +759,8 @@ class MetricBuffer:
             if type(x) is not float and type(x) is not int and not _is_number(x):
                 return False
         device = plan.device
-        queued: list[torch.Tensor] = []
+        pending, versions = plan.pending, plan.versions
+        mark = len(pending)
         for name in plan.order:
             v = items[name]
             if type(v) is not torch.Tensor or (
@@ -767,13 +768,16 @@ class MetricBuffer:
             ):
                 admitted = self._admit(v, device)
                 if admitted is None:
+                    del pending[mark:], versions[mark:]
                     return False
                 v = admitted
-            queued.append(v)
+            pending.append(v)
+            versions.append(v._version)
         if plan.sizes[0]:
             weight: float | None = n_float
             if n_tensor is not None:
                 if n_tensor.device != device:
+                    del pending[mark:], versions[mark:]
                     return False
                 if n_tensor.requires_grad:
                     n_tensor = n_tensor.detach()
@@ -785,8 +789,6 @@ class MetricBuffer:
                 runs[-1][1] += 1
             else:
                 runs.append([weight, 1])
-        plan.pending += queued
-        plan.versions += [v._version for v in queued]
         plan.steps += 1
         if plan.steps == 1:
             self._pending[id(plan)] = plan
@@ -831,14 +833,14 @@ class MetricBuffer:
         weights, wversions, runs = plan.weights, plan.wversions, plan.runs
         plan.clear()
         self._pending.pop(id(plan), None)
-        for i, (v, version) in enumerate(zip(values, versions, strict=True)):
-            if v._version != version:
-                raise BarrierGuardError(
-                    f"MetricBuffer.update({plan.column(i)}=<tensor>) was changed in place "
-                    f"after it was logged: expected logged tensors to keep their value "
-                    f"until they are folded in (log a copy, e.g. value.detach().clone())"
-                )
-        if any(n._version != version for n, version in zip(weights, wversions, strict=True)):
+        if [v._version for v in values] != versions:
+            i = next(i for i, v in enumerate(values) if v._version != versions[i])
+            raise BarrierGuardError(
+                f"MetricBuffer.update({plan.column(i)}=<tensor>) was changed in place "
+                f"after it was logged: expected logged tensors to keep their value "
+                f"until they are folded in (log a copy, e.g. value.detach().clone())"
+            )
+        if [n._version for n in weights] != wversions:
             raise BarrierGuardError(
                 "MetricBuffer.update(n=<tensor>) was changed in place after it was logged: "
                 "expected logged tensors to keep their value until they are folded in "
