@@ -262,8 +262,15 @@ class MetricBuffer:
     * ``"cat"``: keeps every value (tensors of any shape, concatenated on dim 0).
 
     Running reductions keep float64 state of constant size, however many steps
-    are logged. :meth:`update` never synchronizes: device tensors are folded in
-    with in-place device ops, Python numbers with host arithmetic.
+    are logged. :meth:`update` never synchronizes and, for a repeated set of
+    names, launches no kernel: it keeps references to the step's tensors, and
+    every :data:`FLUSH_EVERY` steps (or before :meth:`compute`,
+    :meth:`state_dict` and :meth:`load_state_dict`) the pending steps are folded
+    into the state with one ``torch.stack`` and a few reductions. Python numbers
+    are folded in with host arithmetic. A logged tensor must therefore keep its
+    value until it is folded in: one changed in place earlier raises
+    :class:`BarrierGuardError` at the fold (tensors that require grad are
+    detached; leaves that require grad, such as parameters, are copied).
 
     Args:
         reductions: Metric name to reduction spec, e.g.
@@ -386,7 +393,12 @@ class MetricBuffer:
         n: float | torch.Tensor | None = None,
         **kwargs: Any,
     ) -> None:
-        """Fold one step's values in, without synchronizing with the device.
+        """Log one step's values, without synchronizing with the device.
+
+        For a set of names logged before, this only checks metadata and queues
+        references to the tensors; the device work happens once per
+        :data:`FLUSH_EVERY` steps. Raising for NaN (``nan="error"``) waits for
+        :meth:`compute`.
 
         Args:
             values: Metric values by name, for names that are not identifiers.
@@ -401,7 +413,9 @@ class MetricBuffer:
         Raises:
             BarrierGuardError: An unknown name when ``default=None``; a tensor with
                 more than one element for a running reduction; a tensor on another
-                device than the buffer's; a value that is not a number or tensor.
+                device than the buffer's; a value that is not a number or tensor; a
+                tensor logged earlier was changed in place before this call folded
+                it in.
 
         Example:
             >>> import torch
@@ -466,6 +480,7 @@ class MetricBuffer:
     def compute(self) -> dict[str, Any]:
         """Reduce every metric, with one device-to-host transfer for all of them.
 
+        Pending steps are folded in first (device work, no transfer).
         All running states are packed into one float64 tensor on the device and
         read back at once. With ``torch.distributed`` initialised (and
         ``sync_dist=True``) that tensor is first gathered from every rank with one
@@ -480,8 +495,9 @@ class MetricBuffer:
             torchmetrics metric returns.
 
         Raises:
-            BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; or
-                the ranks registered different metrics.
+            BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; the
+                ranks registered different metrics; or a pending tensor was changed
+                in place after it was logged.
 
         Example:
             >>> from barrierguard import MetricBuffer
