@@ -23,7 +23,7 @@ from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
 import barrierguard
 from barrierguard import MetricBuffer
 from barrierguard._errors import BarrierGuardError
-from barrierguard._metrics import NAN_POLICIES, REDUCTIONS, WEIGHTABLE
+from barrierguard._metrics import FLUSH_EVERY, NAN_POLICIES, REDUCTIONS, WEIGHTABLE
 
 # Same reason: the first meta-device stack imports sympy, which adds a warnings filter.
 with contextlib.suppress(RuntimeError):
@@ -288,22 +288,36 @@ def _walk(obj: Any) -> list[Any]:
     return [obj]
 
 
+def _pending(buf: MetricBuffer) -> int:
+    """Tensor references queued by update() and not folded in yet."""
+    plans = {id(p): p for p in buf._plans.values() if p is not None}
+    return sum(len(p.pending) + len(p.weights) for p in plans.values())
+
+
 @pytest.mark.parametrize("nan", NAN_POLICIES)
-def test_memory_is_constant_for_running_reductions(nan: str) -> None:
+def test_memory_is_bounded_for_running_reductions(nan: str) -> None:
     specs: dict[str, Any] = {r: r for r in RUNNING} | {"wmean": ("mean", "weighted")}
     buf = MetricBuffer(specs, nan=nan)
+    # Two sets of calls (tensors, then numbers), each of at most FLUSH_EVERY steps of
+    # one tensor per metric plus the weight.
+    bound = FLUSH_EVERY * (len(specs) + 1)
 
     def step(i: int) -> None:
         x = torch.tensor(float(i % 7))
         buf.update(**{name: x for name in specs}, n=torch.tensor(i % 3 + 1))
         buf.update(**{name: float(i) for name in specs}, n=2)
 
-    step(0)
-    after_one = _state_size(buf)
-    for i in range(1, 1000):
-        step(i)
-    assert _state_size(buf) == after_one
-    assert after_one[0] == len(specs)  # one [a, w, bad] row per metric
+    sizes = []
+    for done, upto in ((0, 1), (1, FLUSH_EVERY), (FLUSH_EVERY, 10 * FLUSH_EVERY + 5)):
+        for i in range(done, upto):
+            step(i)
+            assert _pending(buf) <= bound
+        pending = _pending(buf)
+        sizes.append(_state_size(buf))  # state_dict() folds the pending steps in
+        assert _pending(buf) == 0
+        assert pending + sizes[-1][1] <= bound + 3 * len(specs)
+    assert sizes[0] == sizes[1] == sizes[2]
+    assert sizes[0][0] == len(specs)  # one [a, w, bad] row per metric
 
 
 def test_inputs_that_require_grad_do_not_build_a_graph() -> None:
@@ -510,3 +524,142 @@ def test_alternating_sets_of_names_keep_every_value(nan: str) -> None:
     assert out["best"] == min(best)
     assert out["tok"] == pytest.approx(sum(tok), rel=1e-12)
     assert out["lr"] == float(29 % 7) - 2.5
+
+
+ALL_SPECS: dict[str, Any] = {
+    "wmean": ("mean", "weighted"),
+    "mean": "mean",
+    "wsum": ("sum", "weighted"),
+    "sum": "sum",
+    "wcount": ("count", "weighted"),
+    "count": "count",
+    "min": "min",
+    "max": "max",
+    "last": "last",
+}
+
+
+def _spec_parts(spec: Any) -> tuple[str, bool]:
+    return (spec[0], True) if isinstance(spec, tuple) else (spec, False)
+
+
+def _check_all(buf: MetricBuffer, nan: str, xs: list[float], ws: list[int]) -> None:
+    out = buf.compute()
+    for name, spec in ALL_SPECS.items():
+        red, weighted = _spec_parts(spec)
+        want = _reference(red, weighted, nan, xs, ws)
+        assert _close(out[name], want), (name, out[name], want)
+
+
+@pytest.mark.parametrize("nan", NAN_POLICIES)
+@pytest.mark.parametrize("weights", ["int", "tensor", "varying-int"])
+@pytest.mark.parametrize("steps", [FLUSH_EVERY - 1, FLUSH_EVERY, FLUSH_EVERY + 1])
+def test_flush_boundary_matches_reference(nan: str, weights: str, steps: int) -> None:
+    xs, ws = _data(nan == "ignore", steps=steps)
+    if weights == "int":
+        ws = [4] * steps
+    buf = MetricBuffer(ALL_SPECS, nan=nan)
+    for x, w in zip(xs, ws, strict=True):
+        t = torch.tensor(x, dtype=torch.float32 if x == 0.5 else torch.float64)
+        n: Any = torch.tensor(w) if weights == "tensor" else w
+        buf.update(**dict.fromkeys(ALL_SPECS, t), n=n)
+    # The first tensor value claims the device on the slow path (a tensor weight claims
+    # it before); the fast path queues the rest.
+    queued = (steps - (weights != "tensor")) % FLUSH_EVERY
+    assert _pending(buf) == (len(ALL_SPECS) + (weights == "tensor")) * queued
+    _check_all(buf, nan, xs, ws)
+    assert _pending(buf) == 0
+
+
+@pytest.mark.parametrize("nan", NAN_POLICIES)
+def test_compute_mid_batch_then_more_steps(nan: str) -> None:
+    xs, ws = _data(nan == "ignore", steps=3 * FLUSH_EVERY // 2)
+    buf = MetricBuffer(ALL_SPECS, nan=nan)
+    for i, (x, w) in enumerate(zip(xs, ws, strict=True)):
+        buf.update(**dict.fromkeys(ALL_SPECS, torch.tensor(x, dtype=torch.float64)), n=w)
+        if i in (5, FLUSH_EVERY // 2, FLUSH_EVERY + 3):
+            assert _pending(buf) > 0
+            _check_all(buf, nan, xs[: i + 1], ws[: i + 1])
+    _check_all(buf, nan, xs, ws)
+
+
+def test_reset_drops_pending_values() -> None:
+    buf = MetricBuffer(ALL_SPECS)
+    for i in range(FLUSH_EVERY + 10):  # one flush, then 10 pending steps
+        buf.update(**dict.fromkeys(ALL_SPECS, torch.tensor(float(i))), n=2)
+    assert _pending(buf) > 0
+    buf.reset()
+    assert _pending(buf) == 0
+    out = buf.compute()
+    assert out["sum"] == 0.0 and out["count"] == 0.0 and math.isnan(out["last"])
+    buf.update(**dict.fromkeys(ALL_SPECS, torch.tensor(3.0)), n=2)
+    out = buf.compute()
+    assert out["wmean"] == 3.0 and out["wcount"] == 2.0 and out["min"] == 3.0
+    assert out["last"] == 3.0 and out["count"] == 1.0
+
+
+def test_state_dict_includes_pending_values() -> None:
+    xs, ws = _data(False, steps=FLUSH_EVERY + 7)
+    buf = MetricBuffer(ALL_SPECS)
+    for x, w in zip(xs, ws, strict=True):
+        buf.update(**dict.fromkeys(ALL_SPECS, torch.tensor(x, dtype=torch.float64)), n=w)
+    assert _pending(buf) > 0
+    restored = MetricBuffer(ALL_SPECS)
+    restored.load_state_dict(buf.state_dict())
+    _check_all(restored, "propagate", xs, ws)
+    _check_all(buf, "propagate", xs, ws)
+
+
+@pytest.mark.parametrize("name", ["mean", "count", "min", "max", "last"])
+def test_nan_error_for_a_value_still_pending(name: str) -> None:
+    buf = MetricBuffer(ALL_SPECS, nan="error")
+    for i in range(FLUSH_EVERY + 3):
+        values = dict.fromkeys(ALL_SPECS, torch.tensor(float(i)))
+        if i == FLUSH_EVERY + 1:
+            values[name] = torch.tensor(math.nan)
+        buf.update(**values)  # never raises: the value is not even read yet
+    assert _pending(buf) > 0
+    with pytest.raises(BarrierGuardError, match=rf"'{name}'.*NaN or inf"):
+        buf.compute()
+
+
+def test_last_keeps_call_order_between_pending_tensors_and_numbers() -> None:
+    for nan in ("propagate", "ignore"):
+        buf = MetricBuffer({"lr": "last", "loss": "mean"}, nan=nan)
+        buf.update(lr=torch.tensor(0.1), loss=torch.tensor(1.0))
+        buf.update(lr=torch.tensor(0.2), loss=torch.tensor(1.0))  # pending
+        buf.update(lr=0.3, loss=torch.tensor(1.0))  # a number after pending tensors
+        assert buf.compute()["lr"] == 0.3
+        buf.update(lr=0.4, loss=torch.tensor(1.0))
+        buf.update(lr=torch.tensor(math.nan), loss=torch.tensor(1.0))  # pending
+        lr = buf.compute()["lr"]
+        assert lr == 0.4 if nan == "ignore" else math.isnan(lr)
+
+
+def test_mixed_tensors_and_numbers_use_the_deferred_path() -> None:
+    buf = MetricBuffer({"loss": ("mean", "weighted"), "lr": "last", "best": "min"})
+    for i in range(10):
+        buf.update(loss=torch.tensor(float(i)), lr=0.1 * i, best=torch.tensor(5.0 - i), n=2)
+    assert _pending(buf) == 2 * 9  # loss and best after the first call; lr stays on the host
+    out = buf.compute()
+    assert out == {"loss": 4.5, "lr": pytest.approx(0.9), "best": -4.0}
+
+
+def test_tensor_changed_in_place_before_the_flush_is_an_error() -> None:
+    buf = MetricBuffer({"total": "sum"})
+    running = torch.zeros(())
+    buf.update(total=torch.tensor(1.0))
+    buf.update(total=running)
+    running.add_(5.0)  # the logged value is lost: say so instead of summing 5
+    with pytest.raises(BarrierGuardError, match=r"total=<tensor>\) was changed in place"):
+        buf.compute()
+
+
+def test_parameters_are_copied_when_logged() -> None:
+    scale = torch.nn.Parameter(torch.tensor(2.0))
+    buf = MetricBuffer({"scale": "mean"})
+    for _ in range(3):
+        buf.update(scale=scale)
+        with torch.no_grad():
+            scale.add_(1.0)  # the optimizer's in-place step
+    assert buf.compute()["scale"] == 3.0

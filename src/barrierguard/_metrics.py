@@ -30,6 +30,9 @@ NAN_POLICIES: Final = ("propagate", "ignore", "error")
 _SUM_KINDS: Final = frozenset(WEIGHTABLE)
 _F64: Final = torch.float64
 _STATE_VERSION: Final = 1
+FLUSH_EVERY: Final = 64
+"""Steps of device values a set of names keeps pending before they are folded in."""
+_COMPLEX: Final = frozenset({torch.complex32, torch.complex64, torch.complex128})
 
 ReductionSpec = str | tuple[str, str]
 """``"mean"`` or ``("mean", "weighted")``: a reduction name, optionally weighted by ``n``."""
@@ -132,20 +135,44 @@ class _Slot:
 
 
 _GROUP_ORDER: Final = ("weighted", "unweighted", "min", "max", "last")
+_UNPLANNED: Final = object()
 _MAX_PLAN_REBUILDS: Final = 3
 
 
 class _Plan:
-    """Fast path for one repeated set of names whose values are all tensors.
+    """Deferred fast path for one repeated set of names.
 
-    The rows of its metrics are columns of one ``(3, k)`` block, ordered by group
-    (weighted sums, unweighted sums, min, max, last), so one ``update`` is one
-    ``torch.stack`` and one in-place op per group instead of one per metric.
+    The rows of its tensor-valued metrics are columns of one ``(3, k)`` block,
+    ordered by group (weighted sums, unweighted sums, min, max, last). An update
+    only appends references to its tensors to ``pending`` (and its weight to
+    ``runs``/``weights``); :meth:`MetricBuffer._flush` folds up to
+    :data:`FLUSH_EVERY` steps into the block at once. Names whose value was a
+    Python number when the plan was built go to the host-side state directly.
     """
 
-    __slots__ = ("a", "bad", "groups", "host_unit", "host_weighted", "lasts", "order", "sizes")
+    __slots__ = (
+        "a",
+        "bad",
+        "device",
+        "groups",
+        "host_unit",
+        "host_weighted",
+        "lasts",
+        "numbers",
+        "order",
+        "pending",
+        "runs",
+        "sizes",
+        "steps",
+        "versions",
+        "w_unit",
+        "weights",
+        "wversions",
+    )
 
-    def __init__(self, slots: Mapping[str, _Slot], device: torch.device) -> None:
+    def __init__(
+        self, slots: Mapping[str, _Slot], numbers: tuple[str, ...], device: torch.device
+    ) -> None:
         def group(slot: _Slot) -> str:
             if slot.reduction in _SUM_KINDS:
                 return "weighted" if slot.weighted else "unweighted"
@@ -153,6 +180,8 @@ class _Plan:
 
         names = sorted(slots, key=lambda name: _GROUP_ORDER.index(group(slots[name])))
         self.order = tuple(names)
+        self.numbers = numbers
+        self.device = device
         self.sizes = [sum(group(slots[n]) == g for n in names) for g in _GROUP_ORDER]
         block = torch.empty((3, len(names)), dtype=_F64, device=device)
         for j, name in enumerate(names):
@@ -166,6 +195,7 @@ class _Plan:
             slot.plan = self
         self.a = block[0]
         self.bad = block[2]
+        self.w_unit = block[1, self.sizes[0] :]
         # Per group: (a view, w view) of the block, in _GROUP_ORDER.
         a_parts = torch.split(block[0], self.sizes)
         w_parts = torch.split(block[1], self.sizes)
@@ -173,6 +203,24 @@ class _Plan:
         self.host_weighted = [slots[n] for n in names if group(slots[n]) == "weighted"]
         self.host_unit = [slots[n] for n in names if group(slots[n]) != "weighted"]
         self.lasts = [slots[n] for n in names if slots[n].reduction == "last"]
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop the pending steps (after folding them in, or on reset)."""
+        # Tensors of the pending steps, len(order) per step, and their version counters
+        # when logged (an in-place change before the flush would alter the value).
+        self.pending: list[torch.Tensor] = []
+        self.versions: list[int] = []
+        # Weights of the pending steps, as runs [weight, steps]: a float weight, or None
+        # for steps whose weight is the next tensor of ``weights``.
+        self.runs: list[list[Any]] = []
+        self.weights: list[torch.Tensor] = []
+        self.wversions: list[int] = []
+        self.steps = 0
+
+    def column(self, index: int) -> str:
+        """Name of the metric of flat pending index ``index``."""
+        return self.order[index % len(self.order)]
 
 
 def _parse_spec(where: str, name: str, spec: object) -> tuple[str, bool]:
@@ -214,8 +262,15 @@ class MetricBuffer:
     * ``"cat"``: keeps every value (tensors of any shape, concatenated on dim 0).
 
     Running reductions keep float64 state of constant size, however many steps
-    are logged. :meth:`update` never synchronizes: device tensors are folded in
-    with in-place device ops, Python numbers with host arithmetic.
+    are logged. :meth:`update` never synchronizes and, for a repeated set of
+    names, launches no kernel: it keeps references to the step's tensors, and
+    every :data:`FLUSH_EVERY` steps (or before :meth:`compute`,
+    :meth:`state_dict` and :meth:`load_state_dict`) the pending steps are folded
+    into the state with one ``torch.stack`` and a few reductions. Python numbers
+    are folded in with host arithmetic. A logged tensor must therefore keep its
+    value until it is folded in: one changed in place earlier raises
+    :class:`BarrierGuardError` at the fold (tensors that require grad are
+    detached; leaves that require grad, such as parameters, are copied).
 
     Args:
         reductions: Metric name to reduction spec, e.g.
@@ -276,6 +331,8 @@ class MetricBuffer:
         # Fast paths by names in call order; None: use the slow path for that set.
         self._plans: dict[tuple[str, ...], _Plan | None] = {}
         self._plan_builds: dict[tuple[str, ...], int] = {}
+        # Plans with pending steps, by id.
+        self._pending: dict[int, _Plan] = {}
         for name, spec in (reductions or {}).items():
             self._check_name(name, "reductions")
             self._slots[name] = _Slot(*_parse_spec("MetricBuffer(reductions", name, spec))
@@ -336,7 +393,12 @@ class MetricBuffer:
         n: float | torch.Tensor | None = None,
         **kwargs: Any,
     ) -> None:
-        """Fold one step's values in, without synchronizing with the device.
+        """Log one step's values, without synchronizing with the device.
+
+        For a set of names logged before, this only checks metadata and queues
+        references to the tensors; the device work happens once per
+        :data:`FLUSH_EVERY` steps. Raising for NaN (``nan="error"``) waits for
+        :meth:`compute`.
 
         Args:
             values: Metric values by name, for names that are not identifiers.
@@ -351,7 +413,9 @@ class MetricBuffer:
         Raises:
             BarrierGuardError: An unknown name when ``default=None``; a tensor with
                 more than one element for a running reduction; a tensor on another
-                device than the buffer's; a value that is not a number or tensor.
+                device than the buffer's; a value that is not a number or tensor; a
+                tensor logged earlier was changed in place before this call folded
+                it in.
 
         Example:
             >>> import torch
@@ -381,10 +445,16 @@ class MetricBuffer:
                     f"MetricBuffer.update(n={n!r}) is not a valid weight: expected a "
                     f"Python number or a tensor with one element"
                 )
+        if self._defer(items, n_tensor, n_float):
+            return
         # no_grad: a value that requires grad must not pull the state into the graph.
         with torch.no_grad():
-            if self._nan != "ignore" and self._fast_update(items, n_tensor, n_float):
-                return
+            for name in items:
+                # The slow path updates rows in place: fold earlier steps in first, so
+                # that order-dependent reductions (last) see the values in call order.
+                slot = self._slots.get(name)
+                if slot is not None and slot.plan is not None and slot.plan.steps:
+                    self._flush(slot.plan)
             for name, value in items.items():
                 metric = self._metrics.get(name)
                 if metric is not None:
@@ -410,6 +480,7 @@ class MetricBuffer:
     def compute(self) -> dict[str, Any]:
         """Reduce every metric, with one device-to-host transfer for all of them.
 
+        Pending steps are folded in first (device work, no transfer).
         All running states are packed into one float64 tensor on the device and
         read back at once. With ``torch.distributed`` initialised (and
         ``sync_dist=True``) that tensor is first gathered from every rank with one
@@ -424,8 +495,9 @@ class MetricBuffer:
             torchmetrics metric returns.
 
         Raises:
-            BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; or
-                the ranks registered different metrics.
+            BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; the
+                ranks registered different metrics; or a pending tensor was changed
+                in place after it was logged.
 
         Example:
             >>> from barrierguard import MetricBuffer
@@ -435,6 +507,7 @@ class MetricBuffer:
             >>> buf.compute()
             {'lr': 0.05, 'steps': 2.0}
         """
+        self._flush_all()
         names = sorted(self._slots)
         results: dict[str, Any] = {}
         if names:
@@ -472,6 +545,9 @@ class MetricBuffer:
             >>> buf.compute()
             {'loss': 0.0}
         """
+        for plan in self._pending.values():
+            plan.clear()  # pending values are dropped, never folded in
+        self._pending.clear()
         for slot in self._slots.values():
             slot.reset_host()
             slot.values = []
@@ -499,6 +575,7 @@ class MetricBuffer:
             >>> other.compute()
             {'loss': 3.0}
         """
+        self._flush_all()
         slots: dict[str, Any] = {}
         for name, slot in self._slots.items():
             slots[name] = {
@@ -557,6 +634,7 @@ class MetricBuffer:
                 f"MetricBuffer.load_state_dict(version={version!r}) is not a known state "
                 f"version: expected {_STATE_VERSION}"
             )
+        self._flush_all()  # slots the snapshot does not name keep their values
         for name, saved in state_dict["slots"].items():
             spec: ReductionSpec = (
                 (saved["reduction"], "weighted") if saved["weighted"] else saved["reduction"]
@@ -644,73 +722,233 @@ class MetricBuffer:
         key = tuple(items)
         if key in self._plans:
             return self._plans[key]
-        if self._device is None:
+        device = self._device
+        if device is None or (device.index is None and device.type not in ("cpu", "meta")):
             return None  # the slow path claims the device; the next call builds the plan
         plan: _Plan | None = None
         builds = self._plan_builds.get(key, 0)
+        tensors = tuple(name for name, v in items.items() if isinstance(v, torch.Tensor))
+        numbers = tuple(name for name, v in items.items() if _is_number(v))
         eligible = (
             builds < _MAX_PLAN_REBUILDS  # sets of names that keep stealing rows: slow path
-            and all(isinstance(v, torch.Tensor) for v in items.values())
-            and all(name in self._slots or name not in self._metrics for name in items)
+            and tensors
+            and len(tensors) + len(numbers) == len(items)
+            and not any(name in self._metrics for name in items)
         )
         if eligible:
             slots = {name: self._slots.get(name) or self._register(name) for name in items}
             if all(slot.reduction != "cat" for slot in slots.values()):
                 # Rows move into the new block: plans that held them as views are stale.
-                stale = {id(slot.plan) for slot in slots.values() if slot.plan is not None}
-                for other_key, other in list(self._plans.items()):
-                    if other is not None and id(other) in stale:
+                # Their pending steps are folded in first.
+                stale: dict[int, _Plan] = {}
+                for name in tensors:
+                    owner = slots[name].plan
+                    if owner is not None:
+                        stale[id(owner)] = owner
+                for other in stale.values():
+                    self._flush(other)
+                for other_key, other_plan in list(self._plans.items()):
+                    if other_plan is not None and id(other_plan) in stale:
                         del self._plans[other_key]
-                plan = _Plan(slots, self._device)
+                plan = _Plan({name: slots[name] for name in tensors}, numbers, device)
                 self._plan_builds[key] = builds + 1
         self._plans[key] = plan
         return plan
 
-    def _fast_update(
+    def _defer(
         self, items: Mapping[str, Any], n_tensor: torch.Tensor | None, n_float: float
     ) -> bool:
-        """The batched update; ``False`` leaves every check (and error) to the slow path."""
+        """The fast path: queue one step without any device work.
+
+        Only metadata is read here (type, shape, device, dtype, requires_grad);
+        anything unusual returns ``False`` before any state changes, leaving every
+        check (and error) to the slow path.
+        """
         if not items:
             return True
-        plan = self._plan_for(items)
-        if plan is None:
+        found = self._plans.get(tuple(items), _UNPLANNED)
+        plan = self._plan_for(items) if found is _UNPLANNED else found
+        if not isinstance(plan, _Plan):
             return False
-        try:
-            values = torch.stack([items[name] for name in plan.order])
-        except (RuntimeError, TypeError):  # mixed shapes or devices: the slow path explains
-            return False
-        if values.shape != (len(plan.order),) or values.is_complex():
-            return False
-        assert self._device is not None
-        if not _same_device(values.device, self._device):
-            return False
-        v_weighted, v_unit, v_min, v_max, v_last = values.split_with_sizes(plan.sizes)
-        (a_weighted, w_weighted), (a_unit, _), (a_min, _), (a_max, _), (a_last, _) = plan.groups
+        for name in plan.numbers:
+            x = items[name]
+            if type(x) is not float and type(x) is not int and not _is_number(x):
+                return False
+        device = plan.device
+        pending, versions = plan.pending, plan.versions
+        mark = len(pending)
+        for name in plan.order:
+            v = items[name]
+            if type(v) is not torch.Tensor or (
+                v.dim() or v.requires_grad or v.device != device or v.dtype in _COMPLEX
+            ):
+                admitted = self._admit(v, device)
+                if admitted is None:
+                    del pending[mark:], versions[mark:]
+                    return False
+                v = admitted
+            pending.append(v)
+            versions.append(v._version)
         if plan.sizes[0]:
+            weight: float | None = n_float
             if n_tensor is not None:
-                a_weighted.addcmul_(v_weighted, n_tensor)
-                w_weighted.add_(n_tensor)
+                if n_tensor.device != device:
+                    del pending[mark:], versions[mark:]
+                    return False
+                if n_tensor.requires_grad:
+                    n_tensor = n_tensor.detach()
+                plan.weights.append(n_tensor)
+                plan.wversions.append(n_tensor._version)
+                weight = None
+            runs = plan.runs
+            if runs and runs[-1][0] == weight:
+                runs[-1][1] += 1
             else:
-                a_weighted.add_(v_weighted, alpha=n_float)
-                for slot in plan.host_weighted:
-                    slot.host_w += n_float
-        if plan.sizes[1]:
-            a_unit.add_(v_unit)
-        if plan.sizes[2]:
-            torch.minimum(a_min, v_min, out=a_min)
-        if plan.sizes[3]:
-            torch.maximum(a_max, v_max, out=a_max)
-        if plan.sizes[4]:
-            a_last.copy_(v_last)
+                runs.append([weight, 1])
+        plan.steps += 1
+        if plan.steps == 1:
+            self._pending[id(plan)] = plan
+        for name in plan.numbers:
+            self._update_number(self._slots[name], float(items[name]), n_tensor, n_float)
+        if plan.steps >= FLUSH_EVERY:
+            self._flush(plan)
+        return True
+
+    @staticmethod
+    def _admit(value: object, device: torch.device) -> torch.Tensor | None:
+        """``value`` as a 0-d tensor fit to queue on ``device``, or ``None`` for the slow path."""
+        if not isinstance(value, torch.Tensor):
+            return None
+        if value.numel() != 1 or value.is_complex() or value.device != device:
+            # Includes "cuda" vs "cuda:0": the slow path claims the device or explains.
+            return None
+        if value.requires_grad:
+            # A leaf that requires grad is most likely a parameter that the optimizer
+            # changes in place before the flush: keep a copy of its value. Any other
+            # value keeps no graph alive once detached (a view, no kernel).
+            value = value.detach().clone() if value.is_leaf else value.detach()
+        if value.dim():
+            value = value.reshape(())
+        return value
+
+    def _flush_all(self) -> None:
+        for plan in list(self._pending.values()):
+            self._flush(plan)
+
+    def _flush(self, plan: _Plan) -> None:
+        """Fold the pending steps of ``plan`` into its block: one stack, a few reductions.
+
+        Raises:
+            BarrierGuardError: A pending tensor was changed in place after it was
+                logged (its version counter moved), so its logged value is lost.
+        """
+        steps = plan.steps
+        if not steps:
+            return
+        values, versions = plan.pending, plan.versions
+        weights, wversions, runs = plan.weights, plan.wversions, plan.runs
+        plan.clear()
+        self._pending.pop(id(plan), None)
+        if [v._version for v in values] != versions:
+            i = next(i for i, v in enumerate(values) if v._version != versions[i])
+            raise BarrierGuardError(
+                f"MetricBuffer.update({plan.column(i)}=<tensor>) was changed in place "
+                f"after it was logged: expected logged tensors to keep their value "
+                f"until they are folded in (log a copy, e.g. value.detach().clone())"
+            )
+        if [n._version for n in weights] != wversions:
+            raise BarrierGuardError(
+                "MetricBuffer.update(n=<tensor>) was changed in place after it was logged: "
+                "expected logged tensors to keep their value until they are folded in "
+                "(pass a copy)"
+            )
+        with torch.no_grad():
+            self._fold(plan, values, weights, runs, steps)
+
+    def _fold(
+        self,
+        plan: _Plan,
+        values: list[torch.Tensor],
+        weights: list[torch.Tensor],
+        runs: list[list[Any]],
+        steps: int,
+    ) -> None:
+        """The device work of a flush, over the ``(steps, metrics)`` block of values."""
+        block = torch.stack(values).view(steps, len(plan.order))  # the one stack
+        if block.dtype != _F64:
+            block = block.to(_F64)
+        s_w, s_u, s_min, s_max, s_last = plan.sizes
+        o_min = s_w + s_u
+        o_max = o_min + s_min
+        o_last = o_max + s_max
+        (a_w, w_w), (a_u, _), (a_min, _), (a_max, _), (a_last, _) = plan.groups
+        finite: torch.Tensor | None = None
+        counts: torch.Tensor | None = None
+        src = block
+        if self._nan == "ignore":
+            # Non-finite values contribute nothing: fixed-shape masking, no branch on data.
+            finite = torch.isfinite(block)
+            counts = finite.to(_F64)
+            src = torch.where(finite, block, 0.0)
+        if s_w:
+            n_block = torch.stack(weights).to(_F64) if weights else None
+            row = n_i = 0
+            for weight, count in runs:
+                rows = src[row : row + count, :s_w]
+                if weight is None:  # a run of tensor weights
+                    assert n_block is not None
+                    n_run = n_block[n_i : n_i + count]
+                    n_i += count
+                    a_w.addmv_(rows.T, n_run)
+                    if counts is not None:
+                        w_w.addmv_(counts[row : row + count, :s_w].T, n_run)
+                    else:
+                        w_w.add_(n_run.sum())
+                else:  # a run of steps with the same Python weight: a kernel argument
+                    a_w.add_(rows.sum(0), alpha=weight)
+                    if counts is not None:
+                        w_w.add_(counts[row : row + count, :s_w].sum(0), alpha=weight)
+                    else:
+                        for slot in plan.host_weighted:
+                            slot.host_w += weight * count
+                row += count
+        if s_u:
+            a_u.add_(src[:, s_w:o_min].sum(0))
+        if counts is None:
+            for slot in plan.host_unit:
+                slot.host_w += steps
+        elif len(plan.order) > s_w:
+            plan.w_unit.add_(counts[:, s_w:].sum(0))
+        if s_min:
+            part = block[:, o_min:o_max]
+            if finite is not None:
+                part = torch.where(finite[:, o_min:o_max], part, math.inf)
+            torch.minimum(a_min, part.amin(0), out=a_min)
+        if s_max:
+            part = block[:, o_max:o_last]
+            if finite is not None:
+                part = torch.where(finite[:, o_max:o_last], part, -math.inf)
+            torch.maximum(a_max, part.amax(0), out=a_max)
+        if s_last:
+            part = block[:, o_last:]
+            if finite is not None:
+                # The latest finite value of each column, or the previous value if none.
+                for slot in plan.lasts:
+                    if slot.last_on_host:
+                        assert slot.a is not None
+                        slot.a.fill_(slot.host_last)  # a kernel argument, not a copy
+                index = torch.arange(steps, device=block.device).unsqueeze(1)
+                latest = torch.where(finite[:, o_last:], index, -1).amax(0)
+                picked = part.gather(0, latest.clamp(min=0).unsqueeze(0)).squeeze(0)
+                a_last.copy_(torch.where(latest >= 0, picked, a_last))
+            else:
+                a_last.copy_(part[-1])
             for slot in plan.lasts:
                 slot.last_on_host = False
-        for slot in plan.host_unit:
-            slot.host_w += 1.0
-        tail = plan.sizes[2] + plan.sizes[3] + plan.sizes[4]
-        if self._nan == "error" and tail:
-            # x * 0 is NaN exactly for NaN/inf: min/max/last could hide them otherwise.
-            plan.bad[-tail:].add_(values[-tail:] * 0.0)
-        return True
+        if self._nan == "error":
+            # Count the non-finite values of every column: min, max, last and count
+            # could hide one otherwise (a mean or sum also ends non-finite).
+            plan.bad.add_(torch.isfinite(block).logical_not().sum(0))
 
     def _update_tensor(
         self,
@@ -794,6 +1032,8 @@ class MetricBuffer:
         self, slot: _Slot, x: float, n_tensor: torch.Tensor | None, n_float: float
     ) -> None:
         red = slot.reduction
+        if red == "last" and slot.plan is not None and slot.plan.steps:
+            self._flush(slot.plan)  # the pending tensors come before this value
         if red == "cat":
             # Kept on the host until compute(): a device copy here would block.
             slot.values.append(torch.tensor([x], dtype=_F64))
