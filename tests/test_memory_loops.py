@@ -7,6 +7,10 @@ depend on allocator luck.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -44,9 +48,28 @@ def _loop(kind: str) -> barrierguard.Report:
     return guard.report
 
 
+def _loop_in_fresh_process(kind: str, tmp_path: Path) -> barrierguard.Report:
+    # RSS is the whole process's: run the loop where no other test's threads,
+    # caches or garbage can move it.
+    out = tmp_path / "report.json"
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import test_memory_loops as m; "
+        "m._loop(sys.argv[2]).save(sys.argv[3])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent), kind, str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return barrierguard.Report.load(out)
+
+
 @pytest.mark.parametrize(("kind", "leak"), [("leak", True), ("detach", False), ("buffer", False)])
-def test_rss_verdict(kind: str, leak: bool) -> None:
-    report = _loop(kind)
+def test_rss_verdict(kind: str, leak: bool, tmp_path: Path) -> None:
+    report = _loop_in_fresh_process(kind, tmp_path)
     memory = report.memory
     assert memory is not None, report
     print(report)
