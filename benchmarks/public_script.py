@@ -1,24 +1,21 @@
-"""Run PyTorch's word_language_model example under barrierguard, on synthetic text.
+"""Run a public training script, unmodified, under an engine; summarise the report.
 
-The example's code is not part of this repository: point ``--example`` at a
-folder holding its ``main.py``, ``model.py`` and ``data.py`` (from
-github.com/pytorch/examples, ``word_language_model/``). This script fetches
-nothing; it writes tiny synthetic train/valid/test.txt files and runs the
-unmodified ``main.py`` through ``barrierguard run``.
+The script is PyTorch's own example ``word_language_model`` (pytorch/examples:
+``main.py``, ``model.py``, ``data.py``). Nothing is fetched here: put those
+three files in a folder and pass it with ``--example``. Small synthetic text
+files stand in for Wikitext-2, so no download is needed.
 
-CPU (audit engine):
+On CPU (audit engine)::
 
-    PYTHONPATH=src python benchmarks/public_script.py --example /tmp/wlm --engine audit \
+    PYTHONPATH=src python benchmarks/public_script.py --example /tmp/wlm --engine audit \\
         --out /tmp/wlm_audit.json
 
-GPU (CUDA engine; passes ``--cuda`` to the example):
+On a GPU (CUDA engine; the example's own ``--cuda`` flag is passed)::
 
-    PYTHONPATH=src python benchmarks/public_script.py --example /tmp/wlm --engine cuda \
+    PYTHONPATH=src python benchmarks/public_script.py --example /tmp/wlm --engine cuda \\
         --out /tmp/wlm_cuda.json
 
-Then compare the two reports:
-
-    python benchmarks/public_script.py --compare /tmp/wlm_audit.json /tmp/wlm_cuda.json
+``--compare A.json B.json`` prints the sites of two reports side by side.
 """
 
 from __future__ import annotations
@@ -33,10 +30,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-WORDS = [f"w{i}" for i in range(60)]
+WORDS = [f"w{i}" for i in range(200)]
 
 
-def synthetic_corpus(folder: Path, seed: int = 0) -> None:
+def make_corpus(folder: Path, seed: int = 0) -> None:
+    """Tiny train/valid/test.txt files of synthetic words."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     for name, lines in (("train.txt", 400), ("valid.txt", 60), ("test.txt", 60)):
@@ -46,12 +44,10 @@ def synthetic_corpus(folder: Path, seed: int = 0) -> None:
         (folder / name).write_text(text + "\n")
 
 
-def run(example: Path, engine: str, out: str, extra: list[str]) -> int:
-    main = example / "main.py"
-    if not main.is_file():
-        sys.exit(f"{main} not found: put word_language_model/{{main,model,data}}.py there")
-    work = Path(tempfile.mkdtemp(prefix="wlm_"))
-    synthetic_corpus(work / "data")
+def run(example: Path, engine: str, out: Path, work: Path) -> int:
+    data = work / "data"
+    make_corpus(data)
+    src = Path(__file__).resolve().parents[1] / "src"
     cmd = [
         sys.executable,
         "-m",
@@ -62,73 +58,82 @@ def run(example: Path, engine: str, out: str, extra: list[str]) -> int:
         "--policy",
         "record",
         "--out",
-        out,
-        str(main),
+        str(out),
+        str(example / "main.py"),
         "--data",
-        str(work / "data"),
+        str(data),
         "--epochs",
         "1",
         "--emsize",
         "32",
         "--nhid",
         "32",
-        "--batch_size",
-        "8",
+        "--nlayers",
+        "1",
         "--bptt",
         "10",
+        "--batch_size",
+        "8",
         "--log-interval",
         "20",
         "--save",
         str(work / "model.pt"),
-        *extra,
     ]
     if engine == "cuda":
         cmd.append("--cuda")
-    print("+", " ".join(cmd), flush=True)
-    return subprocess.call(cmd, cwd=work)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH", "")) if p)
+    # Newer torch loads weights only by default; the example saves a whole model.
+    env.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    print("$", " ".join(cmd))
+    return subprocess.run(cmd, env=env, check=False).returncode
 
 
-def summary(path: str) -> dict[tuple[str, int], dict[str, Any]]:
-    data = json.loads(Path(path).read_text())
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    for s in data["sites"]:
-        key = (os.path.basename(s["file"]), s["line"])
-        entry = out.setdefault(key, {"kinds": set(), "count": 0, "code": s["code"]})
-        entry["kinds"].add(s["kind"] + (f"/{s['detail']}" if s["detail"] else ""))
-        entry["count"] += s["count"]
-    return out
+def sites(path: Path) -> list[dict[str, Any]]:
+    report = json.loads(path.read_text())
+    return [
+        {
+            "where": f"{os.path.basename(s['file'])}:{s['line']}",
+            "kind": s["kind"],
+            "detail": s.get("detail", ""),
+            "origin": s["origin"],
+            "count": s["count"],
+            "code": s["code"],
+        }
+        for s in report["sites"]
+    ]
 
 
-def compare(a: str, b: str) -> None:
-    sa, sb = summary(a), summary(b)
-    print(f"| line | code | {Path(a).name} | {Path(b).name} |")
-    print("|---|---|---|---|")
-    for key in sorted(set(sa) | set(sb)):
-        code = (sa.get(key) or sb[key])["code"]
+def summarise(path: Path) -> None:
+    print(f"\n## {path}")
+    for s in sorted(sites(path), key=lambda s: (s["where"], s["kind"])):
+        print(f"  {s['where']:14s} {s['kind']:10s} {s['detail']:12s} x{s['count']:<5d} {s['code']}")
 
-        def cell(s: dict[tuple[str, int], dict[str, Any]], key: tuple[str, int] = key) -> str:
-            e = s.get(key)
-            return f"{','.join(sorted(e['kinds']))} x{e['count']}" if e else "-"
 
-        print(f"| {key[0]}:{key[1]} | `{code}` | {cell(sa)} | {cell(sb)} |")
+def compare(a: Path, b: Path) -> None:
+    left = {(s["where"], s["kind"]) for s in sites(a)}
+    right = {(s["where"], s["kind"]) for s in sites(b)}
+    print(f"both: {sorted(left & right)}")
+    print(f"only {a.name}: {sorted(left - right)}")
+    print(f"only {b.name}: {sorted(right - left)}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--example", type=Path)
-    ap.add_argument("--engine", default="auto")
-    ap.add_argument("--out", default="wlm_report.json")
-    ap.add_argument("--compare", nargs=2, metavar="REPORT")
-    args, extra = ap.parse_known_args()
+    ap.add_argument("--example", type=Path, help="folder with main.py, model.py, data.py")
+    ap.add_argument("--engine", default="audit", choices=["audit", "cuda", "auto"])
+    ap.add_argument("--out", type=Path, default=Path("wlm_report.json"))
+    ap.add_argument("--compare", nargs=2, type=Path, metavar="REPORT")
+    args = ap.parse_args()
     if args.compare:
         compare(*args.compare)
         return
-    if args.example is None:
-        ap.error("--example DIR is required")
-    out = os.path.abspath(args.out)
-    code = run(args.example.resolve(), args.engine, out, extra)
-    if Path(out).is_file():
-        compare(out, out)
+    if args.example is None or not (args.example / "main.py").is_file():
+        ap.error("--example must name a folder holding the example's main.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        code = run(args.example.resolve(), args.engine, args.out.resolve(), Path(tmp))
+    if args.out.exists():
+        summarise(args.out)
     sys.exit(code)
 
 

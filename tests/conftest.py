@@ -49,6 +49,9 @@ def _global_state() -> dict[str, Any]:
             for k in ("to", "cuda", "cpu", "copy_", "item", "__bool__", "__repr__")
         },
         "cuda.synchronize": torch.cuda.synchronize,
+        "Parameter.__new__": torch.nn.Parameter.__dict__.get("__new__"),
+        "Optimizer.zero_grad": torch.optim.Optimizer.__dict__.get("zero_grad"),
+        "BackwardCFunction.apply": torch.autograd.function.BackwardCFunction.__dict__.get("apply"),
         "Event.synchronize": torch.cuda.Event.__dict__.get("synchronize"),
         "optimizer_post_hooks": len(optim_mod._global_optimizer_post_hooks),
         "optimizer_pre_hooks": len(optim_mod._global_optimizer_pre_hooks),

@@ -70,14 +70,6 @@ def _code_at(file: str, line: int) -> str:
     return linecache.getline(file, line).strip()
 
 
-AUDIT_NOTE = (
-    "audit: syncs predicted from a run without a GPU, for the tensors that would live on the "
-    "training device (parameters, tensors moved with .to(device), factories with device=, and "
-    "what is computed from them); it cannot know which host memory would be pinned, sees no "
-    "sync inside optimizer.step() and none in other threads (see docs/audit.md)"
-)
-
-
 def _pick_engine(requested: str) -> tuple[str, list[str]]:
     notes: list[str] = []
     if requested == "cuda":
@@ -90,7 +82,11 @@ def _pick_engine(requested: str) -> tuple[str, list[str]]:
         return "cuda", notes
     if requested == "auto" and _env.cuda_available():
         return "cuda", notes
-    notes.append(AUDIT_NOTE)
+    # "audit" anywhere, and "auto" without CUDA: the CPU audit reasons about
+    # which lines would sync on a GPU.
+    from barrierguard._engines.audit import NOTE
+
+    notes.append(NOTE)
     return "audit", notes
 
 
@@ -245,7 +241,6 @@ class Guard:
                 self._hook_handle.remove()
                 self._hook_handle = None
         finally:
-            self._engine_notes()
             _hub.detach(self, self._engine_name)
             memory_error = self._stop_memory(act)
         if self._deferred:
@@ -294,18 +289,6 @@ class Guard:
 
         watched.guard = self  # type: ignore[attr-defined]
         return watched  # type: ignore[return-value]
-
-    def _engine_notes(self) -> None:
-        # What the engine had to assume while this guard ran (the audit's notes).
-        notes = getattr(_hub.installed(self._engine_name), "notes", None)
-        if notes is None:
-            return
-        try:
-            for note in notes():
-                if note not in self._notes:
-                    self._notes.append(note)
-        except Exception as exc:
-            self._fault(exc)
 
     # -- steps --------------------------------------------------------------
     def step(self) -> None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from barrierguard._frames import Location
     from barrierguard._guard import Guard
 
-__all__ = ["Engine", "attach", "detach", "emit", "installed", "running_guards"]
+__all__ = ["Engine", "attach", "detach", "emit", "running_guards"]
 
 
 class Engine(Protocol):
@@ -54,12 +54,6 @@ def detach(guard: Guard, engine_name: str) -> None:
         engine = _engines.pop(engine_name, None)
     if engine is not None:
         engine.uninstall()
-
-
-def installed(engine_name: str) -> Engine | None:
-    """The engine installed under ``engine_name``, if any guard runs it."""
-    with _lock:
-        return _engines.get(engine_name)
 
 
 def running_guards() -> tuple[Guard, ...]:

@@ -1,35 +1,47 @@
-"""The audit engine: on a CPU, tell which lines would synchronize on a GPU.
+"""The CPU audit engine: which lines would synchronize if the tensors lived on a GPU.
 
-A CPU run of a device-agnostic script has every tensor on the CPU. The audit
-follows which of them would live on the training device in a GPU run (their
-*provenance*) and records each operation that would make the host wait for such
-a tensor: ``item``, ``bool``, a device-to-host copy, a data-dependent shape.
+On a machine without a GPU nothing synchronizes, so nothing can be observed;
+the audit reasons instead. It follows *provenance*: which tensors would live on
+the training device in a GPU run of the same script, and flags the operations
+that read such a tensor on the host (``item``, ``bool``, printing, ...), need a
+host-side size (mask indexing, ``nonzero``, ``unique``, ...), or copy between
+host and device.
 
-Provenance (see docs/audit.md):
+Design, chosen for cost (a training step must stay within 1.5x of bare):
 
-* device tensors: tensors moved to the training device (``.to(device)``,
-  ``.cuda()``, ``copy_`` into a device tensor), factory results with an
-  explicit ``device=`` that names the training device, ``nn.Parameter`` s (unless
-  moved to the host), gradients handed to a custom ``backward``, and every
-  tensor an operation computes from a device tensor;
-* host tensors: everything else - the data pipeline, numpy, bookkeeping like
-  ``torch.zeros(n)`` filled with Python numbers.
+* One lean :class:`~torch.overrides.TorchFunctionMode` sees every torch call in
+  the thread that started the guard. Most calls take the fast path: run the op,
+  and if an input is a device tensor, mark the outputs as device tensors.
+  Calls that can synchronize have a rule (a dict lookup by function).
+* Marks live in a dict keyed by ``id(tensor)``, each with a weak reference whose
+  callback drops the entry when the tensor dies: nothing is stored on the
+  tensor, so pickling, ``deepcopy`` and ``torch.save`` see no difference.
+* During ``optimizer.step()`` without a closure the mode steps off the stack
+  (a pre/post hook pair): optimizers make a hundred small calls per step that
+  only update tensors already marked, and that cost dominated small steps.
 
-On a CPU the training device *is* ``"cpu"``, so a device argument is read at
-the call site: a literal ``"cpu"`` (``.cpu()``, ``.to("cpu")``,
-``torch.device("cpu")``) names the host, anything else (``.to(device)``) the
-training device.
+Which tensors are device tensors (see docs/audit.md):
 
-One lean ``TorchFunctionMode`` sees the calls; it is pushed on the guard's
-thread only, and popped for the inside of ``optimizer.step()`` (the dominant
-cost in a small step), whose syncs the audit therefore does not see.
+* results of ``.to(device)``, ``.cuda()`` and ``copy_`` into device tensors,
+  of factories called with ``device=`` naming the training device, and of any
+  op with a device tensor among its inputs;
+* module parameters (also those created before the guard started: a
+  ``Parameter`` the audit has not seen created counts as a device tensor);
+* tensors handed around inside a backward pass (the autograd engine makes them
+  in C++, out of the mode's sight).
+
+A device-agnostic script run on CPU has ``device == "cpu"``: a ``"cpu"`` device
+counts as the host only where the call says so literally (``.cpu()``,
+``.to("cpu")``, ``device="cpu"``, ``torch.device("cpu")``); a device held in a
+variable (``.to(device)``, ``device=x.device``) is the training device.
 """
 
 from __future__ import annotations
 
-import ast
+import dis
 import functools
 import linecache
+import re
 import sys
 import threading
 import weakref
@@ -38,177 +50,213 @@ from types import CodeType, FrameType
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from barrierguard import _env, _hub
+from barrierguard import _hub
 from barrierguard._engines._patch import Patches
-from barrierguard._engines.cuda import PAGEABLE_BLOCKING_BYTES
-from barrierguard._frames import OWN, USER, _classifier, classify_file, locate
+from barrierguard._engines.cuda import PAGEABLE_BLOCKING_BYTES, _nonblocking
+from barrierguard._frames import OWN, TORCH, _classifier, _source_segment, classify_file, locate
 
-__all__ = ["AuditEngine", "Provenance"]
+__all__ = ["NOTE", "AuditEngine", "tagged_ops"]
 
-_Tensor = torch.Tensor
-_Parameter = torch.nn.Parameter
+NAME = "audit"
 
-# Notes the report carries when the audit had to assume something.
+NOTE = (
+    "audit engine: no GPU here, so no synchronization was observed; a line is reported "
+    "when it would synchronize on a GPU with the tensors that would live there (moved with "
+    ".to(device)/.cuda(), made with device=, module parameters, and all results computed "
+    "from them); tensors made before the guard started, other than parameters, count as "
+    "host tensors (docs/audit.md)"
+)
+NOTE_PINNED_H2D = (
+    "audit: a non_blocking host-to-device copy over 2 MiB is reported as blocking, since "
+    "host memory here is pageable; if the GPU run pins it (DataLoader(pin_memory=True), "
+    "tensor.pin_memory()), that copy does not block"
+)
 NOTE_PINNED_D2H = (
-    "audit: {n} non_blocking device-to-host copy_ call(s) into host tensors were assumed to "
-    "target pinned memory (no barrier); into pageable memory they would block"
+    "audit: a non_blocking copy_ from a device tensor into a host tensor is assumed to "
+    "target pinned memory (no barrier); if that host tensor is pageable on the GPU "
+    "machine, the copy blocks"
 )
-NOTE_PAGEABLE_H2D = (
-    "audit: {n} non_blocking host-to-device copies over {mib} MiB were counted as blocking "
-    "(kind copy), as their source is pageable here; from pinned memory "
-    "(DataLoader(pin_memory=True), tensor.pin_memory()) they would not block"
-)
-NOTE_SMALL_H2D = (
-    "audit: {n} non_blocking host-to-device copies of {mib} MiB or less were counted as "
-    "asynchronous, as the driver stages small pageable copies"
+NOTE_SUSPENDED = (
+    "audit: an exception inside optimizer.step() left provenance tracking paused until the "
+    "next optimizer step; tensors computed in between count as host tensors"
 )
 
+_CPU_LITERAL = re.compile(r"""(['"])cpu(:\d+)?\1""")
+_MASK_DTYPES = (torch.bool, torch.uint8)
 
-class Provenance:
-    """Which tensors would live on the training device: an id-keyed weak table.
+Tensor = torch.Tensor
+Parameter = torch.nn.Parameter
+_current_node = torch._C._current_autograd_node
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_stack_pop = torch._C._pop_torch_function_stack
+_stack_push = torch._C._push_on_torch_function_stack
 
-    Entries hold a weak reference and are checked on lookup (``ref() is t``),
-    so an id reused by a new tensor never inherits a stale verdict; dead
-    entries are purged when the table has doubled since the last purge.
+Rule = Callable[["_AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _is_param(t: Tensor) -> bool:
+    # Parameter's metaclass makes isinstance() a Python call: plain tensors
+    # (the hot case) skip it.
+    cls = type(t)
+    return cls is Parameter or (cls is not Tensor and isinstance(t, Parameter))
+
+
+def _is_mask(index: Any) -> bool:
+    return isinstance(index, Tensor) and index.dtype in _MASK_DTYPES
+
+
+def _masks(index: Any) -> list[Tensor]:
+    if _is_mask(index):
+        return [index]
+    if isinstance(index, (tuple, list)):
+        return [i for i in index if _is_mask(i)]
+    return []
+
+
+@functools.cache
+def tagged_ops() -> dict[str, str]:
+    """Names of aten ops tagged ``dynamic_output_shape`` or ``data_dependent_output``.
+
+    Read once per process from torch's own op registry (about 0.4 s), so ops a
+    newer torch tags are audited without a release of barrierguard.
+
+    Returns:
+        ``{aten name: tag name}``; empty when this torch has no such tags.
     """
-
-    def __init__(self) -> None:
-        self.table: dict[int, tuple[weakref.ReferenceType[Any], bool]] = {}
-        self._purge_at = 1024
-
-    def get(self, t: Any) -> bool | None:
-        e = self.table.get(id(t))
-        if e is not None and e[0]() is t:
-            return e[1]
-        return None
-
-    def set(self, t: Any, device: bool) -> None:
-        table = self.table
-        table[id(t)] = (weakref.ref(t), device)
-        if len(table) > self._purge_at:
-            self.purge()
-
-    def purge(self) -> None:
-        self.table = {k: e for k, e in self.table.items() if e[0]() is not None}
-        self._purge_at = max(1024, 2 * len(self.table))
-
-    def clear(self) -> None:
-        self.table = {}
-        self._purge_at = 1024
-
-
-_HOST_NAMES = frozenset({"cpu"})
-_intent_cache: dict[tuple[CodeType, int], bool] = {}
-
-
-def _is_cpu_literal(node: ast.AST) -> bool:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value.split(":", 1)[0] in _HOST_NAMES
-    if isinstance(node, ast.Call) and node.args:
-        func = node.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        return name == "device" and _is_cpu_literal(node.args[0])
-    return False
-
-
-def _host_call(node: ast.AST) -> bool:
-    """Whether a call names the host: ``x.cpu()``, or a literal cpu device argument."""
-    for sub in ast.walk(node):
-        if not isinstance(sub, ast.Call):
-            continue
-        func = sub.func
-        if isinstance(func, ast.Attribute) and func.attr == "cpu":
-            return True
-        args = list(sub.args) + [k.value for k in sub.keywords if k.arg in ("device", None)]
-        if any(_is_cpu_literal(a) for a in args):
-            return True
-    return False
-
-
-def _segment(code: CodeType, lasti: int, lineno: int) -> str:
-    from barrierguard._frames import _source_segment
-
-    seg = _source_segment(code, lasti)
-    if seg is not None:
-        return seg
-    return linecache.getline(code.co_filename, lineno).strip().rstrip(":")
-
-
-def _names_host(frame: FrameType) -> bool:
-    """Whether the call ``frame`` is executing names the host device literally."""
-    code, lasti = frame.f_code, frame.f_lasti
-    key = (code, lasti)
-    hit = _intent_cache.get(key)
-    if hit is not None:
-        return hit
-    text = _segment(code, lasti, frame.f_lineno)
-    try:
-        tree: ast.AST = ast.parse("(" + text + "\n)", mode="eval")
-    except SyntaxError:
+    tags = {
+        getattr(torch.Tag, t)
+        for t in ("dynamic_output_shape", "data_dependent_output")
+        if hasattr(torch.Tag, t)
+    }
+    found: dict[str, str] = {}
+    if not tags:
+        return found
+    names = {s.name[6:] for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")}
+    for name in sorted(names):
         try:
-            tree = ast.parse(text, mode="exec")
-        except SyntaxError:
-            tree = ast.Module(body=[], type_ignores=[])
-    result = _host_call(tree)
-    if len(_intent_cache) < 100_000:
-        _intent_cache[key] = result
-    return result
-
-
-def _call_site() -> FrameType | None:
-    """The user's frame of the current call (the innermost frame outside torch)."""
-    cache = _classifier._cache
-    f: FrameType | None = sys._getframe(2)
-    innermost: FrameType | None = None
-    while f is not None:
-        filename = f.f_code.co_filename
-        category = (cache.get(filename) or classify_file(filename))[0]
-        if category != OWN:
-            if category == USER:
-                return f
-            if innermost is None:
-                innermost = f
-        f = f.f_back
-    return innermost
-
-
-def _device_type(device: Any) -> str | None:
-    if type(device) is torch.device:
-        return device.type
-    if isinstance(device, torch.device):
-        return device.type
-    if isinstance(device, str):
-        return device.split(":", 1)[0]
-    if isinstance(device, int) and not isinstance(device, bool):
-        return "cuda"
-    return None
-
-
-def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    flag = kwargs.get("non_blocking")
-    if flag is not None:
-        return bool(flag)
-    return any(a is True for a in args)
-
-
-def _has_bool_index(index: Any) -> bool:
-    if isinstance(index, _Tensor):
-        return index.dtype in (torch.bool, torch.uint8)
-    if isinstance(index, tuple):
-        return any(isinstance(i, _Tensor) and i.dtype in (torch.bool, torch.uint8) for i in index)
-    return False
+            packet = getattr(torch.ops.aten, name)
+            for overload in packet.overloads():
+                hit = [t for t in getattr(packet, overload).tags if t in tags]
+                if hit:
+                    found[name] = str(hit[0]).rsplit(".", 1)[-1]
+                    break
+        except Exception:  # an op that cannot be inspected is simply not audited
+            continue
+    return found
 
 
 class _AuditMode(TorchFunctionMode):
-    """The lean mode: a dict lookup for the few special calls, propagation otherwise."""
+    """The mode: propagate provenance on every call, apply a rule where one exists."""
 
-    def __init__(self, engine: AuditEngine) -> None:
+    def __init__(self, engine: AuditEngine, rules: dict[Any, Rule]) -> None:
         super().__init__()
         self.engine = engine
+        self.rules = rules
+        self.active = True
+        self.marks: dict[int, tuple[bool, weakref.ref[Tensor]]] = {}
+        self.where_cache: dict[tuple[CodeType, int], bool] = {}
 
+    # -- provenance ----------------------------------------------------------
+    def is_dev(self, t: Tensor) -> bool:
+        """Whether ``t`` would live on the training device in a GPU run."""
+        m = self.marks.get(id(t))
+        if m is not None:
+            return m[0]
+        # Unseen: a real device tensor, a parameter made before the guard, or
+        # a tensor the autograd engine made for a backward pass.
+        return not t.is_cpu or _is_param(t) or _current_node() is not None
+
+    def mark(self, t: Tensor, dev: bool) -> None:
+        key = id(t)
+        marks = self.marks
+        old = marks.get(key)
+        if old is not None:
+            if old[0] != dev:
+                marks[key] = (dev, old[1])
+            return
+        pop = marks.pop
+        marks[key] = (dev, weakref.ref(t, lambda _r: pop(key, None)))
+
+    def mark_out(self, out: Any, dev: bool) -> None:
+        if isinstance(out, Tensor):
+            self.mark(out, dev)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                if isinstance(o, Tensor):
+                    self.mark(o, dev)
+
+    def any_dev(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        marks = self.marks
+        for a in args:
+            if isinstance(a, Tensor):
+                m = marks.get(id(a))
+                if m[0] if m is not None else self.is_dev(a):
+                    return True
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, Tensor) and self.is_dev(b):
+                        return True
+        if kwargs:
+            return self.any_dev(tuple(kwargs.values()), {})
+        return False
+
+    def propagate(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if out is None:
+            return
+        if kwargs and "device" in kwargs:
+            self.factory(kwargs, out)
+            return
+        if self.any_dev(args, kwargs):
+            self.mark_out(out, True)
+
+    def factory(self, kwargs: dict[str, Any], out: Any) -> None:
+        dev = self.training(kwargs["device"])
+        if dev is None:
+            return
+        if dev:
+            self.mark_out(out, True)
+        elif isinstance(out, Tensor) and id(out) in self.marks:
+            self.mark(out, False)
+
+    def training(self, device: Any) -> bool | None:
+        """Whether ``device`` is the training device (None: no device named)."""
+        if device is None:
+            return None
+        if isinstance(device, torch.device):
+            typ = device.type
+        elif isinstance(device, str):
+            typ = device.split(":", 1)[0]
+        elif isinstance(device, int) and not isinstance(device, bool):
+            return True
+        else:
+            return None
+        if typ != "cpu":
+            return True
+        return not self.literal_cpu()
+
+    def literal_cpu(self) -> bool:
+        """Whether the call that asked for the "cpu" device names it literally."""
+        cache = _classifier._cache
+        f: FrameType | None = sys._getframe(1)
+        while f is not None:
+            name = f.f_code.co_filename
+            category = (cache.get(name) or classify_file(name))[0]
+            if category != OWN and category != TORCH:
+                break
+            f = f.f_back
+        if f is None:
+            return False
+        key = (f.f_code, f.f_lasti)
+        hit = self.where_cache.get(key)
+        if hit is None:
+            hit = bool(_CPU_LITERAL.search(_call_text(f)))
+            self.where_cache[key] = hit
+        return hit
+
+    # -- the mode ------------------------------------------------------------
     def __torch_function__(
         self,
         func: Any,
@@ -216,514 +264,591 @@ class _AuditMode(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        engine = self.engine
-        special = engine.special.get(func)
-        if special is not None:
-            return special(func, args, kwargs or {})
-        if kwargs:
-            out = func(*args, **kwargs)
-            device = kwargs.get("device")
-            if device is not None:
-                if engine.training(device):
-                    engine.mark(out, True)
-                return out
-            values = kwargs.values()
-            if any(out is a for a in args) or any(out is v for v in values):
-                return out  # in place (nn.init.uniform_(tensor=w)): stays where it was
-            if engine.any_device(args) or engine.any_device(values):
-                engine.mark(out, True)
-            return out
-        out = func(*args)
-        if not args or out is args[0]:
-            # A factory without a device makes host tensors; an in-place op
-            # keeps its tensor where it was (and a parameter unseen until
-            # model.to(device) moves it).
-            return out
-        if not isinstance(out, _Tensor):
-            if isinstance(out, (tuple, list)) and engine.any_device(args):
-                engine.mark(out, True)
-            return out
-        # The hot path, inlined: is any tensor argument a device tensor?
-        table = engine.prov.table
-        for a in args:
-            if isinstance(a, _Tensor):
-                e = table.get(id(a))
-                if e is not None and e[0]() is a:
-                    if not e[1]:
-                        continue
-                elif not (issubclass(type(a), _Parameter) or engine.cuda_tensor(a)):
-                    continue
-                engine.prov.set(out, True)
-                return out
-            elif isinstance(a, (list, tuple)) and engine.any_device(a):
-                engine.prov.set(out, True)
-                return out
+        if kwargs is None:
+            kwargs = {}
+        try:
+            rule = self.rules.get(func)
+        except TypeError:  # an unhashable callable: no rule can name it
+            rule = None
+        if not self.active:
+            return func(*args, **kwargs)
+        if rule is not None:
+            return rule(self, func, args, kwargs)
+        out = func(*args, **kwargs)
+        try:
+            self.propagate(args, kwargs, out)
+        except Exception as exc:  # never lose the user's op to our bookkeeping
+            _fault(exc)
         return out
 
-
-class AuditEngine:
-    """Predicts a GPU run's synchronizations from a CPU run; see the module docstring."""
-
-    name = "audit"
-
-    def __init__(self) -> None:
-        self.prov = Provenance()
-        self._patches = Patches()
-        self._mode: _AuditMode | None = None
-        self._hooks: list[Any] = []
-        self._thread: int | None = None
-        self._suspended = False
-        self._cuda = False
-        self._last_host: tuple[int, CodeType, int] | None = None
-        self._mask_grad = False
-        self.counts: dict[str, int] = {}
-        self.special: dict[Any, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {}
-        self._tags: dict[Any, bool] = {}
-
-    # -- provenance ---------------------------------------------------------
-    def is_device(self, t: Any) -> bool:
-        known = self.prov.get(t)
-        if known is not None:
-            return known
-        # Not isinstance: Parameter's metaclass makes that a Python-level check.
-        if issubclass(type(t), _Parameter):
-            return True
-        return self._cuda and t.device.type != "cpu"
-
-    def cuda_tensor(self, t: Any) -> bool:
-        return self._cuda and t.device.type != "cpu"
-
-    def any_device(self, values: Any) -> bool:
-        for a in values:
-            if isinstance(a, _Tensor):
-                if self.is_device(a):
-                    return True
-            elif isinstance(a, (list, tuple)) and a and isinstance(a[0], _Tensor):
-                for b in a:
-                    if isinstance(b, _Tensor) and self.is_device(b):
-                        return True
-        return False
-
-    def mark(self, out: Any, device: bool) -> None:
-        if isinstance(out, _Tensor):
-            self.prov.set(out, device)
-        elif isinstance(out, (tuple, list)):
-            for o in out:
-                if isinstance(o, _Tensor):
-                    self.prov.set(o, device)
-
-    def training(self, device: Any) -> bool:
-        """Whether an explicit device argument names the training device."""
-        kind = _device_type(device)
-        if kind is None:
-            return False
-        if kind != "cpu":
-            return True
-        frame = _call_site()
-        return frame is None or not _names_host(frame)
-
-    def _read(self, t: Any) -> bool:
-        """Whether reading ``t`` on the host would wait for the device."""
-        if not self.is_device(t):
-            return False
-        last = self._last_host
-        if last is not None and last[0] == id(t):
-            # x.cpu().numpy(): on a CPU .cpu() returns x itself; the copy was
-            # already recorded on this line, the numpy() reads host memory.
-            frame = _call_site()
-            if frame is not None and (frame.f_code, frame.f_lineno) == last[1:]:
-                return False
-        return True
-
-    # -- recording ------------------------------------------------------------
+    # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "") -> None:
         try:
             loc = locate(sys._getframe(1), kind, detail)
-        except Exception as exc:  # a fault of ours is reported, never raised
-            for guard in _hub.running_guards():
-                guard._fault(exc)
+        except Exception as exc:
+            _fault(exc)
             return
         if loc is not None:
-            _hub.emit(self.name, loc)
+            _hub.emit(NAME, loc)
 
-    def count(self, what: str) -> None:
-        self.counts[what] = self.counts.get(what, 0) + 1
-
-    def notes(self) -> list[str]:
-        mib = PAGEABLE_BLOCKING_BYTES // (1024 * 1024)
-        out = []
-        for key, text in (
-            ("pinned_d2h", NOTE_PINNED_D2H),
-            ("pageable_h2d", NOTE_PAGEABLE_H2D),
-            ("small_h2d", NOTE_SMALL_H2D),
-        ):
-            n = self.counts.get(key, 0)
-            if n:
-                out.append(text.format(n=n, mib=mib))
-        return out
-
-    # -- the special calls -----------------------------------------------------
-    def _build_special(self) -> None:
-        T = torch.Tensor
-        s = self.special
-        fn: Any  # torch's functions and methods, each with its own stub type
-
-        def reader(kind: str) -> Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]:
-            def handle(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-                out = func(*args, **kwargs)
-                if args and isinstance(args[0], _Tensor) and self._read(args[0]):
-                    self.record(kind)
-                return out
-
-            return handle
-
-        def any_reader(kind: str, when: Callable[..., bool] | None = None) -> Any:
-            def handle(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-                out = func(*args, **kwargs)
-                device = self.any_device(args) or self.any_device(kwargs.values())
-                if device:
-                    self.mark(out, True)
-                    if when is None or when(args, kwargs):
-                        self.record(kind)
-                return out
-
-            return handle
-
-        for name, kind in (
-            ("item", "item"),
-            ("tolist", "tolist"),
-            ("numpy", "numpy"),
-            ("__array__", "numpy"),
-            ("__bool__", "bool"),
-            ("__contains__", "bool"),
-            ("__int__", "int"),
-            ("__index__", "int"),
-            ("__float__", "float"),
-            ("__complex__", "complex"),
-            ("__repr__", "print"),
-            ("__format__", "format"),
-        ):
-            if name in dir(T):
-                s[getattr(T, name)] = reader(kind)
-        s[torch.is_nonzero] = reader("bool")
-        for fn in (torch.nonzero, T.nonzero, torch.argwhere, T.argwhere):
-            s[fn] = any_reader("nonzero")
-        s[torch.where] = any_reader("nonzero", lambda a, k: len(a) + len(k) == 1)
-        for fn in (torch.masked_select, T.masked_select):
-            s[fn] = any_reader("masked_select")
-        for fn in (torch.unique, T.unique, torch.unique_consecutive, T.unique_consecutive):
-            s[fn] = any_reader("unique")
-
-        def repeat_sync(a: tuple[Any, ...], k: dict[str, Any]) -> bool:
-            if k.get("output_size") is not None:
-                return False
-            reps = k.get("repeats", a[1] if len(a) > 1 else a[0] if a else None)
-            return isinstance(reps, _Tensor)
-
-        for fn in (torch.repeat_interleave, T.repeat_interleave):
-            s[fn] = any_reader("repeat_interleave", repeat_sync)
-
-        def one_hot_sync(a: tuple[Any, ...], k: dict[str, Any]) -> bool:
-            n = k.get("num_classes", a[1] if len(a) > 1 else -1)
-            return n is None or n == -1
-
-        s[F.one_hot] = any_reader("one_hot", one_hot_sync)
-        for fn in (torch.allclose, T.allclose, torch.equal, T.equal):
-            s[fn] = any_reader("compare")
-        for fn in (torch.bincount, T.bincount):
-            s[fn] = any_reader("dynamic_shape")
-        s[T.__getitem__] = self._getitem
-        s[T.__setitem__] = self._setitem
-        s[T.to] = self._to
-        s[T.cpu] = self._cpu
-        s[T.cuda] = self._cuda_call
-        s[T.copy_] = self._copy
-        s[T.backward] = self._backward
-        s[torch.autograd.backward] = self._backward
-        s[torch.tensor] = self._factory_copy
-        s[torch.as_tensor] = self._factory_copy
-
-    def _getitem(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        out = func(*args, **kwargs)
-        if self.any_device(args):
-            self.mark(out, True)
-            if len(args) > 1 and _has_bool_index(args[1]):
-                self.record("index")
-                if args[0].requires_grad and torch.is_grad_enabled():
-                    # Its gradient scatters through the mask: on a GPU the
-                    # backward pass waits for the index count as well.
-                    self._mask_grad = True
-        return out
-
-    def _setitem(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        out = func(*args, **kwargs)
-        if len(args) < 3:
-            return out
-        target, index, value = args[0], args[1], args[2]
-        if self.is_device(target):
-            if _has_bool_index(index) and self.any_device((index,)):
-                self.record("index")
-        elif isinstance(value, _Tensor) and self.is_device(value):
-            self.record("copy", "d2h")
-        return out
-
-    def _backward(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        pending, self._mask_grad = self._mask_grad, False
-        out = func(*args, **kwargs)
-        if pending and self.any_device(args[:1]):
-            self.record("backward")
-        return out
-
-    def _factory_copy(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        out = func(*args, **kwargs)
-        device = kwargs.get("device")
-        if device is not None and self.training(device):
-            src_device = bool(args) and isinstance(args[0], _Tensor) and self.is_device(args[0])
-            self.mark(out, True)
-            if not src_device:
-                self.record("copy", "h2d")
-        elif args and isinstance(args[0], _Tensor) and self.is_device(args[0]):
-            # torch.tensor(device_tensor) without a device copies on the device.
-            self.mark(out, True)
-        return out
-
-    def _move(self, src: Any, out: Any, to_device: bool, nonblocking: bool) -> Any:
-        """Record a move of ``src`` to the device or to the host; return the result.
-
-        On a CPU the move returns ``src`` itself. The result then becomes a new
-        view of it (same memory, same values, as a GPU run also returns a new
-        tensor), so that the device copy and the host original keep their own
-        provenance. Parameters and tensors that require grad stay themselves:
-        a view of a leaf would not be a leaf.
-        """
-        src_device = self.is_device(src)
-        if to_device:
-            if not src_device or (issubclass(type(src), _Parameter) and self.prov.get(src) is None):
-                # Host data, or a parameter the audit has not seen moved yet:
-                # model.to(device) copies it from where it was built.
-                self._h2d(src, nonblocking)
-                if out is src and not src_device:
-                    out = _new_view(src)
-            self.mark(out, True)
-            return out
-        if not src_device:
-            if out is not src:
-                self.mark(out, False)
-            return out
-        if nonblocking:
-            self.record("async_d2h", "non_blocking")
-        else:
-            self.record("copy", "d2h")
-        if out is src:
-            if issubclass(type(src), _Parameter):
-                self.prov.set(src, False)  # module.to("cpu"): it lives on the host now
-                return out
-            out = _new_view(src)
-            if out is src:
-                frame = _call_site()
-                if frame is not None:
-                    self._last_host = (id(out), frame.f_code, frame.f_lineno)
-                return out
-        self.mark(out, False)
-        return out
-
-    def _h2d(self, src: Any, nonblocking: bool) -> None:
+    def h2d(self, src: Tensor, nonblocking: bool) -> tuple[str, str] | None:
         if not nonblocking:
-            self.record("copy", "h2d")
-        elif src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
-            self.count("pageable_h2d")
-            self.record("copy", "h2d pageable non_blocking")
-        else:
-            self.count("small_h2d")
+            return ("copy", "h2d")
+        if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
+            self.engine.note(NOTE_PINNED_H2D)
+            return ("copy", "h2d pageable non_blocking")
+        return None
 
-    def _to(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        out = func(*args, **kwargs)
-        src = args[0]
-        rest = args[1:]
-        device = kwargs.get("device")
-        other = None
-        if device is None:
-            for a in rest:
-                if isinstance(a, _Tensor):
-                    other = a
-                    break
-                if isinstance(a, (str, torch.device)) or (
-                    isinstance(a, int) and not isinstance(a, bool)
-                ):
-                    device = a
-                    break
-        nb = _nonblocking(rest, kwargs)
-        if other is not None:
-            return self._move(src, out, self.is_device(other), nb)
-        if device is not None:
-            return self._move(src, out, self.training(device), nb)
-        if out is not src and self.is_device(src):
-            self.mark(out, True)  # a dtype conversion stays where it is
+    def moved(self, src: Tensor, out: Any, target: bool | None, nonblocking: bool) -> Any:
+        """Judge a ``.to()``/``.cpu()``/``.cuda()`` and return the (maybe retargeted) result."""
+        sdev = self.is_dev(src)
+        tdev = sdev if target is None else target
+        verdict: tuple[str, str] | None = None
+        if tdev and not sdev:
+            verdict = self.h2d(src, nonblocking)
+        elif sdev and not tdev:
+            verdict = ("async_d2h", "non_blocking") if nonblocking else ("copy", "d2h")
+        if isinstance(out, Tensor):
+            if out is src and sdev != tdev:
+                out = self.retarget(src, tdev)
+            elif out is not src and tdev:
+                self.mark(out, True)
+        if verdict is not None:
+            self.record(*verdict)
         return out
 
-    def _cpu(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._move(args[0], func(*args, **kwargs), False, False)
+    def retarget(self, src: Tensor, dev: bool) -> Tensor:
+        """A move that is a no-op on CPU: give the caller a tensor of its own.
 
-    def _cuda_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._move(args[0], func(*args, **kwargs), True, _nonblocking(args[1:], kwargs))
+        On a GPU, ``x.cpu()`` is a new host tensor while ``x`` stays on the
+        device; on CPU it is ``x`` itself. An alias (a view of all of ``x``)
+        keeps both verdicts apart without copying. A parameter, or a leaf that
+        requires grad, keeps its identity (``module.to()`` and optimizers rely
+        on it) and changes sides instead.
+        """
+        if _is_param(src) or (src.requires_grad and src.is_leaf):
+            self.mark(src, dev)
+            return src
+        try:
+            alias = src.view_as(src)
+        except Exception:  # layouts without views (sparse, nested): change sides
+            self.mark(src, dev)
+            return src
+        self.mark(alias, dev)
+        return alias
 
-    def _copy(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+
+def _call_text(frame: FrameType) -> str:
+    code, lasti = frame.f_code, frame.f_lasti
+    raw = code.co_code
+    try:
+        while lasti >= 2 and dis.opname[raw[lasti]] == "CACHE":
+            lasti -= 2
+    except IndexError:
+        pass
+    text = _source_segment(code, lasti)
+    if text is None:
+        text = linecache.getline(code.co_filename, frame.f_lineno)
+    return text
+
+
+def _fault(exc: BaseException) -> None:
+    for guard in _hub.running_guards():
+        if guard._engine_name == NAME:
+            guard._fault(exc)
+
+
+# -- the rules: one function per kind of call -------------------------------------
+def _reader(kind: str) -> Rule:
+    def rule(mode: _AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        out = func(*args, **kwargs)
+        try:
+            hit = bool(args) and isinstance(args[0], Tensor) and mode.is_dev(args[0])
+        except Exception as exc:
+            _fault(exc)
+            return out
+        if hit:
+            mode.record(kind)
+        return out
+
+    return rule
+
+
+def _dynamic(kind: str, which: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> Rule:
+    """A rule for an op that syncs when ``which(args, kwargs)`` is a device tensor."""
+
+    def rule(mode: _AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        out = func(*args, **kwargs)
+        try:
+            mode.propagate(args, kwargs, out)
+            probe = which(args, kwargs)
+            if isinstance(probe, (tuple, list)):
+                hit = any(isinstance(p, Tensor) and mode.is_dev(p) for p in probe)
+            else:
+                hit = isinstance(probe, Tensor) and mode.is_dev(probe)
+        except Exception as exc:
+            _fault(exc)
+            return out
+        if hit:
+            mode.record(kind)
+        return out
+
+    return rule
+
+
+def _first(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[0] if args else kwargs.get("input")
+
+
+def _all(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return (*args, *kwargs.values())
+
+
+def _where_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[0] if len(args) == 1 and not kwargs else None
+
+
+def _one_hot(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+    return _first(args, kwargs) if classes == -1 else None
+
+
+def _repeats_fn(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # torch.repeat_interleave(input, repeats, ...) or torch.repeat_interleave(repeats)
+    if kwargs.get("output_size") is not None:
+        return None
+    if len(args) >= 2:
+        return args[1]
+    return kwargs.get("repeats", args[0] if args else None)
+
+
+def _repeats_method(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if kwargs.get("output_size") is not None:
+        return None
+    return args[1] if len(args) >= 2 else kwargs.get("repeats")
+
+
+def _to_rule(method: str) -> Rule:
+    def rule(mode: _AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        out = func(*args, **kwargs)
+        try:
+            src = args[0]
+            if not isinstance(src, Tensor):
+                return out
+            target: bool | None
+            if method == "cpu":
+                target = False
+            elif method == "cuda":
+                target = True
+            else:
+                target = _to_target(mode, args, kwargs)
+            nonblocking = _nonblocking(args[1:], kwargs)
+        except Exception as exc:
+            _fault(exc)
+            return out
+        return mode.moved(src, out, target, nonblocking)
+
+    return rule
+
+
+def _to_target(mode: _AuditMode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool | None:
+    device = kwargs.get("device")
+    if device is None:
+        other = kwargs.get("other")
+        if isinstance(other, Tensor):
+            return mode.is_dev(other)
+        for a in args[1:]:
+            if isinstance(a, Tensor):
+                return mode.is_dev(a)
+            if isinstance(a, (str, torch.device)) or (
+                isinstance(a, int) and not isinstance(a, bool)
+            ):
+                device = a
+                break
+    return mode.training(device)
+
+
+def _copy_rule(mode: _AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    out = func(*args, **kwargs)
+    verdict: tuple[str, str] | None = None
+    try:
         dst = args[0]
         src = args[1] if len(args) > 1 else kwargs.get("src")
-        dst_device = self.is_device(dst)
-        out = func(*args, **kwargs)
-        if not isinstance(src, _Tensor):
-            return out
-        src_device = self.is_device(src)
-        nb = _nonblocking(args[2:], kwargs)
-        if dst_device and not src_device:
-            self._h2d(src, nb)
-        elif src_device and not dst_device:
-            if nb:
-                self.count("pinned_d2h")
-            else:
-                self.record("copy", "d2h")
+        if isinstance(dst, Tensor) and isinstance(src, Tensor):
+            ddev, sdev = mode.is_dev(dst), mode.is_dev(src)
+            nonblocking = _nonblocking(args[2:], kwargs)
+            if ddev and not sdev:
+                verdict = mode.h2d(src, nonblocking)
+            elif sdev and not ddev:
+                if nonblocking:
+                    mode.engine.note(NOTE_PINNED_D2H)
+                else:
+                    verdict = ("copy", "d2h")
+    except Exception as exc:
+        _fault(exc)
         return out
+    if verdict is not None:
+        mode.record(*verdict)
+    return out
 
-    # -- install / uninstall ------------------------------------------------------
+
+def _tensor_rule(mode: _AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``torch.tensor``/``as_tensor``/``Tensor.new_tensor``: host data onto the device."""
+    out = func(*args, **kwargs)
+    try:
+        if func is Tensor.new_tensor:
+            target = mode.training(kwargs.get("device"))
+            if target is None:
+                target = isinstance(args[0], Tensor) and mode.is_dev(args[0])
+            data = args[1] if len(args) > 1 else kwargs.get("data")
+        else:
+            target = mode.training(kwargs.get("device"))
+            data = args[0] if args else kwargs.get("data")
+        from_device = isinstance(data, Tensor) and mode.is_dev(data)
+        if target is None and from_device:
+            mode.mark_out(out, True)
+        if not target:
+            return out
+        mode.mark_out(out, True)
+    except Exception as exc:
+        _fault(exc)
+        return out
+    if not from_device:
+        mode.record("copy", "h2d")
+    return out
+
+
+def _getitem_rule(
+    mode: _AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    out = func(*args, **kwargs)
+    try:
+        mode.propagate(args, kwargs, out)
+        hit = any(mode.is_dev(m) for m in _masks(args[1])) if len(args) > 1 else False
+        if hit and isinstance(out, Tensor) and out.grad_fn is not None:
+            mode.engine.watch_backward(out.grad_fn)
+    except Exception as exc:
+        _fault(exc)
+        return out
+    if hit:
+        mode.record("index")
+    return out
+
+
+def _setitem_rule(
+    mode: _AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    out = func(*args, **kwargs)
+    verdict: tuple[str, str] | None = None
+    try:
+        if len(args) >= 3:
+            dst, index, value = args[0], args[1], args[2]
+            if any(mode.is_dev(m) for m in _masks(index)):
+                verdict = ("index", "")
+            elif (
+                isinstance(dst, Tensor)
+                and isinstance(value, Tensor)
+                and mode.is_dev(value)
+                and not mode.is_dev(dst)
+            ):
+                verdict = ("copy", "d2h")
+    except Exception as exc:
+        _fault(exc)
+        return out
+    if verdict is not None:
+        mode.record(*verdict)
+    return out
+
+
+_READS: dict[str, str] = {
+    "item": "item",
+    "tolist": "tolist",
+    "numpy": "numpy",
+    "__array__": "numpy",
+    "__bool__": "bool",
+    "__contains__": "bool",
+    "__int__": "int",
+    "__index__": "int",
+    "__float__": "float",
+    "__complex__": "complex",
+    "__repr__": "print",
+    "__str__": "print",
+    "__format__": "format",
+}
+
+# Kinds for tagged ops by name; tagged ops not listed here are "dynamic_shape".
+_TAGGED_KINDS: dict[str, str] = {
+    "nonzero": "nonzero",
+    "argwhere": "nonzero",
+    "masked_select": "masked_select",
+    "unique_consecutive": "unique",
+    "_unique": "unique",
+    "_unique2": "unique",
+    "unique_dim": "unique",
+    "unique_dim_consecutive": "unique",
+    "allclose": "compare",
+    "equal": "compare",
+}
+
+# Tagged ops whose torch-level entry points have a rule of their own (or read).
+_HANDLED = frozenset({"item", "_local_scalar_dense", "repeat_interleave", "one_hot", "index"})
+
+
+def _functions(name: str) -> list[Any]:
+    found = []
+    for space in (torch, Tensor, torch.nn.functional):
+        fn = getattr(space, name, None)
+        if fn is not None:
+            found.append(fn)
+    if name.startswith("linalg_"):
+        fn = getattr(torch.linalg, name[len("linalg_") :], None)
+        if fn is not None:
+            found.append(fn)
+    return found
+
+
+def build_rules() -> dict[Any, Rule]:
+    """The function -> rule table (built when the engine installs, not at import)."""
+    rules: dict[Any, Rule] = {}
+    for name, kind in _READS.items():
+        if name in vars(Tensor) or name in vars(torch._C.TensorBase):
+            rules[getattr(Tensor, name)] = _reader(kind)
+    for name, tag in tagged_ops().items():
+        if name in _HANDLED:
+            continue
+        kind = _TAGGED_KINDS.get(name, "dynamic_shape")
+        which = _all if tag == "data_dependent_output" else _first
+        for fn in _functions(name):
+            rules[fn] = _dynamic(kind, which)
+    for fn in _functions("unique"):
+        rules[fn] = _dynamic("unique", _first)
+    for fn in _functions("unique_consecutive"):
+        rules[fn] = _dynamic("unique", _first)
+    for name, kind, which in (
+        ("nonzero", "nonzero", _first),
+        ("argwhere", "nonzero", _first),
+        ("masked_select", "masked_select", _all),
+        ("allclose", "compare", _all),
+        ("equal", "compare", _all),
+    ):
+        for fn in _functions(name):
+            rules[fn] = _dynamic(kind, which)
+    rules[torch.where] = _dynamic("nonzero", _where_one)
+    rules[torch.repeat_interleave] = _dynamic("repeat_interleave", _repeats_fn)
+    rules[Tensor.repeat_interleave] = _dynamic("repeat_interleave", _repeats_method)
+    rules[torch.nn.functional.one_hot] = _dynamic("one_hot", _one_hot)
+    for method in ("to", "cpu", "cuda"):
+        rules[getattr(Tensor, method)] = _to_rule(method)
+    rules[Tensor.copy_] = _copy_rule
+    for fn in (torch.tensor, torch.as_tensor, Tensor.new_tensor):
+        rules[fn] = _tensor_rule
+    rules[Tensor.__getitem__] = _getitem_rule
+    rules[Tensor.__setitem__] = _setitem_rule
+    return rules
+
+
+class AuditEngine:
+    """The audit: a lean function mode plus a few patches; see the module docstring."""
+
+    name = NAME
+
+    def __init__(self) -> None:
+        self._patches = Patches()
+        self._mode: _AuditMode | None = None
+        self._hooks: list[Any] = []
+        self._thread = 0
+        self._suspended = False
+        self._depth = 0
+
+    # -- install / uninstall --------------------------------------------------
     def install(self) -> None:
-        self._cuda = _env.cuda_available()
-        self._thread = threading.get_ident()
-        self.counts = {}
-        try:
-            if not self.special:
-                self._build_special()
-            self._patch()
-            self._mode = _AuditMode(self)
-            torch._C._push_on_torch_function_stack(self._mode)
-            from torch.optim.optimizer import (
-                register_optimizer_step_post_hook,
-                register_optimizer_step_pre_hook,
-            )
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
-            self._hooks.append(register_optimizer_step_pre_hook(self._suspend))
+        self._thread = threading.get_ident()
+        self._suspended = False
+        try:
+            mode = _AuditMode(self, build_rules())
+            self._patch_calls(mode)
+            self._hooks.append(register_optimizer_step_pre_hook(self._pause))
             self._hooks.append(register_optimizer_step_post_hook(self._resume))
+            self._mode = mode
+            _stack_push(mode)
         except BaseException:
             self.uninstall()
             raise
 
     def uninstall(self) -> None:
+        mode, self._mode = self._mode, None
         try:
-            for handle in self._hooks:
-                handle.remove()
-            self._hooks.clear()
-            if self._mode is not None and not self._suspended:
-                _remove_mode(self._mode)
+            if mode is not None:
+                mode.active = False
+                # The stack is per thread: stopped from another thread, the
+                # mode stays on the starting thread's stack, inert.
+                if threading.get_ident() == self._thread and not self._suspended:
+                    _remove_from_stack(mode)
+                mode.marks.clear()
         finally:
-            self._mode = None
-            self._suspended = False
+            while self._hooks:
+                self._hooks.pop().remove()
             self._patches.undo()
-            self.prov.clear()
-            self._last_host = None
-            self._mask_grad = False
-
-    def _suspend(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        # The optimizer's own ops are most of a small step's calls; they make
-        # no new tensor the loop reads, so the mode steps aside for them.
-        if threading.get_ident() != self._thread or self._suspended:
-            return
-        self._suspended = self._pop_if_on_top()
-
-    def _pop_if_on_top(self) -> bool:
-        n = torch._C._len_torch_function_stack()
-        if n and torch._C._get_function_stack_at(n - 1) is self._mode:
-            torch._C._pop_torch_function_stack()
-            return True
-        return False
-
-    def _resume(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._suspended and threading.get_ident() == self._thread and self._mode is not None:
-            torch._C._push_on_torch_function_stack(self._mode)
             self._suspended = False
 
-    def _patch(self) -> None:
-        record = self.record
-        cuda_ok = self._cuda
+    # -- notes to the running guards ------------------------------------------------
+    def note(self, text: str) -> None:
+        for guard in _hub.running_guards():
+            if guard._engine_name == NAME and text not in guard._notes:
+                with guard._lock:
+                    guard._notes.append(text)
 
-        def sync_wrapper(orig: Callable[..., Any], available: bool) -> Callable[..., Any]:
+    # -- optimizer steps: the mode steps aside ------------------------------------
+    def _pause(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # A closure runs forward and backward inside step(): keep watching then.
+        if len(args) > 1 or kwargs.get("closure") is not None:
+            return
+        mode = self._mode
+        if mode is None or threading.get_ident() != self._thread:
+            return
+        if self._suspended:
+            # The last step raised before its post hook: resume at this one's.
+            self.note(NOTE_SUSPENDED)
+            return
+        n = _stack_len()
+        if n and _stack_at(n - 1) is mode:
+            _stack_pop()
+            self._suspended = True
+            self._depth = n - 1
+
+    def _resume(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        mode = self._mode
+        if mode is None or not self._suspended or threading.get_ident() != self._thread:
+            return
+        if _stack_len() == self._depth:
+            _stack_push(mode)
+            self._suspended = False
+
+    def paused(self) -> bool:
+        """Whether the mode is off the stack for an optimizer step."""
+        return self._suspended
+
+    # -- backward passes -----------------------------------------------------------
+    def watch_backward(self, node: Any) -> None:
+        """Report the backward of ``node`` (mask indexing's backward needs a size)."""
+        record = self._record
+
+        def prehook(grad_outputs: Any) -> None:
+            record("backward", "")
+
+        node.register_prehook(prehook)
+
+    def _record(self, kind: str, detail: str) -> None:
+        mode = self._mode
+        if mode is None or not mode.active:
+            return
+        try:
+            loc = locate(sys._getframe(1), kind, detail)
+        except Exception as exc:
+            _fault(exc)
+            return
+        if loc is not None:
+            _hub.emit(NAME, loc)
+
+    # -- patches: what the mode cannot see --------------------------------------------
+    def _patch_calls(self, mode: _AuditMode) -> None:
+        record = self._record
+        cuda_available = torch.cuda.is_available
+
+        def synchronize_wrapper(orig: Callable[..., Any], detail: str) -> Callable[..., Any]:
+            # On a CPU-only build the real call raises: the audit records it and
+            # returns, so device-agnostic scripts that time with it still run.
             @functools.wraps(orig)
             def synchronize(*args: Any, **kwargs: Any) -> Any:
-                # Without a device there is nothing to wait for: record the
-                # call a device-agnostic script makes, and return.
-                out = orig(*args, **kwargs) if available else None
-                record("synchronize", "device")
+                out = orig(*args, **kwargs) if cuda_available() else None
+                record("synchronize", detail)
                 return out
 
             return synchronize
 
-        self._patches.set(torch.cuda, "synchronize", sync_wrapper(torch.cuda.synchronize, cuda_ok))
+        self._patches.set(
+            torch.cuda, "synchronize", synchronize_wrapper(torch.cuda.synchronize, "device")
+        )
         accel = getattr(torch, "accelerator", None)
         if accel is not None and hasattr(accel, "synchronize"):
-            has_accel = bool(getattr(accel, "is_available", lambda: cuda_ok)())
-            self._patches.set(accel, "synchronize", sync_wrapper(accel.synchronize, has_accel))
+            self._patches.set(
+                accel, "synchronize", synchronize_wrapper(accel.synchronize, "device")
+            )
+
+        # A Parameter the audit sees being made takes its data's side; one it
+        # never saw made (the model was built before the guard) counts as device.
+        orig_new = Parameter.__dict__["__new__"].__func__
+
+        @functools.wraps(orig_new)
+        def parameter_new(cls: Any, data: Any = None, requires_grad: bool = True) -> Any:
+            param = orig_new(cls, data, requires_grad)
+            try:
+                if mode.active and isinstance(param, Tensor):
+                    dev = isinstance(data, Tensor) and mode.is_dev(data)
+                    mode.mark(param, dev)
+            except Exception as exc:
+                _fault(exc)
+            return param
+
+        self._patches.set(Parameter, "__new__", staticmethod(parameter_new))
+
+        # backward() is itself a torch function: the autograd engine runs
+        # while the mode is off the stack. A custom Function's Python backward
+        # gets the mode back, so what it computes and reads is audited.
         from torch.autograd.function import BackwardCFunction
 
         orig_apply: Callable[..., Any] = BackwardCFunction.apply
-        prov = self.prov
-        engine = self
+        thread = self._thread
 
         @functools.wraps(orig_apply)
-        def apply(ctx: Any, *grads: Any) -> Any:
-            # A custom backward runs on the device's gradients in a GPU run.
-            for g in grads:
-                if isinstance(g, _Tensor):
-                    prov.set(g, True)
-            # backward() runs inside the mode's own handler, where the mode is
-            # popped: it watches the custom backward's Python code again.
-            mode = engine._mode
-            if mode is None or engine._suspended or _on_stack(mode):
-                return orig_apply(ctx, *grads)
-            torch._C._push_on_torch_function_stack(mode)
+        def apply(node: Any, *args: Any) -> Any:
+            if not mode.active or threading.get_ident() != thread or _on_stack(mode):
+                return orig_apply(node, *args)
+            _stack_push(mode)
             try:
-                return orig_apply(ctx, *grads)
+                return orig_apply(node, *args)
             finally:
-                _remove_mode(mode)
+                _remove_from_stack(mode)
 
         self._patches.set(BackwardCFunction, "apply", apply)
 
-        orig_zero_grad = torch.optim.Optimizer.zero_grad
+        # zero_grad() only drops or zeroes gradients: a dozen attribute calls
+        # per step that the mode need not see (a gradient read later is
+        # marked through its parameter).
+        orig_zero = torch.optim.Optimizer.zero_grad
 
-        @functools.wraps(orig_zero_grad)
-        def zero_grad(opt: Any, *args: Any, **kwargs: Any) -> Any:
-            # Only drops or zeroes gradients: nothing the audit needs to see.
-            suspended = engine._pop_if_on_top()
+        @functools.wraps(orig_zero)
+        def zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            n = _stack_len()
+            if n == 0 or _stack_at(n - 1) is not mode or threading.get_ident() != thread:
+                return orig_zero(optimizer, *args, **kwargs)
+            _stack_pop()
             try:
-                return orig_zero_grad(opt, *args, **kwargs)
+                return orig_zero(optimizer, *args, **kwargs)
             finally:
-                if suspended and engine._mode is not None:
-                    torch._C._push_on_torch_function_stack(engine._mode)
+                _stack_push(mode)
 
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
 
 
-def _new_view(t: Any) -> Any:
-    """A new tensor object on the same memory, or ``t`` where that is not safe."""
-    if t.requires_grad or issubclass(type(t), _Parameter) or t.layout != torch.strided:
-        return t
-    try:
-        return t.view_as(t)
-    except RuntimeError:
-        return t
+def _on_stack(mode: TorchFunctionMode) -> bool:
+    return any(_stack_at(i) is mode for i in range(_stack_len()))
 
 
-def _on_stack(mode: Any) -> bool:
-    stack = torch._C._get_function_stack_at
-    return any(stack(i) is mode for i in range(torch._C._len_torch_function_stack()))
-
-
-def _remove_mode(mode: Any) -> None:
-    """Pop ``mode`` from this thread's stack, keeping any mode pushed above it."""
+def _remove_from_stack(mode: TorchFunctionMode) -> None:
+    """Take ``mode`` off this thread's function-mode stack, wherever it sits."""
     above: list[Any] = []
-    while torch._C._len_torch_function_stack():
-        top = torch._C._pop_torch_function_stack()
-        if top is mode:
-            break
-        above.append(top)
-    # Not found (stopped from another thread): everything goes back as it was.
-    for m in reversed(above):
-        torch._C._push_on_torch_function_stack(m)
+    try:
+        while _stack_len():
+            top = _stack_pop()
+            if top is mode:
+                break
+            above.append(top)
+    finally:
+        for m in reversed(above):
+            _stack_push(m)

@@ -50,6 +50,14 @@ def _set_mode(mode: int | str) -> None:
     torch.cuda.set_sync_debug_mode(mode)
 
 
+def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a ``to``/``cuda``/``copy_`` call asked for ``non_blocking``."""
+    flag = kwargs.get("non_blocking")
+    if flag is not None:
+        return bool(flag)
+    return any(a is True for a in args)
+
+
 def _direction(src: str, dst: str) -> str:
     if src == "cpu" and dst != "cpu":
         return "h2d"
