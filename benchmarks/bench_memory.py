@@ -44,14 +44,12 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         for _ in range(steps):
             step()
 
-    # engine="audit": no sync detection on either side, so the difference
-    # between the two watched variants is the memory sampler alone.
+    # The default engine on both sides (the CUDA engine on a GPU), so the
+    # difference between the two watched variants is the memory sampler alone.
     guards = {
-        "watch_no_memory": barrierguard.watch(policy="record", engine="audit", memory=False),
-        "watch_memory": barrierguard.watch(policy="record", engine="audit"),
-        "watch_memory_every_step": barrierguard.watch(
-            policy="record", engine="audit", memory_every=1
-        ),
+        "watch_no_memory": barrierguard.watch(policy="record", memory=False),
+        "watch_memory": barrierguard.watch(policy="record"),
+        "watch_memory_every_step": barrierguard.watch(policy="record", memory_every=1),
     }
     names = ["bare", *guards]
     for _ in range(3):
@@ -59,6 +57,7 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
     times: dict[str, list[float]] = {n: [] for n in names}
     ratios: dict[str, list[float]] = {n: [] for n in names if n != "bare"}
     starts: dict[str, list[float]] = {n: [] for n in guards}
+    memory_only: list[float] = []
     for i in range(pairs):
         order = names[i % len(names) :] + names[: i % len(names)]
         got: dict[str, float] = {}
@@ -75,6 +74,7 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
             times[n].append(got[n] / steps)
             if n != "bare":
                 ratios[n].append(got[n] / got["bare"])
+        memory_only.append(got["watch_memory"] / got["watch_no_memory"])
     memory = guards["watch_memory"].report.memory
     assert memory is not None
     return {
@@ -88,6 +88,7 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
             n: [sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]] for n, v in ratios.items()
         },
         "start_ms": {n: median(v) * 1e3 for n, v in starts.items()},
+        "memory_vs_no_memory_median": median(memory_only),
         "adaptive_sampling": memory.sampling,
         "series": sorted(memory.series),
         "notes": list(memory.notes),
@@ -246,6 +247,10 @@ def main() -> None:
     )
     print(f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps")
     print(f"adaptive sampling: {ov['adaptive_sampling']}")
+    print(
+        "memory sampling alone (watch_memory / watch_no_memory, median of paired): "
+        f"{ov['memory_vs_no_memory_median']:.4f}"
+    )
 
     ns = no_sync(args.device, 50, layers, args.width)
     results["no_sync"] = ns

@@ -306,17 +306,19 @@ class Guard:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._manual:
             return
-        if self._lead is None:
-            self._lead = id(optimizer)
-        if id(optimizer) == self._lead:
+        lead = self._lead
+        if lead is None:
+            self._lead = lead = id(optimizer)
+        if id(optimizer) == lead:
             self._advance()
 
     def _advance(self) -> None:
-        with self._lock:
-            self._steps += 1
-            self._step_syncs = 0
-            self._per_step.append(0)
-            step = self._steps
+        # Only the training thread advances steps, so no lock on this hot path:
+        # the new step's counter exists before the step number that indexes it.
+        self._per_step.append(0)
+        self._step_syncs = 0
+        self._steps += 1
+        step = self._steps
         for listener in self._step_listeners:
             try:
                 listener(step)

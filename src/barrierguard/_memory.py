@@ -25,6 +25,7 @@ every other one is dropped and the stride doubles.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import itertools
 import math
@@ -700,8 +701,12 @@ class MemoryMonitor:
         if not self.active or not self.sampler.on_step(step):
             return
         self._strides.add(self.sampler.stride)
-        measured = sum(1 for s in self.sampler.steps if s >= self._warmup)
-        if self._acted or self._policy == "record" or measured < self._checkpoint:
+        if self._acted or self._policy == "record":
+            return
+        # Samples are in step order: count the measured ones without a scan.
+        steps = self.sampler.steps
+        measured = len(steps) - bisect.bisect_left(steps, self._warmup)
+        if measured < self._checkpoint:
             return
         self._checkpoint = math.ceil(self._checkpoint * 1.5)
         memory = self.report()
