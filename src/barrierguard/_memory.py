@@ -383,13 +383,14 @@ class Sampler:
 
     def on_step(self, step: int) -> bool:
         """Called at every step boundary; returns whether a sample was taken."""
+        # Steps between samples cost one comparison: the step time is measured
+        # over the whole stride, at the next sample.
+        if step < self._next:
+            return False
         now = self._clock()
         if self._last_t is not None and step > self._last_step:
             dt = (now - self._last_t) / (step - self._last_step)
             self._step_s = dt if self._step_s is None else 0.8 * self._step_s + 0.2 * dt
-        self._last_t, self._last_step = now, step
-        if step < self._next:
-            return False
         setup = self._setup_s()
         t0 = self._clock()
         self.sample(step)
@@ -405,7 +406,7 @@ class Sampler:
         self.stride = max(stride, self._min_stride)
         self._next = step + self.stride
         # Steps are timed from here, so the sample's own cost is not step time.
-        self._last_t = self._clock()
+        self._last_t, self._last_step = self._clock(), step
         return True
 
     def open(self, probes: Mapping[str, Probe]) -> None:
