@@ -115,3 +115,27 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMode]:
     monkeypatch.setattr(cuda_engine, "_set_mode", mode.set)
     with _registered():
         yield mode
+
+
+class FakeClock:
+    """A clock that only moves when told to."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def blocking_item(clock: FakeClock, wait: float) -> Any:
+    """A stand-in for ``Tensor.item`` that 'waits' ``wait`` seconds, then syncs."""
+
+    def item(self: Any) -> float:
+        clock.advance(wait)
+        _sync()
+        return 0.0
+
+    return item

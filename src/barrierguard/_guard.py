@@ -18,10 +18,11 @@ from barrierguard._errors import BarrierGuardError, MemoryGrowthError, SyncError
 from barrierguard._frames import Location
 from barrierguard._kinds import KINDS, fix_for
 from barrierguard._options import Options, make_options, unknown_options
-from barrierguard._report import MemoryReport, Report, Site, Violation
+from barrierguard._report import MemoryReport, Report, Site, Timeline, Violation
 
 if TYPE_CHECKING:
     from barrierguard._memory import MemoryMonitor
+    from barrierguard._timeline import StepTimeline
 
 __all__ = ["Guard", "watch"]
 
@@ -43,6 +44,9 @@ class _SiteStats:
         "loc",
         "ranges",
         "setup_count",
+        "setup_stall",
+        "stall",
+        "stall_count",
         "step_count",
         "threads",
     )
@@ -57,6 +61,9 @@ class _SiteStats:
         self.ranges: list[list[int]] = []
         self.threads: dict[str, None] = {}
         self.last_ident = 0
+        self.stall = 0.0
+        self.stall_count = 0
+        self.setup_stall = 0.0
 
 
 def _thread_name(ident: int) -> str:
@@ -88,6 +95,13 @@ def _pick_engine(requested: str) -> tuple[str, list[str]]:
 
     notes.append(NOTE)
     return "audit", notes
+
+
+def _make_timeline() -> StepTimeline:
+    """The step timer of a CUDA guard (a seam: tests on CPU pass fake events)."""
+    from barrierguard._timeline import StepTimeline
+
+    return StepTimeline()
 
 
 def _make_engine(name: str) -> _hub.Engine:
@@ -134,6 +148,7 @@ class Guard:
         self._steps = 0
         self._step_syncs = 0
         self._per_step: list[int] = [0]
+        self._step_stall: list[float] = [0.0]
         self._manual = False
         self._lead: Any = None
         self._violations: list[Violation] = []
@@ -151,6 +166,7 @@ class Guard:
         self._env: dict[str, str] = {}
         self._step_listeners: list[Callable[[int], None]] = []
         self._memory: MemoryMonitor | None = None
+        self._timeline: StepTimeline | None = None
 
     # -- lifecycle ----------------------------------------------------------
     @property
@@ -195,7 +211,20 @@ class Guard:
         self._running = True
         self._started = time.perf_counter()
         self._start_memory()
+        self._start_timeline()
         return self
+
+    def _start_timeline(self) -> None:
+        # Step timing reads CUDA events: only where the CUDA engine runs.
+        if self._engine_name != "cuda":
+            return
+        try:
+            if self._timeline is None:
+                self._timeline = _make_timeline()
+                self.add_step_listener(self._timeline.on_step)
+            self._timeline.start(self._steps)
+        except Exception as exc:
+            self._fault(exc)
 
     def _start_memory(self) -> None:
         opts = self._options
@@ -243,6 +272,11 @@ class Guard:
         finally:
             _hub.detach(self, self._engine_name)
             memory_error = self._stop_memory(act)
+            if self._timeline is not None:
+                try:
+                    self._timeline.stop()
+                except Exception as exc:
+                    self._fault(exc)
         if self._deferred:
             err = self._deferred[0]
             self._deferred.clear()
@@ -316,6 +350,7 @@ class Guard:
         # Only the training thread advances steps, so no lock on this hot path:
         # the new step's counter exists before the step number that indexes it.
         self._per_step.append(0)
+        self._step_stall.append(0.0)
         self._step_syncs = 0
         self._steps += 1
         step = self._steps
@@ -342,7 +377,9 @@ class Guard:
         if first:
             log.warning("%s (recording goes on; the report lists it)", text, exc_info=exc)
 
-    def _record(self, loc: Location, ident: int) -> Callable[[], None] | None:
+    def _record(
+        self, loc: Location, ident: int, stall: float | None = None
+    ) -> Callable[[], None] | None:
         """Count one sync at ``loc`` from thread ``ident``; return the policy's action."""
         opts = self._options
         with self._lock:
@@ -364,8 +401,14 @@ class Guard:
                 stats.threads[_thread_name(ident)] = None
             if step <= opts.warmup_steps:
                 stats.setup_count += 1
+                if stall is not None:
+                    stats.setup_stall += stall
                 return None
             stats.step_count += 1
+            if stall is not None:
+                stats.stall += stall
+                stats.stall_count += 1
+                self._step_stall[step] += stall
             ranges = stats.ranges
             if ranges and ranges[-1][1] >= step - 1:
                 ranges[-1][1] = step
@@ -457,6 +500,9 @@ class Guard:
             step_count=stats.step_count,
             per_step=stats.step_count / measured if measured else 0.0,
             steps=tuple((a, b) for a, b in stats.ranges),
+            stall_s=stats.stall if stats.stall_count else None,
+            stall_count=stats.stall_count,
+            setup_stall_s=stats.setup_stall if stats.setup_stall else None,
             threads=tuple(stats.threads),
             allowed=stats.allowed,
             blocking=stats.blocking,
@@ -492,6 +538,17 @@ class Guard:
                 self._fault(exc)
                 notes.append(f"internal error in barrierguard: {type(exc).__name__}: {exc}")
         warmup = self._options.warmup_steps
+        timeline: Timeline | None = None
+        if self._timeline is not None:
+            try:
+                from barrierguard._timeline import summarize
+
+                tl = self._timeline
+                timeline = summarize(
+                    tl.steps, tl.host_s, tl.ahead, tl.device_s, list(self._step_stall), warmup
+                )
+            except Exception as exc:
+                self._fault(exc)
         return Report(
             engine=self._engine_name,
             detection=self._engine_name != "none",
@@ -505,6 +562,7 @@ class Guard:
             notes=tuple(notes),
             duration_s=elapsed,
             environment=dict(self._env),
+            timeline=timeline,
             memory=memory,
         )
 

@@ -62,8 +62,10 @@ def running_guards() -> tuple[Guard, ...]:
         return tuple(g for gs in _guards.values() for g in gs)
 
 
-def emit(engine_name: str, loc: Location) -> None:
+def emit(engine_name: str, loc: Location, stall: float | None = None) -> None:
     """Give one sync at ``loc`` to every guard of ``engine_name``, then act.
+
+    ``stall`` is the time the host was blocked in it, in seconds, when measured.
 
     Recording never raises into training: a fault inside a guard is noted in
     its report. The policy's actions (a warning, a :class:`SyncError`) run
@@ -73,7 +75,7 @@ def emit(engine_name: str, loc: Location) -> None:
     actions: list[Callable[[], None]] = []
     for guard in _guards.get(engine_name, ()):
         try:
-            action = guard._record(loc, ident)
+            action = guard._record(loc, ident, stall)
         except Exception as exc:  # never lose the user's run to our own bug
             guard._fault(exc)
             continue

@@ -43,6 +43,8 @@ class Site:
     per_step: float = 0.0
     steps: tuple[tuple[int, int], ...] = ()
     stall_s: float | None = None
+    stall_count: int = 0
+    setup_stall_s: float | None = None
     threads: tuple[str, ...] = ("MainThread",)
     allowed: bool = False
     blocking: bool = True
@@ -193,6 +195,60 @@ class MemoryReport:
 
 
 @dataclass(frozen=True)
+class Timeline:
+    """Per measured step on a GPU: host time, stall, device time, run-ahead, saving.
+
+    ``device_s[i]`` is ``None`` where the device time could not be measured
+    without a sync (the host was not ahead, so the device idled in between).
+    ``saving_s`` estimates what removing the syncs would save over the run;
+    ``summary`` says it in words.
+
+    Example:
+        >>> t = Timeline(steps=(1,), host_s=(0.002,), stall_s=(0.001,), device_s=(None,),
+        ...              ahead=(0,), saving_s=0.001, serialized=True, summary="...")
+        >>> Timeline.from_dict(t.to_dict()) == t
+        True
+    """
+
+    steps: tuple[int, ...] = ()
+    host_s: tuple[float, ...] = ()
+    stall_s: tuple[float, ...] = ()
+    device_s: tuple[float | None, ...] = ()
+    ahead: tuple[int, ...] = ()
+    saving_s: float = 0.0
+    saving_fraction: float = 0.0
+    serialized: bool = False
+    summary: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": list(self.steps),
+            "host_s": list(self.host_s),
+            "stall_s": list(self.stall_s),
+            "device_s": list(self.device_s),
+            "ahead": list(self.ahead),
+            "saving_s": self.saving_s,
+            "saving_fraction": self.saving_fraction,
+            "serialized": self.serialized,
+            "summary": self.summary,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Timeline:
+        return cls(
+            steps=tuple(int(x) for x in data.get("steps", ())),
+            host_s=tuple(float(x) for x in data.get("host_s", ())),
+            stall_s=tuple(float(x) for x in data.get("stall_s", ())),
+            device_s=tuple(None if x is None else float(x) for x in data.get("device_s", ())),
+            ahead=tuple(int(x) for x in data.get("ahead", ())),
+            saving_s=float(data.get("saving_s", 0.0)),
+            saving_fraction=float(data.get("saving_fraction", 0.0)),
+            serialized=bool(data.get("serialized", False)),
+            summary=str(data.get("summary", "")),
+        )
+
+
+@dataclass(frozen=True)
 class Report:
     """What a guard found: the sites, the steps, and what the policy made of them.
 
@@ -221,6 +277,7 @@ class Report:
     environment: Mapping[str, str] = field(default_factory=dict)
     schema: str = SCHEMA
     memory: MemoryReport | None = None
+    timeline: Timeline | None = None
 
     @property
     def total_syncs(self) -> int:
@@ -274,6 +331,7 @@ class Report:
             "notes": list(self.notes),
             "environment": dict(self.environment),
             **({"memory": self.memory.to_dict()} if self.memory is not None else {}),
+            **({"timeline": self.timeline.to_dict()} if self.timeline is not None else {}),
         }
 
     @classmethod
@@ -308,6 +366,11 @@ class Report:
                 memory=(
                     MemoryReport.from_dict(data["memory"])
                     if data.get("memory") is not None
+                    else None
+                ),
+                timeline=(
+                    Timeline.from_dict(data["timeline"])
+                    if isinstance(data.get("timeline"), Mapping)
                     else None
                 ),
             )

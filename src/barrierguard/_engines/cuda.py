@@ -15,6 +15,7 @@ import contextlib
 import functools
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from types import FrameType
@@ -48,6 +49,73 @@ def _get_mode() -> int:
 def _set_mode(mode: int | str) -> None:
     """Set the sync-debug mode (a seam: tests on CPU replace it)."""
     torch.cuda.set_sync_debug_mode(mode)
+
+
+_clock = time.perf_counter
+
+# Calls that may synchronize, timed from their entry: the sync-debug warning
+# only arrives once the wait is over, so the stall needs the start time. Only
+# the outermost timed call on a thread keeps time (print(t) -> item() ...).
+TIMED_TENSOR_METHODS = (
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__complex__",
+    "__format__",
+    "__repr__",
+    "__getitem__",
+    "__setitem__",
+    "nonzero",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "repeat_interleave",
+)
+TIMED_TORCH_FUNCTIONS = (
+    "nonzero",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "where",
+    "repeat_interleave",
+    "allclose",
+    "equal",
+    "tensor",
+)
+
+
+def _compiling_check() -> Callable[[], bool]:
+    # is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
+    # while tracing: the cheapest way to stay out of compiled graphs.
+    check: Callable[[], bool] = (
+        getattr(torch.compiler, "is_dynamo_compiling", None)
+        or getattr(torch.compiler, "is_compiling", None)
+        or (lambda: False)
+    )
+    return check
+
+
+def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[..., Any]:
+    """``orig``, noting on this thread when the outermost timed call began."""
+    tls = _tls
+    clock = _clock
+
+    @functools.wraps(orig)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if getattr(tls, "t0", None) is not None or compiling():
+            return orig(*args, **kwargs)
+        tls.t0 = clock()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            tls.t0 = None
+
+    return timed
 
 
 def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -152,7 +220,13 @@ class CudaEngine:
         self._saved_show(msg, *args)
 
     def _on_sync(self, frame: FrameType | None) -> None:
-        op = getattr(_tls, "op", None)
+        tls = _tls
+        now = _clock()
+        t0 = getattr(tls, "t0", None)
+        # The warning arrives once the wait is over: the stall is the time since
+        # the timed call began (or since the previous sync inside that call).
+        stall = None if t0 is None else now - t0
+        op = getattr(tls, "op", None)
         try:
             if op is not None:
                 kind, method, tensor, args, kwargs = op
@@ -170,11 +244,15 @@ class CudaEngine:
             for guard in _hub.running_guards():
                 guard._fault(exc)
             return
+        finally:
+            if t0 is not None:
+                # Our own bookkeeping is not the user's stall.
+                tls.t0 = _clock()
         if loc is not None:
-            _hub.emit(self.name, loc)
+            _hub.emit(self.name, loc, stall)
 
     # -- what the mode misses ---------------------------------------------
-    def _record(self, kind: str, detail: str) -> None:
+    def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
         try:
             loc = locate(sys._getframe(1), kind, detail)
         except Exception as exc:
@@ -182,16 +260,18 @@ class CudaEngine:
                 guard._fault(exc)
             return
         if loc is not None:
-            _hub.emit(self.name, loc)
+            _hub.emit(self.name, loc, stall)
 
     def _patch_calls(self) -> None:
         record = self._record
+        compiling = _compiling_check()
 
         def after(orig: Callable[..., Any], detail: str) -> Callable[..., Any]:
             @functools.wraps(orig)
             def synchronize(*args: Any, **kwargs: Any) -> Any:
+                t0 = _clock()
                 out = orig(*args, **kwargs)
-                record("synchronize", detail)
+                record("synchronize", detail, _clock() - t0)
                 return out
 
             return synchronize
@@ -206,17 +286,20 @@ class CudaEngine:
         for method in ("to", "cuda", "copy_"):
             orig = getattr(torch.Tensor, method)
             self._patches.set(torch.Tensor, method, self._copy_wrapper(orig, method))
+        for name in TIMED_TENSOR_METHODS:
+            orig = getattr(torch.Tensor, name, None)
+            if orig is not None:
+                self._patches.set(torch.Tensor, name, _timed(orig, compiling))
+        for name in TIMED_TORCH_FUNCTIONS:
+            orig = getattr(torch, name, None)
+            if orig is not None:
+                self._patches.set(torch, name, _timed(orig, compiling))
 
     def _copy_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
         record = self._record
-        # is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
-        # while tracing: the cheapest way to stay out of compiled graphs.
-        compiling: Callable[[], bool] = (
-            getattr(torch.compiler, "is_dynamo_compiling", None)
-            or getattr(torch.compiler, "is_compiling", None)
-            or (lambda: False)
-        )
+        compiling = _compiling_check()
         tls = _tls
+        clock = _clock
 
         @functools.wraps(orig)
         def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -224,10 +307,15 @@ class CudaEngine:
                 return orig(self, *args, **kwargs)
             prev = getattr(tls, "op", None)
             tls.op = ("copy", method, self, args, kwargs)
+            outer = getattr(tls, "t0", None) is None
+            if outer:
+                tls.t0 = t0 = clock()
             try:
                 out = orig(self, *args, **kwargs)
             finally:
                 tls.op = prev
+                if outer:
+                    tls.t0 = None
             if prev is None and (
                 kwargs.get("non_blocking") or (len(args) > 1 and any(a is True for a in args))
             ):
@@ -244,7 +332,8 @@ class CudaEngine:
                     s, d = src.device.type, dst.device.type
                     if s == "cpu" and d == "cuda":
                         if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
-                            record("copy", "h2d pageable non_blocking")
+                            stall = clock() - t0 if outer else None
+                            record("copy", "h2d pageable non_blocking", stall)
                     elif s == "cuda" and d == "cpu" and method != "copy_":
                         # A new host tensor that is not ready yet; copy_ into a
                         # pinned buffer is the deliberate pattern, left alone.

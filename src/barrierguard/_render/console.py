@@ -65,6 +65,8 @@ def render(report: Report) -> str:
         f" | syncs in measured steps {report.step_syncs} ({per:.2f} per step)"
         f" | setup syncs {setup} | {report.duration_s:.2f} s"
     )
+    if report.timeline is not None and report.timeline.summary:
+        lines.append(f"  timing: {report.timeline.summary}")
     header = ["#", "where", "kind", "origin", "count", "/step", "stall ms", "code"]
     ranked = report.ranked()
     hot = [s for s in ranked if s.step_count > 0]
@@ -86,6 +88,11 @@ def render(report: Report) -> str:
                 )
             if site.threads != ("MainThread",):
                 lines.append(f"       thread {', '.join(site.threads)}")
+            if site.stall_s is not None and site.stall_count:
+                lines.append(
+                    f"       stalled {site.stall_s * 1e3:.2f} ms in all, "
+                    f"{site.stall_s / site.stall_count * 1e3:.3f} ms per occurrence"
+                )
             tag = "allowed; " if site.allowed else ""
             lines.append(f"       {tag}fix: {site.fix}")
     if cold:

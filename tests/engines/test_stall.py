@@ -1,0 +1,75 @@
+"""Stall time per site: taken around the call, since the warning comes after the wait."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import barrierguard
+from _fake_cuda import FakeClock, FakeMode, blocking_item
+from barrierguard._engines import cuda as cuda_engine
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(cuda_engine, "_clock", fake)
+    return fake
+
+
+def test_stall_is_the_time_inside_the_call(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.Tensor, "item", blocking_item(clock, 0.020))
+    x = torch.ones(())
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        for _ in range(3):
+            x.item()
+            clock.advance(0.5)  # host work between syncs is not stall
+            guard.step()
+    site = next(s for s in guard.report.sites if s.kind == "item")
+    assert site.stall_count == 3
+    assert site.stall_s == pytest.approx(0.060)
+
+
+def test_nested_syncs_are_counted_once(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # format() calls item() inside: only the outermost call keeps time, and a
+    # second sync inside it counts from the end of the first.
+    monkeypatch.setattr(torch.Tensor, "item", blocking_item(clock, 0.010))
+    x = torch.ones(())
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        f"{x:.2f}"  # Tensor.__format__ -> item(): one sync of 10 ms
+    sites = [s for s in guard.report.sites if s.step_count]
+    assert len(sites) == 1 and sites[0].kind == "format"
+    assert sites[0].stall_s == pytest.approx(0.010)
+
+
+def test_untimed_sync_has_no_stall(fake_cuda: FakeMode, clock: FakeClock) -> None:
+    from _fake_cuda import FakeTensor
+
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        FakeTensor().item()  # not a torch call: nothing timed its entry
+    site = guard.report.sites[0]
+    assert site.stall_s is None and site.stall_count == 0
+
+
+def test_sites_rank_by_stall(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.Tensor, "item", blocking_item(clock, 0.050))
+    from _fake_cuda import FakeTensor
+
+    x = torch.ones(())
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        for _ in range(5):
+            FakeTensor().tolist()  # frequent but untimed
+        x.item()  # rare but slow
+    ranked = guard.report.ranked()
+    assert ranked[0].kind == "item"
+    assert "stalled 50.00 ms in all" in str(guard.report)
