@@ -65,8 +65,8 @@ class _SiteStats:
 
 # Phases whose syncs are counted apart: outside the training steps' counts,
 # their per-step series and the policy (a Lightning validation batch is not a
-# training step).
-APART_PHASES = frozenset({"validate", "test", "predict"})
+# training step, nor is the teardown after the last one).
+APART_PHASES = frozenset({"validate", "test", "predict", "teardown"})
 
 
 def _thread_name(ident: int) -> str:
