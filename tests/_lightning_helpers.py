@@ -33,10 +33,15 @@ class TinyModule(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def loaders(width: int = 8, n: int = 64, batch: int = 16) -> tuple[DataLoader[Any], DataLoader[Any]]:
+def loaders(
+    width: int = 8, n: int = 64, batch: int = 16, pin_memory: bool = False
+) -> tuple[DataLoader[Any], DataLoader[Any]]:
     g = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(n, width, generator=g), torch.randn(n, 1, generator=g))
-    return DataLoader(data, batch_size=batch), DataLoader(data, batch_size=2 * batch)
+    return (
+        DataLoader(data, batch_size=batch, pin_memory=pin_memory),
+        DataLoader(data, batch_size=2 * batch, pin_memory=pin_memory),
+    )
 
 
 def trainer(root: Path, callbacks: list[pl.Callback], **kwargs: Any) -> pl.Trainer:

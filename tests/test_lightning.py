@@ -16,7 +16,7 @@ import torch
 import barrierguard
 from _lightning_helpers import TinyModule, fit, loaders, trainer
 from barrierguard import BarrierGuardError, Report
-from barrierguard._frames import USER, Location, _classifier, _OWN_EXCEPTIONS
+from barrierguard._frames import _OWN_EXCEPTIONS, USER, Location, _classifier
 
 pl = pytest.importorskip("lightning.pytorch")
 from barrierguard import _lightning  # noqa: E402  (needs Lightning)
@@ -97,7 +97,9 @@ def test_user_and_lightning_sites(fitted: Any) -> None:
     assert mechanisms["prog_bar"] >= 8
     assert mechanisms["logger"] >= 4
     assert all(s.origin == "framework:lightning" for s in report.sites if s.mechanisms)
-    copy = next(s for s in report.sites if any(m.startswith("batch_transfer") for m, _ in s.mechanisms))
+    copy = next(
+        s for s in report.sites if any(m.startswith("batch_transfer") for m, _ in s.mechanisms)
+    )
     assert "pin_memory=True" in copy.fix
     item = next(s for s in report.sites if any(m.startswith("prog_bar") for m, _ in s.mechanisms))
     assert "prog_bar" in item.fix
@@ -123,7 +125,9 @@ def test_phases_keep_validation_apart(fitted: Any) -> None:
     )
 
 
-def test_report_saved_in_log_dir_and_printed(fitted: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_saved_in_log_dir_and_printed(
+    fitted: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     cb, _, root = fitted
     assert cb.report_path == os.path.join(str(root), "logs", "version_0", _lightning.REPORT_NAME)
     saved = Report.load(cb.report_path)
@@ -132,7 +136,7 @@ def test_report_saved_in_log_dir_and_printed(fitted: Any, capsys: pytest.Capture
 
 
 def test_figures_reach_the_logger_without_a_sync(fitted: Any) -> None:
-    cb, _, root = fitted
+    _, _, root = fitted
     with open(os.path.join(root, "logs", "version_0", "metrics.csv"), encoding="utf-8") as fh:
         rows = [r for r in csv.DictReader(fh) if r.get("barrierguard/syncs_per_step")]
     assert len(rows) == 2  # one per epoch
@@ -250,7 +254,9 @@ def test_mechanism_names_the_hook_in_flight() -> None:
     )
     namespace: dict[str, Any] = {}
     exec(compile(src, os.path.join(os.sep, "sp", hook), "exec"), namespace)
-    inner = os.path.join(os.sep, "sp", "lightning/pytorch/trainer/connectors/logger_connector/result.py")
+    inner = os.path.join(
+        os.sep, "sp", "lightning/pytorch/trainer/connectors/logger_connector/result.py"
+    )
     got = namespace["_call_callback_hooks"](lambda: _frame_in(inner, "metrics"))
     # The frame returned is already finished: walk from a live one instead.
     assert got.f_code.co_name == "metrics"

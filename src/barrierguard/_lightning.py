@@ -26,7 +26,7 @@ import lightning.pytorch as pl
 
 from barrierguard._callback import BarrierGuard
 from barrierguard._errors import BarrierGuardError
-from barrierguard._frames import USER, Location, classify_file
+from barrierguard._frames import Location
 from barrierguard._guard import Guard
 from barrierguard._options import make_options, unknown_options
 from barrierguard._report import Report, Site
@@ -574,10 +574,13 @@ def _merge_ranks(local: Report) -> Report | None:
         dist.all_gather_object(gathered, local.to_dict())
         if dist.get_rank() != 0:
             return None
-        return Report.merge([Report.from_dict(d, source=f"rank {i}") for i, d in enumerate(gathered)])
+        return Report.merge(
+            [Report.from_dict(d, source=f"rank {i}") for i, d in enumerate(gathered)]
+        )
     except BarrierGuardError:
         raise
     except Exception as exc:  # a failed merge must not lose the run
-        note = f"merging the ranks' reports failed ({type(exc).__name__}: {exc}); this is one rank's"
+        note = (
+            f"merging the ranks' reports failed ({type(exc).__name__}: {exc}); this is one rank's"
+        )
         return replace(local, notes=(*local.notes, note))
-
