@@ -526,6 +526,9 @@ class BarrierGuardCallback(BarrierGuard, pl.Callback):
                         self.report_path = path
                     except OSError as exc:
                         guard._fault(exc)
+            # Ranks leave together: rank 1 shutting gloo down while rank 0 still
+            # writes the report was seen to abort a spawned rank.
+            _barrier()
 
     def _path(self, trainer: pl.Trainer) -> str | None:
         if self.save_report is False:
@@ -561,6 +564,16 @@ class BarrierGuardCallback(BarrierGuard, pl.Callback):
 
 
 _STAGE_PHASES = {"validate": "validate", "test": "test", "predict": "predict"}
+
+
+def _barrier() -> None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+    except Exception:  # a failed barrier must not lose the run
+        return
 
 
 def _merge_ranks(local: Report) -> Report | None:
