@@ -12,6 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from barrierguard._callback import BarrierGuard
 from barrierguard._errors import (
     BarrierGuardError,
     MemoryGrowthError,
@@ -24,6 +25,7 @@ from barrierguard._metrics import MetricBuffer
 from barrierguard._report import MemoryReport, Report, Site, Violation
 
 __all__ = [
+    "BarrierGuard",
     "BarrierGuardError",
     "Guard",
     "MemoryGrowthError",

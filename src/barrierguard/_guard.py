@@ -42,6 +42,8 @@ class _SiteStats:
         "count",
         "last_ident",
         "loc",
+        "mechanisms",
+        "phases",
         "ranges",
         "setup_count",
         "setup_stall",
@@ -64,6 +66,14 @@ class _SiteStats:
         self.stall = 0.0
         self.stall_count = 0
         self.setup_stall = 0.0
+        self.phases: dict[str, int] = {}
+        self.mechanisms: dict[str, int] = {}
+
+
+# Phases whose syncs are counted apart: outside the training steps' counts,
+# their per-step series and the policy (a Lightning validation batch is not a
+# training step, nor is the teardown after the last one).
+APART_PHASES = frozenset({"validate", "test", "predict", "teardown"})
 
 
 def _thread_name(ident: int) -> str:
@@ -167,6 +177,11 @@ class Guard:
         self._step_listeners: list[Callable[[int], None]] = []
         self._memory: MemoryMonitor | None = None
         self._timeline: StepTimeline | None = None
+        # Set by framework adapters (the Lightning callback): the phase each
+        # sync is tagged with, and a function naming the framework mechanism
+        # that caused a sync (called outside the lock, with the stack live).
+        self._phase: str | None = None
+        self._annotate: Callable[[Location], str | None] | None = None
 
     # -- lifecycle ----------------------------------------------------------
     @property
@@ -382,6 +397,12 @@ class Guard:
     ) -> Callable[[], None] | None:
         """Count one sync at ``loc`` from thread ``ident``; return the policy's action."""
         opts = self._options
+        mechanism: str | None = None
+        if self._annotate is not None:
+            try:
+                mechanism = self._annotate(loc)
+            except Exception as exc:
+                self._fault(exc)
         with self._lock:
             stats = self._sites.get(loc.key)
             if stats is None:
@@ -394,11 +415,18 @@ class Guard:
                 self._sites[loc.key] = stats
             stats.count += 1
             step = self._steps
-            if stats.blocking:
-                self._per_step[step] += 1
             if ident != stats.last_ident:
                 stats.last_ident = ident
                 stats.threads[_thread_name(ident)] = None
+            if mechanism is not None:
+                stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + 1
+            phase = self._phase
+            if phase is not None:
+                stats.phases[phase] = stats.phases.get(phase, 0) + 1
+                if phase in APART_PHASES:
+                    return None
+            if stats.blocking:
+                self._per_step[step] += 1
             if step <= opts.warmup_steps:
                 stats.setup_count += 1
                 if stall is not None:
@@ -510,6 +538,8 @@ class Guard:
             framework_file=loc.framework_file,
             framework_line=loc.framework_line,
             framework_function=loc.framework_function,
+            phases=tuple(stats.phases.items()),
+            mechanisms=tuple(stats.mechanisms.items()),
         )
 
     @property

@@ -52,6 +52,9 @@ class Site:
     framework_file: str | None = None
     framework_line: int | None = None
     framework_function: str | None = None
+    phases: tuple[tuple[str, int], ...] = ()
+    mechanisms: tuple[tuple[str, int], ...] = ()
+    rank_counts: tuple[tuple[int, int], ...] = ()
 
     @property
     def location(self) -> str:
@@ -67,6 +70,15 @@ class Site:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["steps"] = [list(r) for r in self.steps]
         d["threads"] = list(self.threads)
+        # Optional sections appear only when set, so reports of plain watch()
+        # runs read exactly as before.
+        for name in ("phases", "mechanisms"):
+            pairs = d.pop(name)
+            if pairs:
+                d[name] = dict(pairs)
+        ranks = d.pop("rank_counts")
+        if ranks:
+            d["rank_counts"] = {str(r): n for r, n in ranks}
         return d
 
     @classmethod
@@ -75,7 +87,41 @@ class Site:
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["steps"] = tuple((int(a), int(b)) for a, b in data.get("steps", ()))
         kwargs["threads"] = tuple(data.get("threads", ("MainThread",)))
+        for name in ("phases", "mechanisms"):
+            kwargs[name] = tuple((str(k), int(v)) for k, v in dict(data.get(name, {})).items())
+        kwargs["rank_counts"] = tuple(
+            (int(k), int(v)) for k, v in dict(data.get("rank_counts", {})).items()
+        )
         return cls(**kwargs)
+
+
+def _sum_pairs(groups: Sequence[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
+    total: dict[str, int] = {}
+    for pairs in groups:
+        for name, n in pairs:
+            total[name] = total.get(name, 0) + n
+    return tuple(total.items())
+
+
+def _merge_sites(group: Sequence[tuple[int, Site]], measured: int) -> Site:
+    first = group[0][1]
+    ranges = sorted({r for _, s in group for r in s.steps})
+    threads = dict.fromkeys(t for _, s in group for t in s.threads)
+    step_count = sum(s.step_count for _, s in group)
+    stalls = [s.stall_s for _, s in group if s.stall_s is not None]
+    return replace(
+        first,
+        count=sum(s.count for _, s in group),
+        setup_count=sum(s.setup_count for _, s in group),
+        step_count=step_count,
+        per_step=step_count / measured if measured else 0.0,
+        steps=tuple(ranges),
+        threads=tuple(threads),
+        stall_s=sum(stalls) if stalls else None,
+        phases=_sum_pairs([s.phases for _, s in group]),
+        mechanisms=_sum_pairs([s.mechanisms for _, s in group]),
+        rank_counts=tuple((rank, s.count) for rank, s in group),
+    )
 
 
 @dataclass(frozen=True)
@@ -278,6 +324,8 @@ class Report:
     schema: str = SCHEMA
     memory: MemoryReport | None = None
     timeline: Timeline | None = None
+    epochs: tuple[int, ...] = ()
+    ranks: tuple[Report, ...] = ()
 
     @property
     def total_syncs(self) -> int:
@@ -308,6 +356,55 @@ class Report:
             ),
         )
 
+    @classmethod
+    def merge(cls, reports: Sequence[Report]) -> Report:
+        """One report for a distributed run: the ranks' reports, in rank order.
+
+        Sites are matched by :attr:`Site.key`; each merged site sums the
+        counts over ranks and keeps them per rank in ``rank_counts``.
+        ``per_step`` is the mean over ranks. Steps, policy, engine and memory
+        are rank 0's; every rank's full report stays in ``ranks`` (memory per
+        rank included).
+
+        Args:
+            reports: ``reports[i]`` is rank ``i``'s report.
+
+        Raises:
+            BarrierGuardError: When ``reports`` is empty.
+
+        Example:
+            >>> a = Report(engine="audit", detection=True, policy="record", steps=2)
+            >>> Report.merge([a, a]).ranks == (a, a)
+            True
+        """
+        if not reports:
+            raise BarrierGuardError("Report.merge() needs at least one report (rank 0's)")
+        merged: dict[tuple[str, int, str, str], list[tuple[int, Site]]] = {}
+        for rank, report in enumerate(reports):
+            for site in report.sites:
+                merged.setdefault(site.key, []).append((rank, site))
+        measured = sum(r.measured_steps for r in reports)
+        sites = [_merge_sites(group, measured) for group in merged.values()]
+        first = reports[0]
+        per_step = [0] * max(len(r.syncs_per_step) for r in reports)
+        for r in reports:
+            for i, n in enumerate(r.syncs_per_step):
+                per_step[i] += n
+        notes = list(first.notes)
+        notes.append(
+            f"merged from {len(reports)} ranks: counts are summed over ranks (per rank in each "
+            "site's rank_counts), syncs_per_step is summed over ranks, steps and memory are "
+            "rank 0's (every rank's report is under 'ranks')"
+        )
+        return replace(
+            first,
+            sites=tuple(sites),
+            violations=tuple(v for r in reports for v in r.violations),
+            syncs_per_step=tuple(per_step),
+            notes=tuple(notes),
+            ranks=tuple(reports),
+        )
+
     def with_sites(self, sites: Sequence[Site]) -> Report:
         """A copy of this report holding ``sites`` instead."""
         return replace(self, sites=tuple(sites))
@@ -332,6 +429,8 @@ class Report:
             "environment": dict(self.environment),
             **({"memory": self.memory.to_dict()} if self.memory is not None else {}),
             **({"timeline": self.timeline.to_dict()} if self.timeline is not None else {}),
+            **({"epochs": list(self.epochs)} if self.epochs else {}),
+            **({"ranks": [r.to_dict() for r in self.ranks]} if self.ranks else {}),
         }
 
     @classmethod
@@ -372,6 +471,11 @@ class Report:
                     Timeline.from_dict(data["timeline"])
                     if isinstance(data.get("timeline"), Mapping)
                     else None
+                ),
+                epochs=tuple(int(e) for e in data.get("epochs", ())),
+                ranks=tuple(
+                    cls.from_dict(r, source=f"{source} rank {i}")
+                    for i, r in enumerate(data.get("ranks", ()))
                 ),
             )
         except (KeyError, TypeError, ValueError) as err:

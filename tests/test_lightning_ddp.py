@@ -1,0 +1,39 @@
+"""A 2-process DDP fit on CPU (gloo): rank 0 merges both ranks' reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import barrierguard
+from barrierguard import Report
+
+pytest.importorskip("lightning.pytorch")
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch.distributed is not available"
+)
+
+
+def test_ddp_spawn_fit_merges_both_ranks(tmp_path: Path) -> None:
+    from _lightning_helpers import fit
+
+    out = tmp_path / "merged.json"
+    cb = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=str(out))
+    fit(tmp_path, [cb], strategy="ddp_spawn", devices=2, max_epochs=1, deterministic=False)
+    report = Report.load(out)
+    assert len(report.ranks) == 2
+    # 64 samples, batch 16, split over 2 ranks: 2 training batches per rank.
+    assert [r.steps for r in report.ranks] == [2, 2]
+    assert report.steps == 2
+    transfer = [
+        s for s in report.sites if any(m.startswith("batch_transfer") for m, _ in s.mechanisms)
+    ]
+    assert transfer, "the batch copy was not found"
+    for site in transfer:
+        ranks = dict(site.rank_counts)
+        assert set(ranks) == {0, 1} and all(n > 0 for n in ranks.values())
+        assert site.count == sum(ranks.values())
+    assert all(r.memory is not None for r in report.ranks)  # memory per rank
+    assert any("merged from 2 ranks" in n for n in report.notes)
