@@ -29,11 +29,40 @@ from barrierguard._report import Timeline
 __all__ = ["StepTimeline", "summarize"]
 
 
-def _cuda_event() -> Any:
+class _CudaEvent:
+    """A timing event recorded on the stream that was current at start.
+
+    Calls the C methods directly: ``torch.cuda.Event.record()`` looks up the
+    current stream in Python on every call, which a per-step probe cannot pay.
+    """
+
+    __slots__ = ("_event", "_query", "_record", "_stream")
+
+    def __init__(self, stream: Any) -> None:
+        import torch
+
+        event_type: Any = torch.cuda.Event
+        self._event = event_type(enable_timing=True)
+        base: Any = torch._C._CudaEventBase
+        self._record = base.record
+        self._query = base.query
+        self._stream = stream
+
+    def record(self) -> None:
+        self._record(self._event, self._stream)
+
+    def query(self) -> bool:
+        return bool(self._query(self._event))
+
+    def elapsed_time(self, other: _CudaEvent) -> float:
+        return float(self._event.elapsed_time(other._event))
+
+
+def _cuda_events() -> Callable[[], Any]:
     import torch
 
-    event_type: Any = torch.cuda.Event
-    return event_type(enable_timing=True)
+    stream = torch.cuda.current_stream()
+    return lambda: _CudaEvent(stream)
 
 
 class StepTimeline:
@@ -49,10 +78,11 @@ class StepTimeline:
         self,
         *,
         clock: Callable[[], float] = time.perf_counter,
-        make_event: Callable[[], Any] = _cuda_event,
+        make_event: Callable[[], Any] | None = None,
     ) -> None:
         self._clock = clock
         self._make_event = make_event
+        self._cuda_default = make_event is None
         self._pool: list[Any] = []
         self._pending: collections.deque[tuple[int, Any]] = collections.deque()
         self._done: tuple[int, Any] | None = None
@@ -64,6 +94,9 @@ class StepTimeline:
         self._ahead_at: dict[int, int] = {}
 
     def _record(self, step: int) -> None:
+        if self._make_event is None:
+            # Events go on the stream current when timing starts: the loop's.
+            self._make_event = _cuda_events()
         event = self._pool.pop() if self._pool else self._make_event()
         event.record()
         self._pending.append((step, event))
@@ -73,6 +106,9 @@ class StepTimeline:
         self._t_prev = self._clock()
         self._done = None
         self._pending.clear()
+        self._pool.clear()
+        if self._make_event is not None and self._cuda_default:
+            self._make_event = None  # a restart picks up the stream current now
         self._record(step)
 
     def _retire(self) -> None:

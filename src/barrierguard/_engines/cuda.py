@@ -52,6 +52,8 @@ def _set_mode(mode: int | str) -> None:
 
 
 _clock = time.perf_counter
+# t0 after a timed call's first sync: the queue is drained from then on.
+_DRAINED = float("-inf")
 
 # Calls that may synchronize, timed from their entry: the sync-debug warning
 # only arrives once the wait is over, so the stall needs the start time. Only
@@ -225,7 +227,7 @@ class CudaEngine:
         t0 = getattr(tls, "t0", None)
         # The warning arrives once the wait is over: the stall is the time since
         # the timed call began (or since the previous sync inside that call).
-        stall = None if t0 is None else now - t0
+        stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
         op = getattr(tls, "op", None)
         try:
             if op is not None:
@@ -246,8 +248,10 @@ class CudaEngine:
             return
         finally:
             if t0 is not None:
-                # Our own bookkeeping is not the user's stall.
-                tls.t0 = _clock()
+                # The first sync drained the queue: later syncs inside the same
+                # call (print runs several) wait for little but the host's own
+                # formatting, which is not a stall. Charge them nothing.
+                tls.t0 = _DRAINED
         if loc is not None:
             _hub.emit(self.name, loc, stall)
 
