@@ -111,7 +111,14 @@ def watched(
 ) -> barrierguard.Report:
     """Run ``run(guard)`` under ``watch(policy="record")``, print and save its report."""
     with barrierguard.watch(policy="record", **options) as guard:
-        run(guard)
+        # Kept alive until the guard stops, as a loop's variables would be.
+        result = run(guard)
+    del result
+    return show(name, guard, args)
+
+
+def show(name: str, guard: barrierguard.Guard, args: argparse.Namespace) -> barrierguard.Report:
+    """Print the stopped ``guard``'s report and save it under ``--report-dir``."""
     report = guard.report
     print(f"\n### barrierguard on the {name!r} variant\n")
     print(report)
