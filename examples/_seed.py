@@ -32,6 +32,9 @@ def base_parser(doc: str | None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--report-dir", metavar="DIR", help="save each variant's report as DIR/<variant>.json"
     )
+    parser.add_argument(
+        "--engine", default="auto", help="barrierguard engine: auto, cuda or audit (default auto)"
+    )
     parser.add_argument("--json", metavar="FILE", help="write the timing table as JSON to FILE")
     parser.add_argument(
         "--no-watch", action="store_true", help="timing table only, no barrierguard reports"
@@ -110,7 +113,7 @@ def watched(
     name: str, run: Callable[[barrierguard.Guard], Any], args: argparse.Namespace, **options: Any
 ) -> barrierguard.Report:
     """Run ``run(guard)`` under ``watch(policy="record")``, print and save its report."""
-    with barrierguard.watch(policy="record", **options) as guard:
+    with barrierguard.watch(policy="record", engine=args.engine, **options) as guard:
         # Kept alive until the guard stops, as a loop's variables would be.
         result = run(guard)
     del result

@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> dict[str, barrierguard.Report]:
     for name, detach in (("pileup", False), ("detached", True)):
         t0 = time.perf_counter()
         with barrierguard.watch(
-            policy="record", memory_every=1, warmup_steps=2, max_growth_per_step=args.max_growth
+            policy="record",
+            engine=args.engine,
+            memory_every=1,
+            warmup_steps=2,
+            max_growth_per_step=args.max_growth,
         ) as guard:
             # An evaluation loop that forgot torch.no_grad(), summing the loss each step.
             total_loss = torch.zeros((), device=device)
