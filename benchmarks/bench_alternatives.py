@@ -242,9 +242,7 @@ def device_stats_hooks(device: str) -> tuple[Callable[[], None], Callable[[torch
         if len(sink) > 64:
             sink.clear()
 
-    return (lambda: log("on_train_batch_start")), (
-        lambda _loss: log("on_train_batch_end")
-    )
+    return (lambda: log("on_train_batch_start")), (lambda _loss: log("on_train_batch_end"))
 
 
 def item_logging(sink: list[float]) -> Callable[[torch.Tensor], None]:
@@ -372,7 +370,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows = [["bare", f"{res['step_ms']['bare']:.3f}", "1", "-"]]
         for name, ratio in res["ratio_median"].items():
             q = res["ratio_quartiles"][name]
-            rows.append([name, f"{res['step_ms'][name]:.3f}", f"{ratio:.3f}", f"{q[0]:.3f}-{q[1]:.3f}"])
+            rows.append(
+                [name, f"{res['step_ms'][name]:.3f}", f"{ratio:.3f}", f"{q[0]:.3f}-{q[1]:.3f}"]
+            )
         print(
             table(["variant", "ms per step (median)", "ratio to bare (median)", "ratio IQR"], rows)
         )

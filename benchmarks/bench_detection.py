@@ -25,14 +25,13 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _common import table, write
-from corpus import cases
 
 import barrierguard
+from corpus import cases
 
 CORPUS = os.path.abspath(cases.__file__)
 

@@ -100,8 +100,15 @@ def main(argv: list[str] | None = None) -> dict[str, barrierguard.Report]:
         {
             "device": str(device),
             "steps": args.steps,
-            "header": ["variant", "ms_per_step", "series", "mb_per_step", "peak_mb", "verdict"]
-            + ["cause"],
+            "header": [
+                "variant",
+                "ms_per_step",
+                "series",
+                "mb_per_step",
+                "peak_mb",
+                "verdict",
+                "cause",
+            ],
             "rows": rows,
         },
     )

@@ -74,7 +74,9 @@ CASES: list[tuple[str, list[str], str, list[tuple[str, str]], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "argv", "bad", "expected", "good"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "argv", "bad", "expected", "good"), CASES, ids=[c[0] for c in CASES]
+)
 def test_seed_example_reports(
     name: str,
     argv: list[str],
