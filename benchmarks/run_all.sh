@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU benchmark and the seed examples, in one command (about 5 minutes on an H200).
+# Every GPU benchmark and the seed examples, in one command (meant to take < 10 min on an H200).
 #
 #   bash benchmarks/run_all.sh [RESULTS_DIR]      # default: benchmarks/results
 #
