@@ -196,7 +196,7 @@ def _probe_costing(clock: Clock, cost_s: float) -> Callable[[], Mapping[str, int
 @pytest.mark.parametrize(
     ("step_s", "cost_s", "stride"),
     [
-        (1e-3, 40e-6, 8),  # 1 ms step, 40 us sample: 0.5 % budget -> every 8th step
+        (1e-3, 40e-6, 16),  # 1 ms step, 40 us sample: 0.25 % budget -> every 16th step
         (1e-3, 2e-6, 1),
         (0.1, 40e-6, 1),
         (1e-5, 40e-6, _memory.MAX_STRIDE),

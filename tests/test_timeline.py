@@ -121,3 +121,16 @@ def test_no_timeline_without_the_cuda_engine() -> None:
     with barrierguard.watch(engine="audit", policy="record") as guard:
         guard.step()
     assert guard.report.timeline is None
+
+
+def test_only_steps_in_a_window_are_timed() -> None:
+    clock, device = FakeClock(), FakeDevice()
+    tl = StepTimeline(clock=clock, make_event=device.event, window=3, period=10)
+    tl.start(0)
+    for step in range(1, 25):
+        clock.advance(0.001)
+        device.reach(device.recorded, clock.now)
+        tl.on_step(step)
+    assert tl.steps == [1, 2, 10, 11, 12, 20, 21, 22]
+    assert tl.host_s == pytest.approx([0.001] * len(tl.steps))
+    assert device.recorded == 1 + len(tl.steps)

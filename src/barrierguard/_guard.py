@@ -575,7 +575,13 @@ class Guard:
 
                 tl = self._timeline
                 timeline = summarize(
-                    tl.steps, tl.host_s, tl.ahead, tl.device_s, list(self._step_stall), warmup
+                    tl.steps,
+                    tl.host_s,
+                    tl.ahead,
+                    tl.device_s,
+                    list(self._step_stall),
+                    warmup,
+                    sampling=tl.sampling,
                 )
             except Exception as exc:
                 self._fault(exc)
@@ -648,7 +654,7 @@ def watch(
             a rule; ``None`` means none.
         memory: Sample host and device memory at step boundaries and give a
             growth verdict (the report's ``memory`` section). Sampling is
-            adaptive, kept under 0.5 % of the step time, and never syncs.
+            adaptive, kept under 0.25 % of the step time, and never syncs.
         max_growth_per_step: Growth per step, sustained until the end, above
             which memory counts as leaking: bytes as an int, or a string such as
             ``"512KB"``, ``"1MB"``, ``"1.5MiB"``. The policy applies: ``"warn"``

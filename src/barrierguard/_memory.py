@@ -17,7 +17,7 @@ a few probes; none of them synchronizes with the device:
   where the driver reports it, else the whole device's used memory.
 
 Sampling is adaptive: a sample's cost is measured, and the stride (sample every
-N steps) is chosen so that sampling costs at most ``BUDGET`` (0.5 %) of the
+N steps) is chosen so that sampling costs at most ``BUDGET`` (0.25 %) of the
 measured step time; slow steps are sampled every step. ``watch(memory_every=N)``
 fixes the stride instead. At most ``MAX_SAMPLES`` samples are kept: when full,
 every other one is dropped and the stride doubles.
@@ -60,7 +60,7 @@ __all__ = [
 Probe = Callable[[], Mapping[str, int]]
 """Reads some series now: ``{"host_rss": 123456, ...}`` in bytes."""
 
-BUDGET = 0.005
+BUDGET = 0.0025
 MAX_SAMPLES = 2048
 MAX_STRIDE = 256
 MIN_SAMPLES = 9
@@ -761,7 +761,7 @@ class MemoryMonitor:
         strides = sorted(self._strides) or [1]
         span = f"{strides[0]}" if len(strides) == 1 else f"{strides[0]}-{strides[-1]}"
         return (
-            f"adaptive (sampling kept under {BUDGET:.1%} of step time): every {span} step(s); "
+            f"adaptive (sampling kept under {BUDGET:.2%} of step time): every {span} step(s); "
             f"{n} samples"
         )
 

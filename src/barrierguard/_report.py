@@ -265,6 +265,7 @@ class Timeline:
     saving_fraction: float = 0.0
     serialized: bool = False
     summary: str = ""
+    sampling: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -277,6 +278,7 @@ class Timeline:
             "saving_fraction": self.saving_fraction,
             "serialized": self.serialized,
             "summary": self.summary,
+            "sampling": self.sampling,
         }
 
     @classmethod
@@ -291,6 +293,7 @@ class Timeline:
             saving_fraction=float(data.get("saving_fraction", 0.0)),
             serialized=bool(data.get("serialized", False)),
             summary=str(data.get("summary", "")),
+            sampling=str(data.get("sampling", "")),
         )
 
 

@@ -26,7 +26,13 @@ from typing import Any
 
 from barrierguard._report import Timeline
 
-__all__ = ["StepTimeline", "summarize"]
+__all__ = ["PERIOD", "WINDOW", "StepTimeline", "summarize"]
+
+# Steps are timed in windows: WINDOW consecutive steps every PERIOD steps, from
+# each start. Recording and polling events costs microseconds a step, too much
+# for a launch-bound loop; a window keeps per-step resolution for run-ahead.
+WINDOW = 16
+PERIOD = 256
 
 
 class _CudaEvent:
@@ -79,7 +85,12 @@ class StepTimeline:
         *,
         clock: Callable[[], float] = time.perf_counter,
         make_event: Callable[[], Any] | None = None,
+        window: int = WINDOW,
+        period: int = PERIOD,
     ) -> None:
+        self._window = max(1, window)
+        self._period = max(self._window, period)
+        self._origin = 0
         self._clock = clock
         self._make_event = make_event
         self._cuda_default = make_event is None
@@ -104,6 +115,7 @@ class StepTimeline:
     def start(self, step: int) -> None:
         """Begin timing at boundary ``step`` (the guard started or restarted)."""
         self._t_prev = self._clock()
+        self._origin = step
         self._done = None
         self._pending.clear()
         self._pool.clear()
@@ -125,7 +137,16 @@ class StepTimeline:
             self._done = (step, event)
 
     def on_step(self, step: int) -> None:
-        """At each step end: host time, retire reached events, measure run-ahead."""
+        """At each step end: host time, retire reached events, measure run-ahead.
+
+        Only steps inside a window (``window`` steps every ``period``) are
+        timed; any other step costs a modulo and a comparison.
+        """
+        phase = (step - self._origin) % self._period
+        if phase >= self._window:
+            if phase == self._period - 1:
+                self._t_prev = self._clock()  # the next step opens a window
+            return
         now = self._clock()
         if self._t_prev is None:
             self._t_prev = now
@@ -140,6 +161,11 @@ class StepTimeline:
         self.ahead.append(ahead)
         # Time our own work out of the next step.
         self._t_prev = self._clock()
+
+    @property
+    def sampling(self) -> str:
+        """How steps were chosen for timing, in words."""
+        return f"{self._window} consecutive steps every {self._period}, from each start"
 
     def stop(self) -> None:
         """Stop timing: read what has completed; pending events are dropped unread."""
@@ -159,6 +185,7 @@ def summarize(
     device_s: dict[int, float],
     step_stall: Sequence[float],
     warmup: int,
+    sampling: str = "",
 ) -> Timeline:
     """The timeline of the measured steps, the saving, and a verdict in words.
 
@@ -216,4 +243,5 @@ def summarize(
         saving_fraction=saving / total if total > 0 else 0.0,
         serialized=serialized,
         summary=summary,
+        sampling=sampling,
     )
