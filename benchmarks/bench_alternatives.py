@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="tiny settings: a smoke test")
-    ap.add_argument("--steps", type=int, default=20, help="steps per timed block")
+    ap.add_argument("--steps", type=int, default=50, help="steps per timed block")
     ap.add_argument("--rounds", type=int, default=30, help="interleaved rounds per shape")
     ap.add_argument("--shapes", default="launch,balanced,device")
     ap.add_argument("--launch-ms", type=float, default=1.0)

@@ -83,25 +83,28 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         for _ in range(steps):
             step()
 
-    guard = barrierguard.watch(policy="record")
-
-    def watched() -> None:
-        # Timed while running: the per-step cost, not the one-time start/stop.
-        block()
+    # Each guard is started before its timed block and stopped after it: the
+    # per-step cost, not the one-time start/stop (measured apart below).
+    guards = {
+        "watch": barrierguard.watch(policy="record"),
+        "watch_no_memory": barrierguard.watch(policy="record", memory=False),
+    }
+    guard = guards["watch"]
 
     def mode_only() -> None:
         with _ModeOnly():
             block()
 
-    variants: dict[str, Any] = {"bare": block, "watch": watched}
+    variants: dict[str, Any] = {"bare": block, **dict.fromkeys(guards, block)}
     if device == "cuda":
         variants["mode_only"] = mode_only
     block()
     starts = []
+    probe = barrierguard.watch(policy="record")
     for _ in range(20):
         t0 = time.perf_counter()
-        guard.start()
-        guard.stop()
+        probe.start()
+        probe.stop()
         starts.append(time.perf_counter() - t0)
     names = list(variants)
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -110,10 +113,10 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         order = names[i % len(names) :] + names[: i % len(names)]
         got = {}
         for n in order:
-            if n == "watch":
-                guard.start()
+            if n in guards:
+                guards[n].start()
                 got[n] = timed(variants[n])
-                guard.stop()
+                guards[n].stop()
             elif n == "mode_only":
                 with _ModeOnly():
                     got[n] = timed(block)
@@ -123,10 +126,11 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
             times[n].append(got[n] / steps)
             if n != "bare":
                 ratios[n].append(got[n] / got["bare"])
-    report = guard.report
-    # The only syncs are timed()'s own synchronize calls around each block.
-    assert all(s.file.endswith("_common.py") for s in report.sites), report
-    assert report.steps == steps * pairs, report.steps
+    for g in guards.values():
+        report = g.report
+        # The only syncs are timed()'s own synchronize calls around each block.
+        assert all(s.file.endswith("_common.py") for s in report.sites), report
+        assert report.steps == steps * pairs, report.steps
     out: dict[str, Any] = {
         "start_stop_us": median(starts) * 1e6,
         "steps_per_block": steps,
@@ -239,8 +243,8 @@ def pageable_sweep(repeats: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--pairs", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--pairs", type=int, default=80)
     ap.add_argument("--layers", type=int, default=0, help="0: calibrate to --target-ms")
     ap.add_argument("--target-ms", type=float, default=1.0)
     ap.add_argument("--width", type=int, default=512)

@@ -196,8 +196,8 @@ def no_sync(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--pairs", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--pairs", type=int, default=80)
     ap.add_argument("--layers", type=int, default=0, help="0: calibrate to --target-ms")
     ap.add_argument("--target-ms", type=float, default=1.0)
     ap.add_argument("--width", type=int, default=512)

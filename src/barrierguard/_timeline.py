@@ -28,8 +28,8 @@ from barrierguard._report import Timeline
 
 __all__ = ["PERIOD", "WINDOW", "StepTimeline", "summarize"]
 
-# Steps are timed in windows: WINDOW consecutive steps every PERIOD steps, from
-# each start. Recording and polling events costs microseconds a step, too much
+# Steps are timed in windows: WINDOW consecutive steps every PERIOD steps of the
+# guard. Recording and polling events costs microseconds a step, too much
 # for a launch-bound loop; a window keeps per-step resolution for run-ahead.
 WINDOW = 16
 PERIOD = 256
@@ -91,6 +91,7 @@ class StepTimeline:
         self._window = max(1, window)
         self._period = max(self._window, period)
         self._origin = 0
+        self._started = False
         self._clock = clock
         self._make_event = make_event
         self._cuda_default = make_event is None
@@ -115,7 +116,9 @@ class StepTimeline:
     def start(self, step: int) -> None:
         """Begin timing at boundary ``step`` (the guard started or restarted)."""
         self._t_prev = self._clock()
-        self._origin = step
+        if not self._started:
+            # Windows follow the guard's own step count, also across restarts.
+            self._origin, self._started = step, True
         self._done = None
         self._pending.clear()
         self._pool.clear()
@@ -165,7 +168,7 @@ class StepTimeline:
     @property
     def sampling(self) -> str:
         """How steps were chosen for timing, in words."""
-        return f"{self._window} consecutive steps every {self._period}, from each start"
+        return f"{self._window} consecutive steps every {self._period}"
 
     def stop(self) -> None:
         """Stop timing: read what has completed; pending events are dropped unread."""

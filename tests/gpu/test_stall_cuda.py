@@ -152,5 +152,7 @@ def test_timing_adds_no_sync() -> None:
         finally:
             torch.cuda.set_sync_debug_mode("warn")
     assert guard.report.timeline is not None
-    # 16 consecutive steps every 256 are timed (the first window here).
-    assert len(guard.report.timeline.steps) == 16
+    # The first window: the steps that end inside it (the start is its first boundary).
+    from barrierguard._timeline import WINDOW
+
+    assert len(guard.report.timeline.steps) == WINDOW - 1

@@ -120,6 +120,29 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
     return timed
 
 
+# Methods that take no argument but self get a wrapper of fixed arity: cheaper
+# to call than one with *args, **kwargs, and optimizers call item() every step.
+_NO_ARGS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
+
+
+def _timed_no_args(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[..., Any]:
+    """Like :func:`_timed`, for a method called as ``tensor.method()``."""
+    tls = _tls
+    clock = _clock
+
+    @functools.wraps(orig)
+    def timed(self: Any) -> Any:
+        if getattr(tls, "t0", None) is not None or compiling():
+            return orig(self)
+        tls.t0 = clock()
+        try:
+            return orig(self)
+        finally:
+            tls.t0 = None
+
+    return timed
+
+
 def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a ``to``/``cuda``/``copy_`` call asked for ``non_blocking``."""
     flag = kwargs.get("non_blocking")
@@ -293,7 +316,8 @@ class CudaEngine:
         for name in TIMED_TENSOR_METHODS:
             orig = getattr(torch.Tensor, name, None)
             if orig is not None:
-                self._patches.set(torch.Tensor, name, _timed(orig, compiling))
+                wrap = _timed_no_args if name in _NO_ARGS else _timed
+                self._patches.set(torch.Tensor, name, wrap(orig, compiling))
         for name in TIMED_TORCH_FUNCTIONS:
             orig = getattr(torch, name, None)
             if orig is not None:
