@@ -89,7 +89,6 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         "watch": barrierguard.watch(policy="record"),
         "watch_no_memory": barrierguard.watch(policy="record", memory=False),
     }
-    guard = guards["watch"]
 
     def mode_only() -> None:
         with _ModeOnly():
