@@ -139,3 +139,14 @@ def blocking_item(clock: FakeClock, wait: float) -> Any:
         return 0.0
 
     return item
+
+
+def blocking_getitem(clock: FakeClock, wait: float) -> Any:
+    """A stand-in for ``Tensor.__getitem__`` whose indexing 'waits', then syncs."""
+
+    def getitem(self: Any, key: Any) -> Any:
+        clock.advance(wait)
+        _sync()
+        return self
+
+    return getitem

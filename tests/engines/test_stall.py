@@ -73,3 +73,23 @@ def test_sites_rank_by_stall(
     ranked = guard.report.ranked()
     assert ranked[0].kind == "item"
     assert "stalled 50.00 ms in all" in str(guard.report)
+
+
+def test_indexing_is_timed_once_it_has_synced(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _fake_cuda import blocking_getitem
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", blocking_getitem(clock, 0.005))
+    x = torch.ones(4)
+    mask = torch.ones(4, dtype=torch.bool)
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        assert "__getitem__" in torch.Tensor.__dict__
+        wrapped_before = torch.Tensor.__getitem__
+        for _ in range(3):
+            x[mask]  # I-site
+        assert torch.Tensor.__getitem__ is not wrapped_before  # timed from now on
+    site = next(s for s in guard.report.sites if s.kind == "index")
+    assert site.count == 3 and site.stall_count == 2
+    assert site.stall_s == pytest.approx(0.010)

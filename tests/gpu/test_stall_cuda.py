@@ -56,10 +56,12 @@ def test_stall_matches_the_kernel(op: str, ms: int, cycles_per_ms: float) -> Non
     OPS[op](x)
     torch.cuda.synchronize()
     with barrierguard.watch(engine="cuda", policy="record") as guard:
+        OPS[op](x)  # setup: indexing is timed from its second sync on
         guard.step()
         torch.cuda._sleep(int(ms * cycles_per_ms))
         OPS[op](x)
     sites = [s for s in guard.report.sites if s.step_count and s.file == __file__]
+    assert all(s.stall_count == s.step_count for s in sites), sites
     stall = sum(s.stall_s or 0.0 for s in sites)
     expected = ms / 1e3
     assert abs(stall - expected) <= max(0.10 * expected, 0.2e-3), (op, ms, stall, sites)

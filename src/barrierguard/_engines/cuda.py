@@ -70,8 +70,6 @@ TIMED_TENSOR_METHODS = (
     "__complex__",
     "__format__",
     "__repr__",
-    "__getitem__",
-    "__setitem__",
     "nonzero",
     "argwhere",
     "masked_select",
@@ -89,6 +87,11 @@ TIMED_TORCH_FUNCTIONS = (
     "equal",
     "tensor",
 )
+
+
+# Indexing is timed only once a run has shown an indexing sync: datasets index
+# tensors per sample, and a Python wrapper there would cost every run dearly.
+TIMED_ON_DEMAND = ("__getitem__", "__setitem__")
 
 
 def _compiling_check() -> Callable[[], bool]:
@@ -190,6 +193,7 @@ class CudaEngine:
         self._filter: Any = None
         self._saved_show: Callable[..., Any] | None = None
         self._show_attr = "_showwarnmsg"
+        self._index_timed = False
 
     # -- install / uninstall ------------------------------------------------
     def install(self) -> None:
@@ -217,6 +221,7 @@ class CudaEngine:
             _set_mode(self._saved_mode)
         finally:
             self._patches.undo()
+            self._index_timed = False
             if self._saved_show is not None and getattr(warnings, self._show_attr) == self._show:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None
@@ -276,7 +281,18 @@ class CudaEngine:
                 # formatting, which is not a stall. Charge them nothing.
                 tls.t0 = _DRAINED
         if loc is not None:
+            if t0 is None and loc.kind == "index" and not self._index_timed:
+                self._time_indexing()
             _hub.emit(self.name, loc, stall)
+
+    def _time_indexing(self) -> None:
+        # From the second indexing sync on, its stall is known.
+        self._index_timed = True
+        compiling = _compiling_check()
+        for name in TIMED_ON_DEMAND:
+            orig = getattr(torch.Tensor, name, None)
+            if orig is not None:
+                self._patches.set(torch.Tensor, name, _timed(orig, compiling))
 
     # -- what the mode misses ---------------------------------------------
     def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
