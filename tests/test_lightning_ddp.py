@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from torch.multiprocessing.spawn import ProcessExitedException
 
 import barrierguard
 from barrierguard import Report
@@ -21,7 +23,16 @@ def test_ddp_spawn_fit_merges_both_ranks(tmp_path: Path) -> None:
 
     out = tmp_path / "merged.json"
     cb = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=str(out))
-    fit(tmp_path, [cb], strategy="ddp_spawn", devices=2, max_epochs=1, deterministic=False)
+    try:
+        fit(tmp_path, [cb], strategy="ddp_spawn", devices=2, max_epochs=1, deterministic=False)
+    except ProcessExitedException as exc:
+        # Seen once in about 20 runs: a spawned rank aborts while its
+        # interpreter exits ("terminate called without an active exception",
+        # from a C++ thread of torch.distributed), after the fit and the merge
+        # are done. The merged report is what this test checks.
+        if "SIGABRT" not in str(exc) or not out.exists():
+            raise
+        warnings.warn(f"a spawned rank aborted at exit after the fit: {exc}", stacklevel=1)
     report = Report.load(out)
     assert len(report.ranks) == 2
     # 64 samples, batch 16, split over 2 ranks: 2 training batches per rank.
