@@ -101,17 +101,19 @@ def render(report: Report) -> str:
         rows = [_row(i, s, False) for i, s in enumerate(cold, 1)]
         lines.extend(_table(rows, header))
     if report.violations:
+        # One line per site: the first step it broke the policy in, and how often.
+        grouped: dict[tuple[str, int, str, str], list[Violation]] = {}
+        for v in report.violations:
+            grouped.setdefault((v.file, v.line, v.kind, v.origin), []).append(v)
         lines.append("")
-        lines.append(f"policy violations ({len(report.violations)}):")
-        for v in report.violations[:20]:
+        lines.append(f"policy violations: {len(report.violations)} at {len(grouped)} site(s)")
+        for (file, line, kind, origin), vs in list(grouped.items())[:20]:
             lines.append(
-                f"  step {v.step}: {os.path.basename(v.file)}:{v.line} {v.kind} ({v.origin}): {v.reason}"
+                f"  {os.path.basename(file)}:{line} {kind} ({origin}): {len(vs)}x from step "
+                f"{vs[0].step}: {vs[0].reason}"
             )
-        if len(report.violations) > 20:
-            lines.append(f"  ... and {len(report.violations) - 20} more")
-    if report.memory is not None:
-        lines.append("")
-        lines.extend(render_memory(report.memory))
+        if len(grouped) > 20:
+            lines.append(f"  ... and {len(grouped) - 20} more sites")
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
