@@ -108,3 +108,10 @@ def test_bad_files_are_named(tmp_path: Path, content: str, needle: str) -> None:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(barrierguard.BarrierGuardError, match="no such report file"):
         Report.load(tmp_path / "nope.json")
+
+
+def test_binary_file_is_not_json(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(barrierguard.BarrierGuardError, match="not JSON"):
+        Report.load(path)

@@ -19,7 +19,6 @@ Only blocking sites that no allow rule admits take part; allowed sites and
 from __future__ import annotations
 
 import io
-import json
 import os
 import tokenize
 from collections.abc import Iterable, Mapping
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
+from barrierguard._jsonio import read_json, write_json
 from barrierguard._report import Report, Site
 
 __all__ = [
@@ -234,9 +234,7 @@ class Baseline:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the baseline as JSON to ``path``."""
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, indent=2)
-            fh.write("\n")
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Baseline:
@@ -246,14 +244,7 @@ class Baseline:
             BarrierGuardError: When the file is missing, is not JSON, or is not
                 a baseline this release reads; the message names the file.
         """
-        name = os.fspath(path)
-        try:
-            with open(name, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError as err:
-            raise BarrierGuardError(f"{name}: no such baseline file") from err
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise BarrierGuardError(f"{name}: not JSON ({err})") from err
+        name, data = read_json(path, "baseline")
         return cls.from_dict(data, source=name)
 
 

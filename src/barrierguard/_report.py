@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
+from barrierguard._jsonio import read_json, write_json
 
 __all__ = ["SCHEMA", "MemoryReport", "Report", "Site", "Violation"]
 
@@ -486,9 +486,7 @@ class Report:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the report as JSON to ``path``."""
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, indent=2)
-            fh.write("\n")
+        write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:
@@ -498,14 +496,7 @@ class Report:
             BarrierGuardError: When the file is missing, is not JSON, or is not
                 a report this release reads; the message names the file.
         """
-        name = os.fspath(path)
-        try:
-            with open(name, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError as err:
-            raise BarrierGuardError(f"{name}: no such report file") from err
-        except json.JSONDecodeError as err:
-            raise BarrierGuardError(f"{name}: not JSON ({err})") from err
+        name, data = read_json(path, "report")
         return cls.from_dict(data, source=name)
 
     def save_memory_chart(self, path: str | os.PathLike[str]) -> None:

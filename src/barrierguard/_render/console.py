@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from barrierguard._report import MemoryReport, Report, Site
+from barrierguard._report import MemoryReport, Report, Site, Violation
 
 __all__ = ["render"]
 
@@ -114,6 +114,9 @@ def render(report: Report) -> str:
             )
         if len(grouped) > 20:
             lines.append(f"  ... and {len(grouped) - 20} more sites")
+    if report.memory is not None:
+        lines.append("")
+        lines.extend(render_memory(report.memory))
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
