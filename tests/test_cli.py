@@ -109,6 +109,14 @@ def test_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "barrierguard report" in capsys.readouterr().err
 
 
+def test_demo_defaults_to_the_record_policy(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("BARRIERGUARD_POLICY", raising=False)
+    assert main(["demo", "--steps", "3"]) == 0
+    assert "policy record" in capsys.readouterr().err
+
+
 def test_python_dash_m(tmp_path: Path) -> None:
     script = _script(tmp_path, "print('hello')\n")
     proc = subprocess.run(

@@ -197,6 +197,8 @@ def _demo(ns: argparse.Namespace) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
         raise BarrierGuardError(f"demo --device {device!r}: expected auto, cpu or cuda")
+    if ns.policy is None and not os.environ.get("BARRIERGUARD_POLICY"):
+        ns.policy = "record"  # the demo's point is the report, not a warning per site
     guard = _make_guard(ns)
     code = 0
     try:

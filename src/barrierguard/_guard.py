@@ -496,7 +496,7 @@ class Guard:
         )
         return (
             f"{kind} sync at {where} in step {step} [{loc.origin}{inside}]: "
-            f"{_code_at(loc.file, loc.line)!r} - {reason}. Fix: {fix_for(loc.kind)}. "
+            f"{_code_at(loc.file, loc.line)!r} - {reason}. Fix: {fix_for(loc.kind, loc.detail)}. "
             f"To accept it: allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
         )
 
@@ -534,7 +534,7 @@ class Guard:
             threads=tuple(stats.threads),
             allowed=stats.allowed,
             blocking=stats.blocking,
-            fix=fix_for(loc.kind),
+            fix=fix_for(loc.kind, loc.detail),
             framework_file=loc.framework_file,
             framework_line=loc.framework_line,
             framework_function=loc.framework_function,

@@ -175,12 +175,30 @@ def kind_for_call(name: str) -> str:
     return _CALL_NAMES.get(name, "call")
 
 
-def fix_for(kind: str) -> str:
-    """The one-line fix hint for ``kind``.
+_COPY_FIXES = {
+    "h2d": (
+        "pin the source (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
+        "non_blocking=True; create constants on the device once, outside the loop"
+    ),
+    "d2h": (
+        "keep the tensor on the device, or copy with .to('cpu', non_blocking=True) into "
+        "pinned memory and read it after an event"
+    ),
+}
+
+
+def fix_for(kind: str, detail: str = "") -> str:
+    """The one-line fix hint for ``kind`` (a copy's hint follows its direction).
 
     Example:
         >>> fix_for("index").startswith("use torch.where")
         True
+        >>> fix_for("copy", "h2d").startswith("pin the source")
+        True
     """
+    if kind == "copy":
+        direction = detail.split(" ", 1)[0]
+        if direction in _COPY_FIXES:
+            return _COPY_FIXES[direction]
     known = KINDS.get(kind)
     return known.fix if known is not None else KINDS["call"].fix
