@@ -72,16 +72,23 @@ def busy_wait(ms: float) -> None:
 
 
 def sleep_cycles_per_ms() -> float:
-    """Cycles of ``torch.cuda._sleep`` per millisecond on this GPU."""
-    cycles = 20_000_000
-    torch.cuda._sleep(cycles)
+    """Cycles of ``torch.cuda._sleep`` per millisecond on this GPU.
+
+    Probed with short sleeps (the median of five), like the kernels the balanced
+    step launches: one long probe runs at a clock the short ones do not reach.
+    """
+    probe = 1_000_000
+    torch.cuda._sleep(probe)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / start.elapsed_time(end)
+    samples = []
+    for _ in range(5):
+        start.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        end.synchronize()
+        samples.append(probe / start.elapsed_time(end))
+    return float(sorted(samples)[2])
 
 
 def mlp(device: str, width: int, layers: int, out: int = 1) -> nn.Module:
@@ -344,13 +351,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--device-width", type=int, default=4096)
     ap.add_argument("--device-batch", type=int, default=2048)
     ap.add_argument("--device-layers", type=int, default=2)
+    ap.add_argument("--lightning-rounds", type=int, default=5, help="0: no Lightning rows")
+    ap.add_argument("--lightning-steps", type=int, default=100)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.rounds = 3, 3
         args.launch_ms, args.launch_width, args.balanced_ms = 0.2, 32, 0.2
         args.device_width, args.device_batch, args.device_layers = 64, 64, 1
+        args.lightning_rounds, args.lightning_steps = min(args.lightning_rounds, 1), 4
     results: dict[str, Any] = {"command": " ".join(sys.argv), "device": args.device, "shapes": {}}
+    shapes: dict[str, Step] = {}
     for shape in args.shapes.split(","):
         if shape == "launch":
             step, config = launch_shape(args.device, args.launch_width, args.launch_ms)
@@ -362,6 +373,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
         else:
             ap.error(f"--shapes: unknown shape {shape!r}; use launch, balanced, device")
+        shapes[shape] = step
         config["bare_step_ms"] = measure_ms(step, args.device)
         res = compare(step, args.device, args.steps, args.rounds)
         res["config"] = config
@@ -381,8 +393,106 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"watch() start+stop {res['watch_start_stop_us']:.0f} us (outside the timed block); "
             f"engine {res['watch_engine']}; sites seen by watch(): {res['watch_sites'] or 'none'}"
         )
+    if args.lightning_rounds:
+        results["lightning"] = lightning_rows(args, shapes)
     write(args.out, results)
     return results
+
+
+def _fit_seconds(step: Step, steps: int, device: str, guarded: bool) -> float:
+    """One ``Trainer.fit`` whose training step runs ``step``; seconds between train start and end."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Shape(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.anchor = nn.Parameter(torch.zeros(1))
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            step()  # the shape's own forward, backward and optimizer step
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD([self.anchor], lr=0.0)
+
+    class Clock(pl.Callback):
+        seconds = 0.0
+        t0 = 0.0
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            sync(device)
+            self.t0 = time.perf_counter()
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            sync(device)
+            self.seconds = time.perf_counter() - self.t0
+
+    clock = Clock()
+    callbacks: list[Any] = [clock]
+    if guarded:
+        callbacks.insert(
+            0, barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
+        )
+    trainer = pl.Trainer(
+        accelerator="gpu" if device == "cuda" else "cpu",
+        devices=1,
+        max_epochs=1,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        logger=False,
+        callbacks=callbacks,
+    )
+    data = DataLoader(TensorDataset(torch.zeros(steps, 1)), batch_size=1)
+    trainer.fit(Shape(), data)
+    return clock.seconds
+
+
+def lightning_rows(args: argparse.Namespace, shapes: dict[str, Step]) -> dict[str, Any]:
+    """The Lightning callback: fits with and without it, per shape, paired and interleaved."""
+    out: dict[str, Any] = {}
+    print("\n## Lightning callback: a fit with BarrierGuard() against the same fit without")
+    rows = []
+    for shape, step in shapes.items():
+        _fit_seconds(step, args.lightning_steps, args.device, True)  # warm-up
+        ratios, bare, guarded = [], [], []
+        for i in range(args.lightning_rounds):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            got = {g: _fit_seconds(step, args.lightning_steps, args.device, g) for g in order}
+            bare.append(got[False])
+            guarded.append(got[True])
+            ratios.append(got[True] / got[False])
+        q = sorted(ratios)
+        out[shape] = {
+            "steps": args.lightning_steps,
+            "rounds": args.lightning_rounds,
+            "bare_s": bare,
+            "guarded_s": guarded,
+            "ratios": ratios,
+            "ratio_median": median(ratios),
+            "ratio_quartiles": [q[len(q) // 4], q[(3 * len(q)) // 4]],
+        }
+        rows.append(
+            [
+                shape,
+                f"{median(bare) / args.lightning_steps * 1e3:.3f}",
+                f"{median(guarded) / args.lightning_steps * 1e3:.3f}",
+                f"{median(ratios):.3f}",
+                f"{q[len(q) // 4]:.3f}-{q[(3 * len(q)) // 4]:.3f}",
+            ]
+        )
+    print(
+        table(
+            ["shape", "ms per step without", "ms per step with", "ratio (median)", "ratio IQR"],
+            rows,
+        )
+    )
+    print(
+        f"{args.lightning_rounds} interleaved pairs of fits of {args.lightning_steps} steps per "
+        "shape; each fit timed from on_train_start to on_train_end"
+    )
+    return out
 
 
 if __name__ == "__main__":
