@@ -12,7 +12,6 @@ import dis
 import importlib.util
 import linecache
 import os
-import sys
 import sysconfig
 import threading
 from types import CodeType, FrameType
@@ -400,8 +399,3 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
     if len(_location_cache) < 100_000:
         _location_cache[key] = loc
     return loc
-
-
-def current_frame(depth: int = 1) -> FrameType:
-    """The caller's frame, ``depth`` frames up."""
-    return sys._getframe(depth + 1)

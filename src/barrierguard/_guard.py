@@ -119,13 +119,9 @@ def _make_engine(name: str) -> _hub.Engine:
         from barrierguard._engines.cuda import CudaEngine
 
         return CudaEngine()
-    if name == "audit":
-        from barrierguard._engines.audit import AuditEngine
+    from barrierguard._engines.audit import AuditEngine
 
-        return AuditEngine()
-    from barrierguard._engines.none import NoneEngine
-
-    return NoneEngine()
+    return AuditEngine()
 
 
 class Guard:
