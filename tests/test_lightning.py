@@ -245,6 +245,16 @@ def test_mechanism_table(path: str, function: str, mechanism: str) -> None:
     assert _lightning.mechanism_of(_LOC, frame) == mechanism
 
 
+def test_mechanism_cache_checks_the_code_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cache is keyed by id(code): an entry left by another code object at
+    # the same id (one that died) must not hand its mechanism on.
+    path = os.path.join(os.sep, "site-packages", "lightning/pytorch/core/module.py")
+    frame = _frame_in(path, "log")
+    stale = compile("pass", "stale.py", "exec")
+    monkeypatch.setitem(_lightning._code_kinds, id(frame.f_code), (stale, "checkpoint"))
+    assert _lightning.mechanism_of(_LOC, frame) == "self_log"
+
+
 def test_mechanism_names_the_hook_in_flight() -> None:
     hook = "lightning/pytorch/trainer/call.py"
     src = (

@@ -317,7 +317,9 @@ def kind_at(frame: FrameType) -> tuple[str, str]:
     return result
 
 
-_location_cache: dict[tuple[object, ...], Location] = {}
+# Keyed by the ids of the code objects (hashing a code object hashes its constants
+# and names); each entry keeps its code objects alive, so the ids stay theirs.
+_location_cache: dict[tuple[object, ...], tuple[Location, CodeType, CodeType]] = {}
 
 
 def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -> Location | None:
@@ -361,18 +363,19 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
         # the innermost framework frame, else the innermost frame, stands in.
         user = framework or innermost
     probe = framework if framework is not None else user
+    user_code, probe_code = user.f_code, probe.f_code
     key = (
-        user.f_code,
+        id(user_code),
         user.f_lineno,
-        probe.f_code,
+        id(probe_code),
         probe.f_lasti,
         probe.f_lineno,
         kind,
         detail,
     )
     hit = _location_cache.get(key)
-    if hit is not None:
-        return hit
+    if hit is not None and hit[1] is user_code and hit[2] is probe_code:
+        return hit[0]
     if kind is None:
         kind, detail = kind_at(probe)
     if framework is not None:
@@ -397,5 +400,5 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
             origin="user",
         )
     if len(_location_cache) < 100_000:
-        _location_cache[key] = loc
+        _location_cache[key] = (loc, user_code, probe_code)
     return loc

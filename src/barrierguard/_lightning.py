@@ -155,7 +155,10 @@ _ROOTS = (
 
 _HOOK = "\0hook"
 _STOP_DEPTH = 80
-_code_kinds: dict[CodeType, str | None] = {}
+# Keyed by id(code): hashing a code object hashes its constants and names, which
+# costs more than the rest of a frame's visit. The entry keeps the code object
+# alive, so its id cannot be reused while the entry exists.
+_code_kinds: dict[int, tuple[CodeType, str | None]] = {}
 
 
 def _relative(filename: str) -> str | None:
@@ -201,10 +204,12 @@ def mechanism_of(loc: Location, frame: Any = None) -> str | None:
     kinds = _code_kinds
     while f is not None and depth < _STOP_DEPTH:
         code = f.f_code
-        if code in kinds:
-            kind = kinds[code]
+        entry = kinds.get(id(code))
+        if entry is not None and entry[0] is code:
+            kind = entry[1]
         else:
-            kind = kinds[code] = _code_kind(code)
+            kind = _code_kind(code)
+            kinds[id(code)] = (code, kind)
         if kind == _HOOK:
             name = f.f_locals.get("hook_name")
             hook = name if isinstance(name, str) else None
