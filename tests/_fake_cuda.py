@@ -113,6 +113,8 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMode]:
     monkeypatch.setattr(_env, "cuda_available", lambda: True)
     monkeypatch.setattr(cuda_engine, "_get_mode", mode.get)
     monkeypatch.setattr(cuda_engine, "_set_mode", mode.set)
+    # CPU tensors stand in for CUDA ones.
+    monkeypatch.setattr(cuda_engine, "_on_device", lambda tensor: True)
     with _registered():
         yield mode
 

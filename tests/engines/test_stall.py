@@ -33,6 +33,22 @@ def test_stall_is_the_time_inside_the_call(
     assert site.stall_s == pytest.approx(0.060)
 
 
+def test_host_tensor_reads_are_not_timed(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # item() on a host tensor cannot wait for the device: the wrapper skips the
+    # clock (optimizers call it for every parameter, every step).
+    monkeypatch.setattr(cuda_engine, "_on_device", lambda tensor: tensor.is_cuda)
+    monkeypatch.setattr(torch.Tensor, "item", blocking_item(clock, 0.020))
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        torch.ones(()).item()  # the fake still 'syncs': it is recorded, untimed
+        guard.step()
+    site = next(s for s in guard.report.sites if s.kind == "item")
+    assert site.count == 1
+    assert site.stall_count == 0
+
+
 def test_nested_syncs_are_counted_once(
     fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import sys
 import threading
 import time
@@ -125,6 +126,8 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
 
 # Methods that take no argument but self get a wrapper of fixed arity: cheaper
 # to call than one with *args, **kwargs, and optimizers call item() every step.
+_on_device: Callable[[Any], bool] = operator.attrgetter("is_cuda")
+"""Whether a tensor lives on a CUDA device (only then can reading it wait)."""
 _NO_ARGS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
 
 
@@ -132,10 +135,13 @@ def _timed_no_args(orig: Callable[..., Any], compiling: Callable[[], bool]) -> C
     """Like :func:`_timed`, for a method called as ``tensor.method()``."""
     tls = _tls
     clock = _clock
+    on_device = _on_device
 
     @functools.wraps(orig)
     def timed(self: Any) -> Any:
-        if getattr(tls, "t0", None) is not None or compiling():
+        # A host tensor never waits for the device (optimizers read their CPU
+        # step counters with item() for every parameter, every step).
+        if not on_device(self) or getattr(tls, "t0", None) is not None or compiling():
             return orig(self)
         tls.t0 = clock()
         try:
