@@ -136,15 +136,45 @@ def launch_shape(device: str, width: int, target_ms: float) -> tuple[Step, dict[
     return best[2], {"layers": best[1], "width": width, "batch": 64}
 
 
+def _calibrate_in_loop(
+    cycles: int, host_ms: float, inner: Step, rounds: int = 3
+) -> tuple[int, float]:
+    """Rescale ``cycles`` until the sleep kernel lasts ``host_ms`` inside the loop itself.
+
+    The GPU's clock in the loop (a busy-wait on the host, a sleep, a tiny step)
+    is not the clock of an isolated probe, so the kernel is timed with CUDA
+    events where it runs, and the cycle count scaled by the median, a few times.
+    """
+    took = float("nan")
+    for _ in range(rounds):
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(10)
+        ]
+        for start, end in events:
+            busy_wait(host_ms)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            inner()
+        torch.cuda.synchronize()
+        took = median([start.elapsed_time(end) for start, end in events])
+        cycles = max(1, int(cycles * host_ms / took))
+    return cycles, took  # took: the kernel's ms before the last rescaling
+
+
 def balanced_shape(device: str, host_ms: float) -> tuple[Step, dict[str, Any]]:
     """Host preparation and device compute of the same length, then a tiny model step."""
     torch.manual_seed(0)
     inner = train_step(mlp(device, 64, 1), torch.randn(8, 64, device=device))
+    measured: dict[str, Any] = {}
     if device == "cuda":
-        cycles = int(host_ms * sleep_cycles_per_ms())
+        n, took = _calibrate_in_loop(int(host_ms * sleep_cycles_per_ms()), host_ms, inner)
+        cycles = [n]
+        measured["sleep_ms_in_loop"] = round(took, 3)
 
         def device_work() -> None:
-            torch.cuda._sleep(cycles)
+            torch.cuda._sleep(cycles[0])
 
     else:
 
@@ -156,7 +186,7 @@ def balanced_shape(device: str, host_ms: float) -> tuple[Step, dict[str, Any]]:
         device_work()
         return inner()
 
-    return step, {"host_ms": host_ms, "device_ms": host_ms}
+    return step, {"host_ms": host_ms, "device_ms": host_ms, **measured}
 
 
 def device_shape(device: str, width: int, batch: int, layers: int) -> tuple[Step, dict[str, Any]]:
