@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from _examples_helpers import EXAMPLES
 from barrierguard._cli import main
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize("name", ["plain_loop.py", "fixed_loop.py"])

@@ -5,39 +5,16 @@ The audit engine is asked for by name, so these run the same on a GPU machine.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 import barrierguard
+from _examples_helpers import line_of, load_example, run_example
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-SRC = Path(__file__).resolve().parents[2] / "src"
 COMMON = ["--device", "cpu", "--engine", "audit", "--repeats", "1", "--watch-steps", "4"]
-
-
-def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    # The examples import their helper module from their own folder.
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    spec = importlib.util.spec_from_file_location(f"seed_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _line_of(name: str, text: str) -> int:
-    lines = (EXAMPLES / f"{name}.py").read_text().splitlines()
-    hits = [n for n, line in enumerate(lines, 1) if text in line]
-    assert len(hits) == 1, (text, hits)
-    return hits[0]
 
 
 def _flagged(report: barrierguard.Report) -> set[tuple[str, int, str]]:
@@ -87,11 +64,11 @@ def test_seed_example_reports(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    module = _load(name, monkeypatch)
+    module = load_example(name, monkeypatch, "seed")
     reports = module.main([*COMMON, *argv, "--report-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "| variant" in out  # the example's own timing table
-    want = {(f"{name}.py", _line_of(name, text), kind) for text, kind in expected}
+    want = {(f"{name}.py", line_of(name, text), kind) for text, kind in expected}
     assert _flagged(reports[bad]) == want
     assert _flagged(reports[good]) == set()
     assert reports[bad].engine == "audit"
@@ -101,10 +78,9 @@ def test_seed_example_reports(
 
 def test_memory_pileup_verdicts(tmp_path: Path) -> None:
     # RSS is the whole process's: run where no other test's memory moves it.
-    proc = subprocess.run(
+    proc = run_example(
+        "memory_pileup",
         [
-            sys.executable,
-            str(EXAMPLES / "memory_pileup.py"),
             "--device",
             "cpu",
             "--engine",
@@ -118,11 +94,7 @@ def test_memory_pileup_verdicts(tmp_path: Path) -> None:
             "--json",
             str(tmp_path / "table.json"),
         ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(SRC)},
         timeout=120,
-        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     pileup = barrierguard.Report.load(tmp_path / "pileup.json").memory

@@ -5,39 +5,17 @@ PYTHONPATH=src python -m pytest -q tests/gpu/test_seed_examples_cuda.py
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 import barrierguard
+from _examples_helpers import line_of, load_example, run_example
 from _runif import run_if
 
 pytestmark = run_if(min_cuda_gpus=1)
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-SRC = Path(__file__).resolve().parents[2] / "src"
 COMMON = ["--device", "cuda", "--engine", "cuda", "--repeats", "2", "--watch-steps", "4"]
-
-
-def _load(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(EXAMPLES))
-    spec = importlib.util.spec_from_file_location(f"seed_gpu_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _line_of(name: str, text: str) -> int:
-    lines = (EXAMPLES / f"{name}.py").read_text().splitlines()
-    hits = [n for n, line in enumerate(lines, 1) if text in line]
-    assert len(hits) == 1, (text, hits)
-    return hits[0]
 
 
 def _flagged(report: barrierguard.Report, name: str) -> set[tuple[int, str]]:
@@ -86,8 +64,10 @@ def test_seed_example_on_gpu(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    reports = _load(name, monkeypatch).main([*COMMON, *argv, "--report-dir", str(tmp_path)])
-    want = {(_line_of(name, text), kind) for text, kind in expected}
+    reports = load_example(name, monkeypatch, "seed_gpu").main(
+        [*COMMON, *argv, "--report-dir", str(tmp_path)]
+    )
+    want = {(line_of(name, text), kind) for text, kind in expected}
     assert reports[bad].engine == "cuda"
     assert want <= _flagged(reports[bad], name), reports[bad]
     # The fixed variant has none of those lines (pinning inside the DataLoader is
@@ -98,10 +78,9 @@ def test_seed_example_on_gpu(
 
 
 def test_memory_pileup_on_gpu(tmp_path: Path) -> None:
-    proc = subprocess.run(
+    proc = run_example(
+        "memory_pileup",
         [
-            sys.executable,
-            str(EXAMPLES / "memory_pileup.py"),
             "--device",
             "cuda",
             "--engine",
@@ -113,11 +92,7 @@ def test_memory_pileup_on_gpu(tmp_path: Path) -> None:
             "--report-dir",
             str(tmp_path),
         ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(SRC)},
         timeout=300,
-        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     pileup = barrierguard.Report.load(tmp_path / "pileup.json").memory
