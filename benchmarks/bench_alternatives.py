@@ -53,7 +53,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import median, table, write
+from _common import median, sleep_cycles_per_ms, table, write
 
 import barrierguard
 
@@ -69,26 +69,6 @@ def busy_wait(ms: float) -> None:
     end = time.perf_counter() + ms / 1e3
     while time.perf_counter() < end:
         pass
-
-
-def sleep_cycles_per_ms() -> float:
-    """Cycles of ``torch.cuda._sleep`` per millisecond on this GPU.
-
-    Probed with short sleeps (the median of five), like the kernels the balanced
-    step launches: one long probe runs at a clock the short ones do not reach.
-    """
-    probe = 1_000_000
-    torch.cuda._sleep(probe)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(5):
-        start.record()
-        torch.cuda._sleep(probe)
-        end.record()
-        end.synchronize()
-        samples.append(probe / start.elapsed_time(end))
-    return float(sorted(samples)[2])
 
 
 def mlp(device: str, width: int, layers: int, out: int = 1) -> nn.Module:

@@ -21,7 +21,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import median, sync, table, timed, write
+from _common import median, paired_rounds, paired_summary, sync, table, timed, write
 
 import barrierguard
 
@@ -89,14 +89,9 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         "watch": barrierguard.watch(policy="record"),
         "watch_no_memory": barrierguard.watch(policy="record", memory=False),
     }
-
-    def mode_only() -> None:
-        with _ModeOnly():
-            block()
-
-    variants: dict[str, Any] = {"bare": block, **dict.fromkeys(guards, block)}
+    names = ["bare", *guards]
     if device == "cuda":
-        variants["mode_only"] = mode_only
+        names.append("mode_only")
     block()
     starts = []
     probe = barrierguard.watch(policy="record")
@@ -105,45 +100,32 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         probe.start()
         probe.stop()
         starts.append(time.perf_counter() - t0)
-    names = list(variants)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    ratios: dict[str, list[float]] = {n: [] for n in names if n != "bare"}
-    for i in range(pairs):
-        order = names[i % len(names) :] + names[: i % len(names)]
-        got = {}
-        for n in order:
-            if n in guards:
-                guards[n].start()
-                got[n] = timed(variants[n])
-                guards[n].stop()
-            elif n == "mode_only":
-                with _ModeOnly():
-                    got[n] = timed(block)
-            else:
-                got[n] = timed(variants[n])
-        for n in names:
-            times[n].append(got[n] / steps)
-            if n != "bare":
-                ratios[n].append(got[n] / got["bare"])
+
+    def run(name: str) -> float:
+        if name in guards:
+            guards[name].start()
+            seconds = timed(block)
+            guards[name].stop()
+            return seconds
+        if name == "mode_only":
+            with _ModeOnly():
+                return timed(block)
+        return timed(block)
+
+    rounds = paired_rounds(names, run, pairs)
     for g in guards.values():
         report = g.report
         # The only syncs are timed()'s own synchronize calls around each block.
         assert all(s.file.endswith("_common.py") for s in report.sites), report
         assert report.steps == steps * pairs, report.steps
-    out: dict[str, Any] = {
+    return {
         "start_stop_us": median(starts) * 1e6,
         "steps_per_block": steps,
         "pairs": pairs,
         "layers": layers,
         "width": width,
-        "step_ms": {n: median(v) * 1e3 for n, v in times.items()},
-        "ratio_median": {n: median(v) for n, v in ratios.items()},
-        "ratio_quartiles": {
-            n: [sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]] for n, v in ratios.items()
-        },
-        "ratios": ratios,
+        **paired_summary(rounds, names, steps),
     }
-    return out
 
 
 def _naive_hook() -> Any:

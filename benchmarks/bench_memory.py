@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import median, table, timed, write
+from _common import median, paired_rounds, paired_summary, table, timed, write
 from bench_core import calibrate, make_step
 
 import barrierguard
@@ -54,27 +54,20 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
     names = ["bare", *guards]
     for _ in range(3):
         block()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    ratios: dict[str, list[float]] = {n: [] for n in names if n != "bare"}
     starts: dict[str, list[float]] = {n: [] for n in guards}
-    memory_only: list[float] = []
-    for i in range(pairs):
-        order = names[i % len(names) :] + names[: i % len(names)]
-        got: dict[str, float] = {}
-        for n in order:
-            if n == "bare":
-                got[n] = timed(block)
-                continue
-            t0 = time.perf_counter()
-            guards[n].start()
-            starts[n].append(time.perf_counter() - t0)
-            got[n] = timed(block)
-            guards[n].stop()
-        for n in names:
-            times[n].append(got[n] / steps)
-            if n != "bare":
-                ratios[n].append(got[n] / got["bare"])
-        memory_only.append(got["watch_memory"] / got["watch_no_memory"])
+
+    def run(name: str) -> float:
+        if name == "bare":
+            return timed(block)
+        t0 = time.perf_counter()
+        guards[name].start()
+        starts[name].append(time.perf_counter() - t0)
+        seconds = timed(block)
+        guards[name].stop()
+        return seconds
+
+    rounds = paired_rounds(names, run, pairs)
+    memory_only = [r["watch_memory"] / r["watch_no_memory"] for r in rounds]
     memory = guards["watch_memory"].report.memory
     assert memory is not None
     return {
@@ -82,17 +75,12 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         "pairs": pairs,
         "layers": layers,
         "width": width,
-        "step_ms": {n: median(v) * 1e3 for n, v in times.items()},
-        "ratio_median": {n: median(v) for n, v in ratios.items()},
-        "ratio_quartiles": {
-            n: [sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]] for n, v in ratios.items()
-        },
+        **paired_summary(rounds, names, steps),
         "start_ms": {n: median(v) * 1e3 for n, v in starts.items()},
         "memory_vs_no_memory_median": median(memory_only),
         "adaptive_sampling": memory.sampling,
         "series": sorted(memory.series),
         "notes": list(memory.notes),
-        "ratios": ratios,
     }
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import sleep_cycles_per_ms
 
 from barrierguard import MetricBuffer
 
@@ -67,23 +68,9 @@ class DeviceWork:
         self.cycles = 0
         self.cpu_reps = 0
         if device.type == "cuda":
-            self.cycles = self._calibrate_sleep(device_ms)
+            self.cycles = max(1, int(device_ms * sleep_cycles_per_ms()))
         else:
             self.cpu_reps = self._calibrate_cpu(device_ms)
-
-    @staticmethod
-    def _calibrate_sleep(device_ms: float) -> int:
-        probe = 1_000_000
-        torch.cuda._sleep(probe)  # warm
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(5):
-            start.record()
-            torch.cuda._sleep(probe)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return max(1, int(probe * device_ms / statistics.median(times)))
 
     def _calibrate_cpu(self, device_ms: float) -> int:
         a = torch.randn(64, 64)
