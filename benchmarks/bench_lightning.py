@@ -1,13 +1,25 @@
 """Overhead of the Lightning callback: a fit with ``BarrierGuard()`` against one without.
 
-Paired, interleaved fits: each round runs one fit without the callback and one
-with it (order alternating), timing the training loop only (``on_train_start``
-to ``on_train_end``, between two device synchronizations); the ratio is taken
-within the round and the median over rounds is reported, with its IQR. Every
-fit starts after a ``gc.collect()``. A second column gives the same ratio for
-each fit's median step (host time between two batch ends), which a stray slow
-step (a page fault, another tenant) does not move; the target is judged on the
-first, whole-loop column, which also holds the callback's periodic work.
+Two designs, both timing the training loop only (``on_train_start`` to
+``on_train_end``, from a device synchronization on), on the same model and data:
+
+* **lockstep** (the one the target is judged on): two worker processes, one
+  fitting with the callback and one without, take turns batch by batch on the
+  same GPU: at each batch end one hands the turn to the other (once its GPU
+  work is done, so each turn starts on an idle GPU) and sleeps until it comes
+  back. Each process times only its own turns, so the two fits run
+  side by side under the same machine conditions and the host's drifts (other
+  tenants, clock changes), which move a whole 2 s fit by 5-15 % on a shared
+  host, cancel step by step. The first mover alternates between rounds. A
+  null row runs two fits *without* the callback the same way: its ratio shows
+  what the harness itself contributes (it should be 1.000).
+* **interleaved**: whole fits one after the other, alternating which goes
+  first, in this process. What a user timing two runs would see, but the drift
+  between two fits seconds apart widens its IQR far beyond the effect.
+
+Each design reports the median over rounds of the with/without ratio of the
+training-loop time, with its IQR, and the ratio of the fits' median steps.
+Every fit starts after a ``gc.collect()``.
 
 The model is a realistic small one: a 4-block MLP (width 1024) on 4096-wide
 inputs, AdamW, ``self.log(prog_bar=True)`` of the loss, a pinned DataLoader,
@@ -24,7 +36,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
+import logging
+import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -41,6 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import median, sync, table, write
 
 import barrierguard
+
+_TURN_TIMEOUT_S = 300.0
 
 
 def _module(width: int, hidden: int, blocks: int) -> Any:
@@ -67,46 +82,116 @@ def _module(width: int, hidden: int, blocks: int) -> Any:
     return MLP()
 
 
-class _Clock:
-    """A callback that times the training loop between two device syncs."""
+def _drain() -> None:
+    """Wait, untimed, until this process's queued GPU work is done.
 
-    def __new__(cls) -> Any:
+    Polls an event (not a sync: no barrier the guard would count), so that the
+    partner's turn starts on an idle GPU instead of waiting for a context switch.
+    """
+    if torch.cuda.is_available():
+        event = torch.cuda.Event()
+        event.record()
+        while not event.query():
+            time.sleep(0)
+
+
+class _Turns:
+    """Take turns with a partner process: only one of the two runs at a time."""
+
+    def __init__(self, mine: Any, theirs: Any, barrier: Any) -> None:
+        self.mine, self.theirs, self.barrier = mine, theirs, barrier
+        self.first = True
+
+    def _wait(self) -> None:
+        if not self.mine.acquire(timeout=_TURN_TIMEOUT_S):
+            raise TimeoutError("the partner process did not hand the turn back")
+
+    def start(self) -> None:
+        """Meet the partner; the first mover goes on, the other waits its turn."""
+        self.barrier.wait(_TURN_TIMEOUT_S)
+        while self.mine.acquire(block=False):  # the last round's final hand-over
+            pass
+        self.barrier.wait(_TURN_TIMEOUT_S)
+        if not self.first:
+            self._wait()
+
+    def hand_over(self) -> None:
+        _drain()
+        self.theirs.release()
+        self._wait()
+
+    def finish(self) -> None:
+        self.theirs.release()
+
+
+class _Clock:
+    """A callback that times the training loop from a device sync on.
+
+    With ``turns``, it hands the turn to the partner at every batch end and
+    counts only its own turns.
+    """
+
+    def __new__(cls, turns: _Turns | None = None) -> Any:
         import lightning.pytorch as pl
 
         class Clock(pl.Callback):
-            seconds = 0.0
-            _t0 = 0.0
-
             def __init__(self) -> None:
-                self.stamps: list[float] = []
+                self.turns = turns
+                self.seconds = 0.0
+                self.steps: list[float] = []
+                self._t = 0.0
 
             def on_train_start(self, trainer: Any, pl_module: Any) -> None:
                 sync()
-                self._t0 = time.perf_counter()
-                self.stamps.append(self._t0)
+                if self.turns is not None:
+                    self.turns.start()
+                self._t = time.perf_counter()
 
             def on_train_batch_end(self, *args: Any) -> None:
-                self.stamps.append(time.perf_counter())
+                now = time.perf_counter()
+                self.steps.append(now - self._t)
+                if self.turns is not None:
+                    self.turns.hand_over()
+                    now = time.perf_counter()
+                self._t = now
 
             def on_train_end(self, trainer: Any, pl_module: Any) -> None:
                 sync()
-                self.seconds = time.perf_counter() - self._t0
+                self.seconds = sum(self.steps) + time.perf_counter() - self._t
+                if self.turns is not None:
+                    self.turns.finish()
 
             def median_step(self) -> float:
                 """Median host time between batch ends (robust to a stray slow step)."""
-                return median([b - a for a, b in itertools.pairwise(self.stamps)])
+                return median(self.steps)
 
         return Clock()
 
 
+def _loader(args: argparse.Namespace) -> DataLoader[Any]:
+    g = torch.Generator().manual_seed(0)
+    n = args.steps * args.batch
+    data = TensorDataset(
+        torch.randn(n, args.width, generator=g), torch.randint(0, 10, (n,), generator=g)
+    )
+    return DataLoader(
+        data, batch_size=args.batch, pin_memory=torch.cuda.is_available(), drop_last=True
+    )
+
+
+def _quiet() -> None:
+    warnings.filterwarnings("ignore", module="lightning")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+
 def _fit(
-    args: argparse.Namespace, loader: DataLoader[Any], guarded: bool
-) -> tuple[float, int, float]:
-    """One fit: (training-loop seconds, syncs found, median step seconds)."""
+    args: argparse.Namespace, loader: DataLoader[Any], guarded: bool, turns: _Turns | None = None
+) -> tuple[float, int, float, list[float]]:
+    """One fit: (training-loop seconds, syncs found, median step seconds, step seconds)."""
     import lightning.pytorch as pl
 
     gc.collect()  # each fit starts from the same heap, not from the last one's garbage
-    clock = _Clock()
+    clock = _Clock(turns)
     callbacks: list[Any] = [clock]
     guard = None
     if guarded:
@@ -127,10 +212,112 @@ def _fit(
     torch.manual_seed(0)
     trainer.fit(_module(args.width, args.hidden, args.blocks), loader)
     syncs = guard.report.total_syncs if guard is not None else 0
-    return clock.seconds, syncs, clock.median_step()
+    return clock.seconds, syncs, clock.median_step(), clock.steps
 
 
-def main() -> None:
+def _summary(
+    name: str, args: argparse.Namespace, rounds: list[dict[bool, tuple[float, int, float]]]
+) -> tuple[list[object], dict[str, Any]]:
+    """A table row and the JSON record of one design's rounds."""
+    bare = [r[False][0] for r in rounds]
+    guarded = [r[True][0] for r in rounds]
+    ratios = [r[True][0] / r[False][0] for r in rounds]
+    step_ratios = [r[True][2] / r[False][2] for r in rounds]
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    qs = statistics.quantiles(step_ratios, n=4) if len(step_ratios) > 1 else [step_ratios[0]] * 3
+    step_us = median(bare) / args.steps * 1e6
+    row: list[object] = [
+        name,
+        f"{len(rounds)} x {args.steps}",
+        f"{median(bare) * 1e3:.1f} ms ({step_us:.0f} us/step)",
+        f"{median(guarded) * 1e3:.1f} ms",
+        f"**{median(ratios):.4f}** ({q[0]:.4f}-{q[2]:.4f})",
+        f"{median(step_ratios):.4f} ({qs[0]:.4f}-{qs[2]:.4f})",
+        f"{max(r[True][1] for r in rounds)}",
+    ]
+    record = {
+        "bare_s": bare,
+        "guarded_s": guarded,
+        "ratios": ratios,
+        "median_ratio": median(ratios),
+        "iqr": [q[0], q[2]],
+        "step_ratios": step_ratios,
+        "median_step_ratio": median(step_ratios),
+        "step_iqr": [qs[0], qs[2]],
+        "syncs_found": max(r[True][1] for r in rounds),
+    }
+    return row, record
+
+
+def _interleaved(args: argparse.Namespace) -> list[dict[bool, tuple[float, int, float]]]:
+    loader = _loader(args)
+    _fit(args, loader, False)  # warm-up: CUDA context, cuBLAS, allocator, imports
+    _fit(args, loader, True)
+    rounds = []
+    for i in range(args.rounds):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        rounds.append({flag: _fit(args, loader, flag)[:3] for flag in order})
+    return rounds
+
+
+def _lockstep_worker(
+    args: argparse.Namespace,
+    guarded: bool,
+    starts_even_rounds: bool,
+    mine: Any,
+    theirs: Any,
+    barrier: Any,
+    results: Any,
+) -> None:
+    _quiet()
+    loader = _loader(args)
+    try:
+        _fit(args, loader, guarded)  # warm-up, side by side with the partner's
+        turns = _Turns(mine, theirs, barrier)
+        for i in range(args.rounds):
+            turns.first = starts_even_rounds == (i % 2 == 0)
+            results.put((guarded, i, _fit(args, loader, guarded, turns)[:3]))
+    except BaseException as exc:
+        barrier.abort()
+        results.put((guarded, -1, repr(exc)))
+        raise
+
+
+def _lockstep(
+    args: argparse.Namespace, partner_guarded: bool = True
+) -> list[dict[bool, tuple[float, int, float]]]:
+    """Rounds of a bare fit side by side with a guarded one (or a bare one, the null row)."""
+    ctx = mp.get_context("spawn")
+    sems = (ctx.Semaphore(0), ctx.Semaphore(0))
+    barrier = ctx.Barrier(2)
+    results = ctx.Queue()
+    workers = [
+        ctx.Process(
+            target=_lockstep_worker,
+            args=(args, flag, first, sems[i], sems[1 - i], barrier, results),
+        )
+        for i, (flag, first) in enumerate(((False, True), (partner_guarded, False)))
+    ]
+    for w in workers:
+        w.start()
+    rounds: list[dict[bool, tuple[float, int, float]]] = [{} for _ in range(args.rounds)]
+    try:
+        for _ in range(2 * args.rounds):
+            flag, i, res = results.get(timeout=_TURN_TIMEOUT_S * 2)
+            if i < 0:
+                raise RuntimeError(f"a lockstep worker failed: {res}")
+            # The null row times two bare fits: the second worker's stands in as "with".
+            slot = bool(flag or False in rounds[i])
+            rounds[i][slot] = res
+    finally:
+        for w in workers:
+            w.join(timeout=60)
+            if w.is_alive():
+                w.terminate()
+    return rounds
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=300, help="training batches per fit")
@@ -138,63 +325,39 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument(
+        "--design",
+        choices=("lockstep", "interleaved", "both"),
+        default="both",
+        help="lockstep (with its null row), interleaved fits, or both",
+    )
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.tiny:
-        args.rounds, args.steps, args.batch = 3, 20, 32
-        args.width, args.hidden, args.blocks = 64, 64, 2
-    warnings.filterwarnings("ignore", module="lightning")
-    import logging
-
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-
-    g = torch.Generator().manual_seed(0)
-    n = args.steps * args.batch
-    data = TensorDataset(
-        torch.randn(n, args.width, generator=g), torch.randint(0, 10, (n,), generator=g)
-    )
-    loader = DataLoader(
-        data, batch_size=args.batch, pin_memory=torch.cuda.is_available(), drop_last=True
-    )
-    _fit(args, loader, False)  # warm-up: CUDA context, cuBLAS, allocator, imports
-    _fit(args, loader, True)
-    bare: list[float] = []
-    guarded: list[float] = []
-    ratios: list[float] = []
-    step_ratios: list[float] = []
-    syncs = 0
-    for i in range(args.rounds):
-        order = (False, True) if i % 2 == 0 else (True, False)
-        times: dict[bool, float] = {}
-        steps: dict[bool, float] = {}
-        for flag in order:
-            times[flag], n_syncs, steps[flag] = _fit(args, loader, flag)
-            if flag:
-                syncs = n_syncs
-        bare.append(times[False])
-        guarded.append(times[True])
-        ratios.append(times[True] / times[False])
-        step_ratios.append(steps[True] / steps[False])
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    qs = statistics.quantiles(step_ratios, n=4) if len(step_ratios) > 1 else [step_ratios[0]] * 3
-    step_us = median(bare) / args.steps * 1e6
-    rows = [
-        [
-            f"MLP {args.blocks}x{args.hidden}, in {args.width}, batch {args.batch}",
-            f"{args.steps}",
-            f"{median(bare) * 1e3:.1f} ms ({step_us:.0f} us/step)",
-            f"{median(guarded) * 1e3:.1f} ms",
-            f"**{median(ratios):.4f}** ({q[0]:.4f}-{q[2]:.4f})",
-            f"{median(step_ratios):.4f} ({qs[0]:.4f}-{qs[2]:.4f})",
-            f"{syncs}",
+        args.rounds, args.steps, args.batch = 2, 12, 16
+        args.width, args.hidden, args.blocks = 32, 32, 2
+    _quiet()
+    rows: list[list[object]] = []
+    records: dict[str, Any] = {}
+    designs: list[tuple[str, str, Any]] = []
+    if args.design in ("lockstep", "both"):
+        designs += [
+            ("lockstep", "lockstep: with / without", lambda: _lockstep(args)),
+            ("lockstep_null", "lockstep null: without / without", lambda: _lockstep(args, False)),
         ]
-    ]
+    if args.design in ("interleaved", "both"):
+        designs.append(("interleaved", "interleaved fits", lambda: _interleaved(args)))
+    for key, name, run in designs:
+        row, record = _summary(name, args, run())
+        rows.append(row)
+        records[key] = record
+        print(f"{name}: {row[4]}", flush=True)
     print(
         table(
             [
-                "model",
-                "steps",
+                "design",
+                "rounds x steps",
                 "fit without",
                 "fit with BarrierGuard",
                 "with / without (IQR)",
@@ -204,20 +367,15 @@ def main() -> None:
             rows,
         )
     )
+    model = f"MLP {args.blocks}x{args.hidden}, in {args.width}, batch {args.batch}"
+    print(f"model: {model}; target: with / without at most 1.02 (lockstep)")
     write(
         args.out,
         {
             "benchmark": "lightning_callback_overhead",
             "settings": vars(args),
-            "bare_s": bare,
-            "guarded_s": guarded,
-            "ratios": ratios,
-            "median_ratio": median(ratios),
-            "iqr": [q[0], q[2]],
-            "step_ratios": step_ratios,
-            "median_step_ratio": median(step_ratios),
-            "step_iqr": [qs[0], qs[2]],
-            "syncs_found": syncs,
+            "model": model,
+            "designs": records,
             "target": 1.02,
         },
     )

@@ -282,6 +282,45 @@ def test_mechanism_names_the_hook_in_flight() -> None:
     assert seen == ["prog_bar (on_train_batch_end)"]
 
 
+def test_mechanism_walk_ends_at_the_loop_driver() -> None:
+    # A loop's run() is outward of every hook in flight: the walk stops there
+    # and does not take a hook caller beyond it (a nested fit) for this sync's.
+    sp = os.path.join(os.sep, "sp")
+    namespace: dict[str, Any] = {}
+    exec(
+        compile(
+            "def _call_callback_hooks(inner):\n    hook_name = 'on_fit_start'\n    return inner()\n",
+            os.path.join(sp, "lightning/pytorch/trainer/call.py"),
+            "exec",
+        ),
+        namespace,
+    )
+    exec(
+        compile(
+            "def run(inner):\n    return inner()\n",
+            os.path.join(sp, "lightning/pytorch/loops/fit_loop.py"),
+            "exec",
+        ),
+        namespace,
+    )
+    exec(
+        compile(
+            "def metrics(inner):\n    return inner()\n",
+            os.path.join(sp, "lightning/pytorch/trainer/connectors/logger_connector/result.py"),
+            "exec",
+        ),
+        namespace,
+    )
+    seen: list[str | None] = []
+
+    def probe() -> None:
+        seen.append(_lightning.mechanism_of(_LOC))
+
+    namespace["_call_callback_hooks"](lambda: namespace["run"](lambda: namespace["metrics"](probe)))
+    namespace["_call_callback_hooks"](lambda: namespace["metrics"](probe))
+    assert seen == ["prog_bar", "prog_bar (on_fit_start)"]
+
+
 def test_user_syncs_are_not_annotated() -> None:
     loc = Location(HERE, 1, "f", "item", "", "user")
     assert _lightning.mechanism_of(loc) is None

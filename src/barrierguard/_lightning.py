@@ -153,7 +153,12 @@ _ROOTS = (
     ("/lightning_fabric/", "fabric/"),
 )
 
+# Lightning's loop drivers: no hook caller lies outward of them, so a walk that
+# reaches one has seen all it needs (and skips the trainer's and the user's
+# frames beyond: a stack inside fit() is some 60 frames deep).
+_LOOP_DRIVERS = frozenset({"run", "advance"})
 _HOOK = "\0hook"
+_STOP = "\0stop"
 _STOP_DEPTH = 80
 # Keyed by id(code): hashing a code object hashes its constants and names, which
 # costs more than the rest of a frame's visit. The entry keeps the code object
@@ -171,13 +176,17 @@ def _relative(filename: str) -> str | None:
 
 
 def _code_kind(code: CodeType) -> str | None:
-    """A mechanism name, ``_HOOK`` for Lightning's hook callers, or ``None``."""
+    """A mechanism name, ``_HOOK`` for Lightning's hook callers, ``_STOP`` for its
+    loop drivers, or ``None``."""
     rel = _relative(code.co_filename)
     if rel is None:
         return None
     if rel == "pytorch/trainer/call.py" and code.co_name in _HOOK_CALLERS:
         return _HOOK
-    return _TABLE.get((rel, code.co_name)) or _TABLE.get((rel, "*"))
+    found = _TABLE.get((rel, code.co_name)) or _TABLE.get((rel, "*"))
+    if found is None and rel.startswith("pytorch/loops/") and rel.endswith("_loop.py"):
+        return _STOP if code.co_name in _LOOP_DRIVERS else None
+    return found
 
 
 def mechanism_of(loc: Location, frame: Any = None) -> str | None:
@@ -185,7 +194,9 @@ def mechanism_of(loc: Location, frame: Any = None) -> str | None:
 
     Walks the live stack outward (from ``frame``, else the caller): the
     innermost frame listed in the table names the mechanism, the innermost of
-    Lightning's hook callers names the hook. Code objects are classified once.
+    Lightning's hook callers names the hook. The walk ends there, or at the
+    first of Lightning's loop drivers (a loop's ``run`` or ``advance``), outward
+    of which no hook is in flight. Code objects are classified once.
 
     Args:
         loc: The sync's location; only ``framework:lightning`` syncs are named.
@@ -213,6 +224,8 @@ def mechanism_of(loc: Location, frame: Any = None) -> str | None:
         if kind == _HOOK:
             name = f.f_locals.get("hook_name")
             hook = name if isinstance(name, str) else None
+            break
+        if kind == _STOP:
             break
         if kind is not None and mechanism is None:
             mechanism = kind
