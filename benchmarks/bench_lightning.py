@@ -58,7 +58,64 @@ import barrierguard
 _TURN_TIMEOUT_S = 300.0
 
 
-def _module(width: int, hidden: int, blocks: int) -> Any:
+def _module(args: argparse.Namespace) -> Any:
+    if args.model == "transformer":
+        return _transformer(args)
+    return _mlp(args.width, args.hidden, args.blocks)
+
+
+class _Block(nn.Module):
+    """A pre-norm transformer block with causal scaled-dot-product attention."""
+
+    def __init__(self, width: int, ff: int) -> None:
+        super().__init__()
+        self.heads = width // 64
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, ff), nn.GELU(), nn.Linear(ff, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).unbind(2)
+        a = nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+def _transformer(args: argparse.Namespace) -> Any:
+    """A small causal language model: ``blocks`` pre-norm layers of width ``width``."""
+    import lightning.pytorch as pl
+
+    vocab, seq = args.vocab, args.seq
+
+    class TinyLM(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, args.width)
+            self.pos = nn.Parameter(torch.zeros(seq, args.width))
+            self.body = nn.Sequential(
+                *(_Block(args.width, args.hidden) for _ in range(args.blocks))
+            )
+            self.norm = nn.LayerNorm(args.width)
+            self.head = nn.Linear(args.width, vocab)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            (tokens,) = batch
+            x = self.embed(tokens[:, :-1]) + self.pos[: seq - 1]
+            logits = self.head(self.norm(self.body(x)))
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            self.log("loss", loss, prog_bar=True)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=3e-4)
+
+    return TinyLM()
+
+
+def _mlp(width: int, hidden: int, blocks: int) -> Any:
     import lightning.pytorch as pl
 
     class MLP(pl.LightningModule):
@@ -171,9 +228,12 @@ class _Clock:
 def _loader(args: argparse.Namespace) -> DataLoader[Any]:
     g = torch.Generator().manual_seed(0)
     n = args.steps * args.batch
-    data = TensorDataset(
-        torch.randn(n, args.width, generator=g), torch.randint(0, 10, (n,), generator=g)
-    )
+    if args.model == "transformer":
+        data = TensorDataset(torch.randint(0, args.vocab, (n, args.seq), generator=g))
+    else:
+        data = TensorDataset(
+            torch.randn(n, args.width, generator=g), torch.randint(0, 10, (n,), generator=g)
+        )
     return DataLoader(
         data, batch_size=args.batch, pin_memory=torch.cuda.is_available(), drop_last=True
     )
@@ -210,7 +270,7 @@ def _fit(
         callbacks=callbacks,
     )
     torch.manual_seed(0)
-    trainer.fit(_module(args.width, args.hidden, args.blocks), loader)
+    trainer.fit(_module(args), loader)
     syncs = guard.report.total_syncs if guard is not None else 0
     return clock.seconds, syncs, clock.median_step(), clock.steps
 
@@ -321,10 +381,19 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--steps", type=int, default=300, help="training batches per fit")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--width", type=int, default=4096)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument(
+        "--model",
+        choices=("mlp", "transformer"),
+        default="mlp",
+        help="mlp: host-bound (Lightning's own loop dominates the step); "
+        "transformer: a small language model that keeps the GPU busy",
+    )
+    ap.add_argument("--batch", type=int, help="default: 256 (mlp), 32 (transformer)")
+    ap.add_argument("--width", type=int, help="input width (mlp) or model width (transformer)")
+    ap.add_argument("--hidden", type=int, help="hidden width (mlp) or feed-forward width")
+    ap.add_argument("--blocks", type=int, help="hidden blocks (mlp) or layers (transformer)")
+    ap.add_argument("--seq", type=int, default=256, help="transformer: tokens per sample")
+    ap.add_argument("--vocab", type=int, default=8192, help="transformer: vocabulary size")
     ap.add_argument(
         "--design",
         choices=("lockstep", "interleaved", "both"),
@@ -334,9 +403,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    defaults = {
+        "mlp": {"batch": 256, "width": 4096, "hidden": 1024, "blocks": 4},
+        "transformer": {"batch": 32, "width": 512, "hidden": 2048, "blocks": 6},
+    }[args.model]
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.tiny:
         args.rounds, args.steps, args.batch = 2, 12, 16
-        args.width, args.hidden, args.blocks = 32, 32, 2
+        args.width, args.hidden, args.blocks = 64, 64, 2
+        args.seq, args.vocab = 16, 128
     _quiet()
     rows: list[list[object]] = []
     records: dict[str, Any] = {}
@@ -367,7 +444,13 @@ def main(argv: list[str] | None = None) -> None:
             rows,
         )
     )
-    model = f"MLP {args.blocks}x{args.hidden}, in {args.width}, batch {args.batch}"
+    if args.model == "transformer":
+        model = (
+            f"TinyLM {args.blocks} layers x {args.width} (ff {args.hidden}), seq {args.seq}, "
+            f"vocab {args.vocab}, batch {args.batch}"
+        )
+    else:
+        model = f"MLP {args.blocks}x{args.hidden}, in {args.width}, batch {args.batch}"
     print(f"model: {model}; target: with / without at most 1.02 (lockstep)")
     write(
         args.out,
