@@ -257,21 +257,12 @@ def _quiet() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
 
-def _fit(
-    args: argparse.Namespace, loader: DataLoader[Any], guarded: bool, turns: _Turns | None = None
-) -> tuple[float, int, float, list[float]]:
-    """One fit: (training-loop seconds, syncs found, median step seconds, step seconds)."""
+def _trainer(callbacks: list[Any]) -> Any:
+    """The benchmark's trainer: one device, one epoch, bf16 on a GPU, nothing extra."""
     import lightning.pytorch as pl
 
-    gc.collect()  # each fit starts from the same heap, not from the last one's garbage
-    clock = _Clock(turns)
-    callbacks: list[Any] = [clock]
-    guard = None
-    if guarded:
-        guard = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
-        callbacks.insert(0, guard)
     gpu = torch.cuda.is_available()
-    trainer = pl.Trainer(
+    return pl.Trainer(
         accelerator="gpu" if gpu else "cpu",
         devices=1,
         max_epochs=1,
@@ -282,10 +273,28 @@ def _fit(
         logger=False,
         callbacks=callbacks,
     )
+
+
+def _fit(
+    args: argparse.Namespace, loader: DataLoader[Any], guarded: bool, turns: _Turns | None = None
+) -> tuple[float, int, float]:
+    """One fit: (training-loop seconds, syncs found, median step seconds)."""
+    gc.collect()  # each fit starts from the same heap, not from the last one's garbage
+    clock = _Clock(turns)
+    callbacks: list[Any] = [clock]
+    guard = None
+    if guarded:
+        guard = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
+        callbacks.insert(0, guard)
+    trainer = _trainer(callbacks)
     torch.manual_seed(0)
     trainer.fit(_module(args), loader)
     syncs = guard.report.total_syncs if guard is not None else 0
-    return clock.seconds, syncs, clock.median_step(), clock.steps
+    return clock.seconds, syncs, clock.median_step()
+
+
+def _quartiles(xs: list[float]) -> list[float]:
+    return statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
 
 
 def _summary(
@@ -296,8 +305,8 @@ def _summary(
     guarded = [r[True][0] for r in rounds]
     ratios = [r[True][0] / r[False][0] for r in rounds]
     step_ratios = [r[True][2] / r[False][2] for r in rounds]
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    qs = statistics.quantiles(step_ratios, n=4) if len(step_ratios) > 1 else [step_ratios[0]] * 3
+    q, qs = _quartiles(ratios), _quartiles(step_ratios)
+    syncs = max(r[True][1] for r in rounds)
     step_us = median(bare) / args.steps * 1e6
     row: list[object] = [
         name,
@@ -306,7 +315,7 @@ def _summary(
         f"{median(guarded) * 1e3:.1f} ms",
         f"**{median(ratios):.4f}** ({q[0]:.4f}-{q[2]:.4f})",
         f"{median(step_ratios):.4f} ({qs[0]:.4f}-{qs[2]:.4f})",
-        f"{max(r[True][1] for r in rounds)}",
+        f"{syncs}",
     ]
     record = {
         "bare_s": bare,
@@ -317,7 +326,7 @@ def _summary(
         "step_ratios": step_ratios,
         "median_step_ratio": median(step_ratios),
         "step_iqr": [qs[0], qs[2]],
-        "syncs_found": max(r[True][1] for r in rounds),
+        "syncs_found": syncs,
     }
     return row, record
 
@@ -329,7 +338,7 @@ def _interleaved(args: argparse.Namespace) -> list[dict[bool, tuple[float, int, 
     rounds = []
     for i in range(args.rounds):
         order = (False, True) if i % 2 == 0 else (True, False)
-        rounds.append({flag: _fit(args, loader, flag)[:3] for flag in order})
+        rounds.append({flag: _fit(args, loader, flag) for flag in order})
     return rounds
 
 
@@ -349,7 +358,7 @@ def _lockstep_worker(
         turns = _Turns(mine, theirs, barrier)
         for i in range(args.rounds):
             turns.first = starts_even_rounds == (i % 2 == 0)
-            results.put((guarded, i, _fit(args, loader, guarded, turns)[:3]))
+            results.put((guarded, i, _fit(args, loader, guarded, turns)))
     except BaseException as exc:
         barrier.abort()
         results.put((guarded, -1, repr(exc)))

@@ -136,23 +136,11 @@ class _Toggler:
 
 
 def _fit(args: argparse.Namespace, loader: Any, part: str) -> dict[str, float]:
-    import lightning.pytorch as pl
-
     gc.collect()
     holder: dict[str, Any] = {}
     on, off = _switch(part, holder)
     toggler = _Toggler(on, off)
-    trainer = pl.Trainer(
-        accelerator="gpu",
-        devices=1,
-        max_epochs=1,
-        precision="bf16-mixed",
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        logger=False,
-        callbacks=[toggler],
-    )
+    trainer = bl._trainer([toggler])
     holder["trainer"] = trainer
     torch.manual_seed(0)
     trainer.fit(bl._module(args), loader)

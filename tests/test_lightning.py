@@ -221,6 +221,11 @@ def _frame_in(path: str, function: str) -> FrameType:
     return frame
 
 
+def _define(namespace: dict[str, Any], path: str, src: str) -> None:
+    """Run ``src`` into ``namespace`` as if it were the Lightning file ``path``."""
+    exec(compile(src, os.path.join(os.sep, "sp", path), "exec"), namespace)
+
+
 _LOC = Location("/w/train.py", 3, "main", "item", "", "framework:lightning")
 
 
@@ -256,14 +261,14 @@ def test_mechanism_cache_checks_the_code_object(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_mechanism_names_the_hook_in_flight() -> None:
-    hook = "lightning/pytorch/trainer/call.py"
-    src = (
+    namespace: dict[str, Any] = {}
+    _define(
+        namespace,
+        "lightning/pytorch/trainer/call.py",
         "def _call_callback_hooks(inner):\n"
         "    hook_name = 'on_train_batch_end'\n"
-        "    return inner()\n"
+        "    return inner()\n",
     )
-    namespace: dict[str, Any] = {}
-    exec(compile(src, os.path.join(os.sep, "sp", hook), "exec"), namespace)
     inner = os.path.join(
         os.sep, "sp", "lightning/pytorch/trainer/connectors/logger_connector/result.py"
     )
@@ -285,31 +290,19 @@ def test_mechanism_names_the_hook_in_flight() -> None:
 def test_mechanism_walk_ends_at_the_loop_driver() -> None:
     # A loop's run() is outward of every hook in flight: the walk stops there
     # and does not take a hook caller beyond it (a nested fit) for this sync's.
-    sp = os.path.join(os.sep, "sp")
     namespace: dict[str, Any] = {}
-    exec(
-        compile(
-            "def _call_callback_hooks(inner):\n    hook_name = 'on_fit_start'\n    return inner()\n",
-            os.path.join(sp, "lightning/pytorch/trainer/call.py"),
-            "exec",
-        ),
+    _define(
         namespace,
+        "lightning/pytorch/trainer/call.py",
+        "def _call_callback_hooks(inner):\n    hook_name = 'on_fit_start'\n    return inner()\n",
     )
-    exec(
-        compile(
-            "def run(inner):\n    return inner()\n",
-            os.path.join(sp, "lightning/pytorch/loops/fit_loop.py"),
-            "exec",
-        ),
-        namespace,
+    _define(
+        namespace, "lightning/pytorch/loops/fit_loop.py", "def run(inner):\n    return inner()\n"
     )
-    exec(
-        compile(
-            "def metrics(inner):\n    return inner()\n",
-            os.path.join(sp, "lightning/pytorch/trainer/connectors/logger_connector/result.py"),
-            "exec",
-        ),
+    _define(
         namespace,
+        "lightning/pytorch/trainer/connectors/logger_connector/result.py",
+        "def metrics(inner):\n    return inner()\n",
     )
     seen: list[str | None] = []
 
