@@ -9,18 +9,23 @@ Two designs, both timing the training loop only (``on_train_start`` to
   on an idle GPU) and sleeps until it comes back. Each process times only its
   own turns, so the two fits run side by side and the host's drifts (other
   tenants, clock changes), which move a whole fit by 5-40 % on a shared host,
-  hit both. The first mover alternates between rounds. A null row runs two
-  fits *without* the callback the same way: how far its ratio lies from 1.000
-  is what the pairing itself contributes. Steps run slower than in a fit alone
-  (a process woken at every batch runs on a cold core), so read the ratio, not
-  the step time.
+  hit both. It is a crossover: the callback passes to the other worker every
+  round and the first move every two rounds, so each pair of rounds swaps
+  which process, which half of the CPUs (``--pin``, the default) and which
+  turn order carry the callback. A null row runs two fits *without* the
+  callback the same way: how far its ratio lies from 1.000 is what the
+  pairing itself contributes. Steps run slower than in a fit alone (a process
+  woken at every batch runs on a cold core), so read the ratio, not the step
+  time.
 * **interleaved**: whole fits one after the other, alternating which goes
   first, in this process. What a user timing two runs would see, but the drift
   between two fits seconds apart widens its IQR far beyond the effect.
 
-Each design reports the median over rounds of the with/without ratio of the
-training-loop time, with its IQR, and the ratio of the fits' median steps.
-Every fit starts after a ``gc.collect()``.
+Each round gives the with/without ratio of the training-loop time and of the
+fits' median steps. Each design reports the median, with its IQR, of the
+geometric means of rounds 0-1, 2-3, ...: within such a pair the process, CPUs
+and order that carry the callback are swapped, so a bias of one process or of
+going first cancels. Every fit starts after a ``gc.collect()``.
 
 Two models, both with AdamW, ``self.log(prog_bar=True)`` of the loss, a pinned
 DataLoader and bf16 autocast on the GPU:
@@ -39,7 +44,7 @@ costs what, see ``bench_lightning_parts.py``.
 
 GPU:
     PYTHONPATH=src python benchmarks/bench_lightning.py --out benchmarks/results/h200/lightning.json
-    PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --rounds 11 \
+    PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --rounds 12 \
         --steps 200 --out benchmarks/results/h200/lightning_transformer.json
 CPU smoke test (tiny settings, audit engine):
     PYTHONPATH=src python benchmarks/bench_lightning.py --tiny
@@ -49,8 +54,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
+import math
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -297,6 +305,11 @@ def _quartiles(xs: list[float]) -> list[float]:
     return statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
 
 
+def _pair_means(ratios: list[float]) -> list[float]:
+    """Geometric means of rounds 0-1, 2-3, ...: each pair swaps order and process."""
+    return [math.sqrt(ratios[k] * ratios[k + 1]) for k in range(0, len(ratios) - 1, 2)]
+
+
 def _summary(
     name: str, args: argparse.Namespace, rounds: list[dict[bool, tuple[float, int, float]]]
 ) -> tuple[list[object], dict[str, Any]]:
@@ -305,7 +318,8 @@ def _summary(
     guarded = [r[True][0] for r in rounds]
     ratios = [r[True][0] / r[False][0] for r in rounds]
     step_ratios = [r[True][2] / r[False][2] for r in rounds]
-    q, qs = _quartiles(ratios), _quartiles(step_ratios)
+    pairs, step_pairs = _pair_means(ratios), _pair_means(step_ratios)
+    q, qs = _quartiles(pairs), _quartiles(step_pairs)
     syncs = max(r[True][1] for r in rounds)
     step_us = median(bare) / args.steps * 1e6
     row: list[object] = [
@@ -313,18 +327,20 @@ def _summary(
         f"{len(rounds)} x {args.steps}",
         f"{median(bare) * 1e3:.1f} ms ({step_us:.0f} us/step)",
         f"{median(guarded) * 1e3:.1f} ms",
-        f"**{median(ratios):.4f}** ({q[0]:.4f}-{q[2]:.4f})",
-        f"{median(step_ratios):.4f} ({qs[0]:.4f}-{qs[2]:.4f})",
+        f"**{median(pairs):.4f}** ({q[0]:.4f}-{q[2]:.4f})",
+        f"{median(step_pairs):.4f} ({qs[0]:.4f}-{qs[2]:.4f})",
         f"{syncs}",
     ]
     record = {
         "bare_s": bare,
         "guarded_s": guarded,
         "ratios": ratios,
-        "median_ratio": median(ratios),
+        "pair_ratios": pairs,
+        "median_ratio": median(pairs),
         "iqr": [q[0], q[2]],
         "step_ratios": step_ratios,
-        "median_step_ratio": median(step_ratios),
+        "step_pair_ratios": step_pairs,
+        "median_step_ratio": median(step_pairs),
         "step_iqr": [qs[0], qs[2]],
         "syncs_found": syncs,
     }
@@ -342,26 +358,45 @@ def _interleaved(args: argparse.Namespace) -> list[dict[bool, tuple[float, int, 
     return rounds
 
 
+def _cores(index: int) -> set[int] | None:
+    """Half of this machine's usable CPUs for lockstep worker ``index`` (None: too few)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 4:
+        return None
+    half = len(cpus) // 2
+    return set(cpus[:half] if index == 0 else cpus[half:])
+
+
 def _lockstep_worker(
     args: argparse.Namespace,
-    guarded: bool,
-    starts_even_rounds: bool,
+    index: int,
+    partner_guarded: bool,
     mine: Any,
     theirs: Any,
     barrier: Any,
     results: Any,
 ) -> None:
+    cores = _cores(index) if args.pin else None
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
     _quiet()
     loader = _loader(args)
     try:
-        _fit(args, loader, guarded)  # warm-up, side by side with the partner's
+        _fit(args, loader, partner_guarded)  # warm-up, side by side with the partner's
         turns = _Turns(mine, theirs, barrier)
         for i in range(args.rounds):
-            turns.first = starts_even_rounds == (i % 2 == 0)
-            results.put((guarded, i, _fit(args, loader, guarded, turns)))
+            # A crossover: the "with" role passes to the other worker every round,
+            # the first move every two rounds, so each pair of rounds (0-1, 2-3,
+            # ...) swaps which process, which CPUs and which turn order carry it.
+            mine_with = i % 2 == index
+            turns.first = (i // 2) % 2 == index
+            res = _fit(args, loader, partner_guarded and mine_with, turns)
+            results.put((mine_with, i, res))
     except BaseException as exc:
         barrier.abort()
-        results.put((guarded, -1, repr(exc)))
+        results.put((False, -1, repr(exc)))
         raise
 
 
@@ -376,20 +411,19 @@ def _lockstep(
     workers = [
         ctx.Process(
             target=_lockstep_worker,
-            args=(args, flag, first, sems[i], sems[1 - i], barrier, results),
+            args=(args, i, partner_guarded, sems[i], sems[1 - i], barrier, results),
         )
-        for i, (flag, first) in enumerate(((False, True), (partner_guarded, False)))
+        for i in range(2)
     ]
     for w in workers:
         w.start()
     rounds: list[dict[bool, tuple[float, int, float]]] = [{} for _ in range(args.rounds)]
     try:
         for _ in range(2 * args.rounds):
-            flag, i, res = results.get(timeout=_TURN_TIMEOUT_S * 2)
+            slot, i, res = results.get(timeout=_TURN_TIMEOUT_S * 2)
             if i < 0:
                 raise RuntimeError(f"a lockstep worker failed: {res}")
-            # The null row times two bare fits: the second worker's stands in as "with".
-            slot = bool(flag or False in rounds[i])
+            # In the null row the worker holding the "with" role fits bare as well.
             rounds[i][slot] = res
     finally:
         for w in workers:
@@ -399,9 +433,194 @@ def _lockstep(
     return rounds
 
 
+def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
+    """One fit whose callback is switched off and on every ``args.block_len`` steps.
+
+    Blocks alternate on, off, on, ... from the first step (the callback starts
+    at ``setup``). Unless ``switched``, there is no callback and the blocks are
+    only labelled, the null row. Returns the labelled step times and the fit's
+    time outside the training loop.
+    """
+    import lightning.pytorch as pl
+
+    loader = _loader(args)
+    warm = argparse.Namespace(**{**vars(args), "steps": 30})
+    _fit(warm, _loader(warm), False)  # CUDA context, cuBLAS, allocator, imports
+    gc.collect()
+    guard_cb: Any = (
+        barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
+        if switched
+        else None
+    )
+    steps: list[tuple[bool, float]] = []
+    state = {"on": True, "t": 0.0, "loop": 0.0}
+
+    class Switch(pl.Callback):
+        def on_train_start(self, *a: Any) -> None:
+            sync()
+            state["loop"] = state["t"] = time.perf_counter()
+
+        def on_train_batch_end(self, *a: Any) -> None:
+            now = time.perf_counter()
+            steps.append((bool(state["on"]), now - state["t"]))
+            if len(steps) % args.block_len == 0:
+                if guard_cb is not None:
+                    guard = guard_cb.guard
+                    if state["on"]:
+                        guard._stop(act=False)
+                    else:
+                        guard_cb._start("train")
+                state["on"] = not state["on"]
+            state["t"] = time.perf_counter()
+
+        def on_train_end(self, *a: Any) -> None:
+            sync()
+            state["loop"] = time.perf_counter() - state["loop"]
+
+    callbacks: list[Any] = [Switch()]
+    if guard_cb is not None:
+        callbacks.insert(0, guard_cb)
+    trainer = _trainer(callbacks)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    trainer.fit(_module(args), loader)
+    total = time.perf_counter() - t0
+    syncs = guard_cb.report.total_syncs if guard_cb is not None else 0
+    return {"steps": steps, "outside_s": total - state["loop"], "syncs": syncs}
+
+
+def _block_ratios(steps: list[tuple[bool, float]], block: int) -> list[float]:
+    """Each on-block's median step over the geometric mean of its off neighbours'.
+
+    The first two blocks (warm-up, first switch) are left out; a linear drift
+    across three adjacent blocks cancels.
+    """
+    meds = [
+        (steps[k][0], median([d for _, d in steps[k : k + block]]))
+        for k in range(0, len(steps) - block + 1, block)
+    ]
+    return [
+        meds[j][1] / math.sqrt(meds[j - 1][1] * meds[j + 1][1])
+        for j in range(2, len(meds) - 1)
+        if meds[j][0] and not meds[j - 1][0] and not meds[j + 1][0]
+    ]
+
+
+def _blocks_worker(args: argparse.Namespace, switched: bool, results: Any) -> None:
+    _quiet()
+    try:
+        results.put(_blocks_fit(args, switched))
+    except BaseException as exc:
+        results.put(repr(exc))
+        raise
+
+
+def _blocks(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Fits of both rows, alternating, each in a fresh process."""
+    ctx = mp.get_context("spawn")
+    fits: dict[str, list[dict[str, Any]]] = {"blocks": [], "blocks_null": []}
+    for i in range(args.rounds):
+        for switched in (True, False) if i % 2 == 0 else (False, True):
+            results = ctx.Queue()
+            worker = ctx.Process(target=_blocks_worker, args=(args, switched, results))
+            worker.start()
+            try:
+                res = results.get(timeout=_TURN_TIMEOUT_S * 2)
+            finally:
+                worker.join(timeout=60)
+                if worker.is_alive():
+                    worker.terminate()
+            if isinstance(res, str):
+                raise RuntimeError(f"a blocks worker failed: {res}")
+            fits["blocks" if switched else "blocks_null"].append(res)
+    return fits
+
+
+def _blocks_summary(
+    name: str, args: argparse.Namespace, fits: list[dict[str, Any]]
+) -> tuple[list[object], dict[str, Any]]:
+    per_fit = [_block_ratios(f["steps"], args.block_len) for f in fits]
+    pooled = [r for rs in per_fit for r in rs]
+    q = _quartiles(pooled)
+    off = median([d for f in fits for on, d in f["steps"] if not on])
+    on = median([d for f in fits for on, d in f["steps"] if on])
+    row: list[object] = [
+        name,
+        f"{len(fits)} x {args.steps} ({len(pooled)} blocks of {args.block_len})",
+        f"{off * 1e6:.0f}",
+        f"{on * 1e6:.0f}",
+        f"**{median(pooled):.4f}** ({q[0]:.4f}-{q[2]:.4f})",
+        " ".join(f"{median(rs):.4f}" for rs in per_fit),
+        f"{median([f['outside_s'] for f in fits]) * 1e3:.0f}",
+        f"{max(f['syncs'] for f in fits)}",
+    ]
+    record = {
+        "block_ratios": per_fit,
+        "median_ratio": median(pooled),
+        "iqr": [q[0], q[2]],
+        "per_fit_median": [median(rs) for rs in per_fit],
+        "step_off_s": off,
+        "step_on_s": on,
+        "outside_loop_s": [f["outside_s"] for f in fits],
+        "syncs_found": max(f["syncs"] for f in fits),
+    }
+    return row, record
+
+
+def _pool(paths: list[str], out: str | None) -> None:
+    """Pool the blocks rows of several runs' results (same model and settings)."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    models = {r["model"] for r in runs}
+    if len(models) != 1 or any("blocks" not in r["designs"] for r in runs):
+        raise SystemExit(f"--pool needs blocks results of one model, got {sorted(models)}")
+    rows: list[list[object]] = []
+    records: dict[str, Any] = {}
+    for key in ("blocks", "blocks_null"):
+        recs = [r["designs"][key] for r in runs]
+        per_fit = [rs for rec in recs for rs in rec["block_ratios"]]
+        pooled = [x for rs in per_fit for x in rs]
+        q = _quartiles(pooled)
+        outside = [t for rec in recs for t in rec["outside_loop_s"]]
+        records[key] = {
+            "block_ratios": per_fit,
+            "median_ratio": median(pooled),
+            "iqr": [q[0], q[2]],
+            "per_fit_median": [median(rs) for rs in per_fit],
+            "step_off_s": median([rec["step_off_s"] for rec in recs]),
+            "step_on_s": median([rec["step_on_s"] for rec in recs]),
+            "outside_loop_s": outside,
+            "syncs_found": max(rec["syncs_found"] for rec in recs),
+        }
+        rows.append(
+            [
+                key,
+                f"{len(per_fit)} fits ({len(pooled)} blocks)",
+                f"**{median(pooled):.4f}** ({q[0]:.4f}-{q[2]:.4f})",
+                f"{min(records[key]['per_fit_median']):.4f}-"
+                f"{max(records[key]['per_fit_median']):.4f}",
+                f"{median(outside) * 1e3:.0f}",
+            ]
+        )
+    print(f"pooled from {', '.join(paths)}; model: {runs[0]['model']}")
+    print(
+        table(["row", "fits", "on / off (IQR)", "per-fit medians", "fit outside loop (ms)"], rows)
+    )
+    write(
+        out,
+        {
+            "benchmark": "lightning_callback_overhead",
+            "pooled_from": [Path(p).name for p in paths],
+            "settings": runs[0]["settings"],
+            "model": runs[0]["model"],
+            "designs": records,
+            "target": 1.02,
+        },
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=16, help="an even number (rounds pair up)")
     ap.add_argument("--steps", type=int, default=300, help="training batches per fit")
     ap.add_argument(
         "--model",
@@ -418,13 +637,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vocab", type=int, default=8192, help="transformer: vocabulary size")
     ap.add_argument(
         "--design",
-        choices=("lockstep", "interleaved", "both"),
-        default="both",
-        help="lockstep (with its null row), interleaved fits, or both",
+        choices=("blocks", "lockstep", "interleaved", "all"),
+        default="all",
+        help="blocks (with its null row), lockstep (with its null row), interleaved fits, or all",
+    )
+    ap.add_argument("--block-len", type=int, default=16, help="blocks: steps per block")
+    ap.add_argument("--block-steps", type=int, default=640, help="blocks: training batches per fit")
+    ap.add_argument("--block-fits", type=int, default=6, help="blocks: fits per row")
+    ap.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="lockstep: give each worker process half of the CPUs (4 or more needed)",
     )
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
+    ap.add_argument(
+        "--pool", nargs="+", metavar="JSON", help="pool the blocks rows of these results"
+    )
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    if args.pool:
+        _pool(args.pool, args.out)
+        return
+    if args.rounds < 2 or args.rounds % 2:
+        ap.error(f"--rounds must be an even number of at least 2, got {args.rounds}")
     defaults = {
         "mlp": {"batch": 256, "width": 4096, "hidden": 1024, "blocks": 4},
         "transformer": {"batch": 32, "width": 512, "hidden": 2048, "blocks": 6},
@@ -434,38 +670,66 @@ def main(argv: list[str] | None = None) -> None:
             setattr(args, key, value)
     if args.tiny:
         args.rounds, args.steps, args.batch = 2, 12, 16
+        args.block_len, args.block_steps, args.block_fits = 2, 12, 2
         args.width, args.hidden, args.blocks = 64, 64, 2
         args.seq, args.vocab = 16, 128
     _quiet()
     rows: list[list[object]] = []
     records: dict[str, Any] = {}
     designs: list[tuple[str, str, Any]] = []
-    if args.design in ("lockstep", "both"):
+    if args.design in ("lockstep", "all"):
         designs += [
             ("lockstep", "lockstep: with / without", lambda: _lockstep(args)),
             ("lockstep_null", "lockstep null: without / without", lambda: _lockstep(args, False)),
         ]
-    if args.design in ("interleaved", "both"):
+    if args.design in ("interleaved", "all"):
         designs.append(("interleaved", "interleaved fits", lambda: _interleaved(args)))
+    if args.design in ("blocks", "all"):
+        blocks_args = argparse.Namespace(
+            **{**vars(args), "steps": args.block_steps, "rounds": args.block_fits}
+        )
+        brows = []
+        for key, fits in _blocks(blocks_args).items():
+            name = "blocks: on / off" if key == "blocks" else "blocks null: nothing switched"
+            row, record = _blocks_summary(name, blocks_args, fits)
+            brows.append(row)
+            records[key] = record
+            print(f"{name}: {row[4]}", flush=True)
+        print(
+            table(
+                [
+                    "design",
+                    "fits x steps",
+                    "step off (us)",
+                    "step on (us)",
+                    "on / off, pooled blocks (IQR)",
+                    "per fit",
+                    "fit outside loop (ms)",
+                    "syncs found",
+                ],
+                brows,
+            )
+        )
     for key, name, run in designs:
         row, record = _summary(name, args, run())
         rows.append(row)
         records[key] = record
         print(f"{name}: {row[4]}", flush=True)
-    print(
-        table(
-            [
-                "design",
-                "rounds x steps",
-                "fit without",
-                "fit with BarrierGuard",
-                "with / without (IQR)",
-                "median step, with / without (IQR)",
-                "syncs found",
-            ],
-            rows,
+    if rows:
+        print(
+            table(
+                [
+                    "design",
+                    "rounds x steps",
+                    "fit without",
+                    "fit with BarrierGuard",
+                    "with / without (IQR)",
+                    "median step, with / without (IQR)",
+                    "syncs found",
+                ],
+                rows,
+            )
         )
-    )
     if args.model == "transformer":
         model = (
             f"TinyLM {args.blocks} layers x {args.width} (ff {args.hidden}), seq {args.seq}, "

@@ -119,6 +119,34 @@ def test_syncs_per_step_series(fake_cuda: FakeMode) -> None:
     assert guard.report.syncs_per_step == (1, 2, 0, 1)
 
 
+def test_violations_are_listed_per_step_and_threads_listed_once(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    calls = []
+    real = threading.enumerate
+
+    def enumerate_threads() -> list[threading.Thread]:
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(threading, "enumerate", enumerate_threads)
+    t = FakeTensor()
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        for _ in range(5):
+            guard.step()
+            t.item()
+    violations = guard.report.violations
+    assert [v.step for v in violations] == [1, 2, 3, 4, 5]
+    assert {(v.kind, v.reason, v.thread) for v in violations} == {
+        ("item", "not allowed", threading.current_thread().name)
+    }
+    assert violations[0].file == guard.report.sites[0].file
+    # The thread's name was looked up once, not at every violating sync.
+    assert len(calls) == 1
+
+
 def test_same_seed_same_losses_with_and_without_watch() -> None:
     def train() -> list[float]:
         torch.manual_seed(0)

@@ -364,15 +364,9 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
         user = framework or innermost
     probe = framework if framework is not None else user
     user_code, probe_code = user.f_code, probe.f_code
-    key = (
-        id(user_code),
-        user.f_lineno,
-        id(probe_code),
-        probe.f_lasti,
-        probe.f_lineno,
-        kind,
-        detail,
-    )
+    # Instruction offsets, not line numbers: a frame computes f_lineno from its
+    # code's line table, and the offset names the line as well.
+    key = (id(user_code), user.f_lasti, id(probe_code), probe.f_lasti, kind, detail)
     hit = _location_cache.get(key)
     if hit is not None and hit[1] is user_code and hit[2] is probe_code:
         return hit[0]

@@ -157,8 +157,11 @@ class Guard:
         self._step_stall: list[float] = [0.0]
         self._manual = False
         self._lead: Any = None
-        self._violations: list[Violation] = []
+        # (site, step, reason, thread name): made into Violations by report(),
+        # off the hot path.
+        self._violations: list[tuple[Location, int, str, str]] = []
         self._violation_count = 0
+        self._thread_names: dict[int, str] = {}
         self._deferred: list[SyncError] = []
         self._warned: set[tuple[str, int, str, str]] = set()
         self._faults: list[str] = []
@@ -413,7 +416,7 @@ class Guard:
             step = self._steps
             if ident != stats.last_ident:
                 stats.last_ident = ident
-                stats.threads[_thread_name(ident)] = None
+                stats.threads[self._thread_name(ident)] = None
             if mechanism is not None:
                 stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + 1
             phase = self._phase
@@ -455,17 +458,7 @@ class Guard:
                 reason = f"{self._step_syncs} syncs in step {step}, budget {budget}"
             self._violation_count += 1
             if len(self._violations) < _MAX_VIOLATIONS:
-                self._violations.append(
-                    Violation(
-                        file=loc.file,
-                        line=loc.line,
-                        kind=loc.kind,
-                        origin=loc.origin,
-                        step=step,
-                        reason=reason,
-                        thread=_thread_name(ident),
-                    )
-                )
+                self._violations.append((loc, step, reason, self._thread_name(ident)))
             if opts.policy == "record":
                 return None
             first_time = loc.key not in self._warned
@@ -480,6 +473,14 @@ class Guard:
                     self._deferred.append(error)
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
         return functools.partial(_raise, error)
+
+    def _thread_name(self, ident: int) -> str:
+        # Listing the threads costs microseconds on every violating sync: a
+        # thread keeps the name it had when first seen.
+        name = self._thread_names.get(ident)
+        if name is None:
+            name = self._thread_names[ident] = _thread_name(ident)
+        return name
 
     def _message(self, stats: _SiteStats, step: int, reason: str) -> str:
         loc = stats.loc
@@ -543,7 +544,18 @@ class Guard:
         """A snapshot of what was found so far (also while running)."""
         with self._lock:
             stats = list(self._sites.values())
-            violations = tuple(self._violations)
+            violations = tuple(
+                Violation(
+                    file=loc.file,
+                    line=loc.line,
+                    kind=loc.kind,
+                    origin=loc.origin,
+                    step=step,
+                    reason=reason,
+                    thread=thread,
+                )
+                for loc, step, reason, thread in self._violations
+            )
             extra = self._violation_count - len(self._violations)
             notes = list(self._notes) + list(self._faults)
             steps = self._steps
