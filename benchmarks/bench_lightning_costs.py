@@ -15,8 +15,10 @@ points from the inside, so each figure is precise to about a microsecond:
   wrapper's cost per call, measured in this process on tensors like the fit's
   (a CPU scalar's ``item()``, a pinned batch's ``to("cuda", non_blocking=True)``).
 
-Per call it reports the median and the mean (a stray slow call, such as a
-thread switch, moves the mean); per step, calls per step times the median.
+Per call it reports the median (the typical call) and the mean; per step, the
+time summed over the measured steps divided by their number (the memory
+sampler reads its probes every Nth step only, so its median call is the
+bookkeeping of the other steps).
 What it cannot see: the sync-debug mode's own C++ and ``warnings`` work before
 the handler runs, Lightning calling the hooks, and the caches the callback's
 code evicts from the training loop's. ``bench_lightning.py`` includes those.
@@ -212,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
             if not xs:
                 continue
             med = statistics.median(xs)
-            per_step = len(xs) / steps * med
+            # The mean, not the median: the memory sampler's work comes every Nth step.
+            per_step = sum(xs) / steps
             record[label] = {
                 "calls_per_step": len(xs) / steps,
                 "median_us": med * 1e6,
