@@ -78,6 +78,12 @@ import barrierguard
 
 _TURN_TIMEOUT_S = 300.0
 
+# Each model's shape: batch, width (input or model), hidden (or feed-forward), blocks (or layers).
+MODEL_DEFAULTS: dict[str, dict[str, int]] = {
+    "mlp": {"batch": 256, "width": 4096, "hidden": 1024, "blocks": 4},
+    "transformer": {"batch": 32, "width": 512, "hidden": 2048, "blocks": 6},
+}
+
 
 def _module(args: argparse.Namespace) -> Any:
     if args.model == "transformer":
@@ -536,34 +542,50 @@ def _blocks(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     return fits
 
 
-def _blocks_summary(
-    name: str, args: argparse.Namespace, fits: list[dict[str, Any]]
-) -> tuple[list[object], dict[str, Any]]:
-    per_fit = [_block_ratios(f["steps"], args.block_len) for f in fits]
+def _blocks_record(
+    per_fit: list[list[float]],
+    step_off_s: float,
+    step_on_s: float,
+    outside_loop_s: list[float],
+    syncs_found: int,
+) -> dict[str, Any]:
+    """The JSON record of a blocks row, from its per-fit block ratios."""
     pooled = [r for rs in per_fit for r in rs]
     q = _quartiles(pooled)
-    off = median([d for f in fits for on, d in f["steps"] if not on])
-    on = median([d for f in fits for on, d in f["steps"] if on])
-    row: list[object] = [
-        name,
-        f"{len(fits)} x {args.steps} ({len(pooled)} blocks of {args.block_len})",
-        f"{off * 1e6:.0f}",
-        f"{on * 1e6:.0f}",
-        f"**{median(pooled):.4f}** ({q[0]:.4f}-{q[2]:.4f})",
-        " ".join(f"{median(rs):.4f}" for rs in per_fit),
-        f"{median([f['outside_s'] for f in fits]) * 1e3:.0f}",
-        f"{max(f['syncs'] for f in fits)}",
-    ]
-    record = {
+    return {
         "block_ratios": per_fit,
         "median_ratio": median(pooled),
         "iqr": [q[0], q[2]],
         "per_fit_median": [median(rs) for rs in per_fit],
-        "step_off_s": off,
-        "step_on_s": on,
-        "outside_loop_s": [f["outside_s"] for f in fits],
-        "syncs_found": max(f["syncs"] for f in fits),
+        "step_off_s": step_off_s,
+        "step_on_s": step_on_s,
+        "outside_loop_s": outside_loop_s,
+        "syncs_found": syncs_found,
     }
+
+
+def _blocks_summary(
+    name: str, args: argparse.Namespace, fits: list[dict[str, Any]]
+) -> tuple[list[object], dict[str, Any]]:
+    record = _blocks_record(
+        [_block_ratios(f["steps"], args.block_len) for f in fits],
+        median([d for f in fits for on, d in f["steps"] if not on]),
+        median([d for f in fits for on, d in f["steps"] if on]),
+        [f["outside_s"] for f in fits],
+        max(f["syncs"] for f in fits),
+    )
+    iqr = record["iqr"]
+    row: list[object] = [
+        name,
+        f"{len(fits)} x {args.steps} ({sum(map(len, record['block_ratios']))} blocks of "
+        f"{args.block_len})",
+        f"{record['step_off_s'] * 1e6:.0f}",
+        f"{record['step_on_s'] * 1e6:.0f}",
+        f"**{record['median_ratio']:.4f}** ({iqr[0]:.4f}-{iqr[1]:.4f})",
+        " ".join(f"{m:.4f}" for m in record["per_fit_median"]),
+        f"{median(record['outside_loop_s']) * 1e3:.0f}",
+        f"{record['syncs_found']}",
+    ]
     return row, record
 
 
@@ -577,28 +599,23 @@ def _pool(paths: list[str], out: str | None) -> None:
     records: dict[str, Any] = {}
     for key in ("blocks", "blocks_null"):
         recs = [r["designs"][key] for r in runs]
-        per_fit = [rs for rec in recs for rs in rec["block_ratios"]]
-        pooled = [x for rs in per_fit for x in rs]
-        q = _quartiles(pooled)
-        outside = [t for rec in recs for t in rec["outside_loop_s"]]
-        records[key] = {
-            "block_ratios": per_fit,
-            "median_ratio": median(pooled),
-            "iqr": [q[0], q[2]],
-            "per_fit_median": [median(rs) for rs in per_fit],
-            "step_off_s": median([rec["step_off_s"] for rec in recs]),
-            "step_on_s": median([rec["step_on_s"] for rec in recs]),
-            "outside_loop_s": outside,
-            "syncs_found": max(rec["syncs_found"] for rec in recs),
-        }
+        record = _blocks_record(
+            [rs for rec in recs for rs in rec["block_ratios"]],
+            median([rec["step_off_s"] for rec in recs]),
+            median([rec["step_on_s"] for rec in recs]),
+            [t for rec in recs for t in rec["outside_loop_s"]],
+            max(rec["syncs_found"] for rec in recs),
+        )
+        records[key] = record
+        fits = record["per_fit_median"]
+        iqr = record["iqr"]
         rows.append(
             [
                 key,
-                f"{len(per_fit)} fits ({len(pooled)} blocks)",
-                f"**{median(pooled):.4f}** ({q[0]:.4f}-{q[2]:.4f})",
-                f"{min(records[key]['per_fit_median']):.4f}-"
-                f"{max(records[key]['per_fit_median']):.4f}",
-                f"{median(outside) * 1e3:.0f}",
+                f"{len(fits)} fits ({sum(map(len, record['block_ratios']))} blocks)",
+                f"**{record['median_ratio']:.4f}** ({iqr[0]:.4f}-{iqr[1]:.4f})",
+                f"{min(fits):.4f}-{max(fits):.4f}",
+                f"{median(record['outside_loop_s']) * 1e3:.0f}",
             ]
         )
     print(f"pooled from {', '.join(paths)}; model: {runs[0]['model']}")
@@ -662,11 +679,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.rounds < 2 or args.rounds % 2:
         ap.error(f"--rounds must be an even number of at least 2, got {args.rounds}")
-    defaults = {
-        "mlp": {"batch": 256, "width": 4096, "hidden": 1024, "blocks": 4},
-        "transformer": {"batch": 32, "width": 512, "hidden": 2048, "blocks": 6},
-    }[args.model]
-    for key, value in defaults.items():
+    for key, value in MODEL_DEFAULTS[args.model].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.tiny:

@@ -50,6 +50,7 @@ import barrierguard
 from barrierguard import _guard, _hub, _memory, _timeline
 from barrierguard import _lightning as lt
 from barrierguard._engines import cuda as ce
+from barrierguard._engines._patch import Patches
 
 # (owner, attribute, label, nested under): every entry point timed in the fit.
 POINTS: tuple[tuple[Any, str, str, str], ...] = (
@@ -71,7 +72,7 @@ class _Timers:
         self.on = False
         self.times: dict[str, list[float]] = collections.defaultdict(list)
         self.calls: collections.Counter[str] = collections.Counter()
-        self._saved: list[tuple[Any, str, Any]] = []
+        self._patches = Patches()
 
     def _timed(self, fn: Callable[..., Any], label: str) -> Callable[..., Any]:
         clock = time.perf_counter
@@ -96,7 +97,7 @@ class _Timers:
 
     def install(self) -> None:
         for owner, name, label, _ in POINTS:
-            self._set(owner, name, self._timed(getattr(owner, name), label))
+            self._patches.set(owner, name, self._timed(getattr(owner, name), label))
         # The wrappers are counted, not timed: counting costs less than a timer.
         patch_calls = ce.CudaEngine._patch_calls
         timers = self
@@ -107,16 +108,10 @@ class _Timers:
                 label = f"{getattr(owner, '__name__', owner)}.{name}"
                 engine._patches.set(owner, name, timers._counted(getattr(owner, name), label))
 
-        self._set(ce.CudaEngine, "_patch_calls", counting_patch_calls)
-
-    def _set(self, owner: Any, name: str, value: Any) -> None:
-        self._saved.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, value)
+        self._patches.set(ce.CudaEngine, "_patch_calls", counting_patch_calls)
 
     def undo(self) -> None:
-        while self._saved:
-            owner, name, old = self._saved.pop()
-            setattr(owner, name, old)
+        self._patches.undo()
 
 
 def _wrapper_costs(batch: torch.Tensor) -> dict[str, float]:
@@ -194,10 +189,7 @@ def main(argv: list[str] | None = None) -> None:
             skip=args.skip,
             seq=256,
             vocab=8192,
-            **{
-                "mlp": {"batch": 256, "width": 4096, "hidden": 1024, "blocks": 4},
-                "transformer": {"batch": 32, "width": 512, "hidden": 2048, "blocks": 6},
-            }[model],
+            **bl.MODEL_DEFAULTS[model],
         )
         timers = _Timers()
         timers.install()

@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_lightning_parts.py measures the CUDA engine: it needs a GPU")
-    args.model, args.batch, args.width, args.hidden, args.blocks = "mlp", 256, 4096, 1024, 4
+    args.model = "mlp"
+    vars(args).update(bl.MODEL_DEFAULTS["mlp"])
     bl._quiet()
     loader = bl._loader(args)
     _fit(args, loader, "null")  # warm-up
