@@ -1,13 +1,26 @@
-"""Overhead of the CPU audit engine on a small MLP training step, on CPU.
+"""What does the audit engine cost a training step on CPU?
 
-Paired, interleaved runs: each round times a block of steps bare, under a
-running ``watch(engine="audit")``, and (for scale) under a no-op
-``TorchFunctionMode``; the ratio to bare is taken within the round, and the
-medians are reported. The step has no sync in it (a small non_blocking batch
-copy, forward, loss, backward, Adam), so what is measured is the price of
-watching, not of recording.
+Question:
+    On a CPU-only machine ``watch()`` uses the audit engine, a
+    ``TorchFunctionMode`` that follows which tensors would live on the device.
+    How much slower does a small training step run under it (the target: at
+    most 1.5x)?
 
+Design:
+    Adam steps of small MLPs (``--configs``, WIDTHxHIDDEN_LAYERS, batch 64, a
+    ``non_blocking`` batch copy, forward, cross-entropy, backward), with no sync
+    in the step, so what is measured is the price of watching, not of recording.
+    The guard is started while the model is built (as under ``barrierguard
+    run``), so the audit follows every tensor from its creation. Variants
+    ``bare``, ``audit`` (a running ``watch(engine="audit")``) and, for scale, a
+    no-op ``TorchFunctionMode`` time blocks of ``--steps`` steps in ``--pairs``
+    paired rounds (the order rotating); the figure is the median of the
+    per-round ratios to bare, with its IQR. One torch thread (``--threads``).
+
+Reproduce:
     PYTHONPATH=src python benchmarks/bench_audit.py --out benchmarks/results/audit_cpu.json
+
+    On the 2-core CPU machine of the CPU results (see ``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import median, table, timed, write
+from _common import median, paired_rounds, quartiles, table, timed, write
 
 import barrierguard
 
@@ -78,28 +91,22 @@ def overhead(width: int, layers: int, batch: int, steps: int, pairs: int) -> dic
 
     for _ in range(3):
         block()
+
+    def run(name: str) -> float:
+        if name == "audit":
+            guard.start()
+            try:
+                return timed(block)
+            finally:
+                guard.stop()
+        if name == "noop_mode":
+            with noop:
+                return timed(block)
+        return timed(block)
+
     names = ["bare", "audit", "noop_mode"]
-    times: dict[str, list[float]] = {n: [] for n in names}
-    ratios: dict[str, list[float]] = {n: [] for n in names[1:]}
-    for i in range(pairs):
-        order = names[i % 3 :] + names[: i % 3]
-        got: dict[str, float] = {}
-        for n in order:
-            if n == "audit":
-                guard.start()
-                try:
-                    got[n] = timed(block)
-                finally:
-                    guard.stop()
-            elif n == "noop_mode":
-                with noop:
-                    got[n] = timed(block)
-            else:
-                got[n] = timed(block)
-        for n in names:
-            times[n].append(got[n] / steps)
-        for n in names[1:]:
-            ratios[n].append(got[n] / got["bare"])
+    rounds = paired_rounds(names, run, pairs)
+    ratios = {n: [r[n] / r["bare"] for r in rounds] for n in names[1:]}
     report = guard.report
     assert report.step_syncs == 0, report
     assert report.steps == steps * pairs, report.steps
@@ -109,11 +116,9 @@ def overhead(width: int, layers: int, batch: int, steps: int, pairs: int) -> dic
         "batch": batch,
         "steps_per_block": steps,
         "pairs": pairs,
-        "step_us": {n: median(v) * 1e6 for n, v in times.items()},
+        "step_us": {n: median([r[n] / steps for r in rounds]) * 1e6 for n in names},
         "ratio_median": {n: median(v) for n, v in ratios.items()},
-        "ratio_quartiles": {
-            n: [sorted(v)[len(v) // 4], sorted(v)[(3 * len(v)) // 4]] for n, v in ratios.items()
-        },
+        "ratio_quartiles": {n: quartiles(v) for n, v in ratios.items()},
     }
 
 
@@ -128,7 +133,7 @@ def start_stop(repeats: int) -> float:
     return median(samples)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--pairs", type=int, default=200)
@@ -140,7 +145,7 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: leave as is)")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     results: dict[str, Any] = {
@@ -185,6 +190,7 @@ def main() -> None:
         f"threads; start()+stop(): {results['start_stop_ms']:.1f} ms (after the first)"
     )
     write(args.out, results)
+    return results
 
 
 if __name__ == "__main__":

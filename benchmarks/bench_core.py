@@ -1,9 +1,35 @@
-"""Core overhead: watch() on a launch-bound step, the cost of one recorded sync,
-and the size from which a non_blocking copy of pageable memory blocks.
+"""What does ``watch()`` cost: per training step when nothing syncs, and per sync it records?
 
-Run on a CUDA machine:
+Question:
+    How much slower does a training step run under ``watch()``, on the step where
+    its cost shows most (launch-bound, no sync in it), and how much does it add to
+    each sync it records?
 
-    PYTHONPATH=src python benchmarks/bench_core.py --out benchmarks/results/core.json
+Design:
+    * Per step: an Adam step of an MLP (width 512, batch 64, its layer count
+      calibrated to a 1 ms bare step) whose host launches kernels as fast as it
+      can. Variants ``bare``, ``watch()``, ``watch(memory=False)`` and, on a GPU,
+      sync-debug mode alone (its warnings ignored) time blocks of ``--steps``
+      steps in ``--pairs`` paired rounds (every variant once per round, the order
+      rotating); the figure is the median of the per-round ratios to bare, with
+      its IQR. Each guard is started before its block and stopped after it; its
+      one-time ``start()+stop()`` is timed apart.
+    * Per sync (GPU only): a loop of ``--calls`` ``.item()`` on an idle GPU,
+      ``--repeats`` times, bare, under ``watch()`` and under sync-debug mode with
+      a naive ``traceback.extract_stack(limit=12)`` hook; the median microseconds
+      per call, and what each adds to the bare call.
+
+Reproduce:
+    PYTHONPATH=src python benchmarks/bench_core.py --out benchmarks/results/h200/core.json
+
+    (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
+    of the suite and keeps the printed tables in ``core.txt``.) The committed
+    ``h200/core.json`` also has a ``pageable_nonblocking`` section: it was
+    measured by this script before that question moved to ``bench_pageable.py``.
+
+    CPU smoke run (the per-step rounds only, audit engine)::
+
+        PYTHONPATH=src python benchmarks/bench_core.py --device cpu --layers 1 --pairs 4
 """
 
 from __future__ import annotations
@@ -11,58 +37,31 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import median, paired_rounds, paired_summary, sync, table, timed, write
+from _common import (
+    NaiveSyncDebug,
+    adam_mlp_layers,
+    adam_mlp_step,
+    median,
+    paired_rounds,
+    paired_summary,
+    table,
+    timed,
+    write,
+)
 
 import barrierguard
 
 
-def make_step(device: str, layers: int, width: int) -> Any:
-    torch.manual_seed(0)
-    mods: list[nn.Module] = []
-    for _ in range(layers):
-        mods += [nn.Linear(width, width), nn.ReLU()]
-    model = nn.Sequential(*mods).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x = torch.randn(64, width, device=device)
-    host = torch.randn(64, width)
-    if device == "cuda":
-        host = host.pin_memory()
-
-    def step() -> None:
-        inp = host.to(device, non_blocking=True) + x
-        loss = model(inp).square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step
-
-
-def calibrate(device: str, width: int, target_ms: float) -> int:
-    """The layer count whose bare step is closest to ``target_ms``."""
-    best, best_gap = 1, float("inf")
-    for layers in (1, 2, 3, 4, 6, 8):
-        step = make_step(device, layers, width)
-        for _ in range(5):
-            step()
-        ms = median([timed(lambda s=step: [s() for _ in range(20)]) / 20 * 1e3 for _ in range(3)])
-        if abs(ms - target_ms) < best_gap:
-            best, best_gap = layers, abs(ms - target_ms)
-    return best
-
-
 class _ModeOnly:
-    """Sync-debug warn mode with an 'always' filter and nothing else."""
+    """Sync-debug warn mode with its warnings ignored, and nothing else."""
 
     def __enter__(self) -> None:
         self._w = warnings.catch_warnings()
@@ -77,7 +76,7 @@ class _ModeOnly:
 
 
 def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> dict[str, Any]:
-    step = make_step(device, layers, width)
+    step = adam_mlp_step(device, layers, width)
 
     def block() -> None:
         for _ in range(steps):
@@ -128,19 +127,6 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
     }
 
 
-def _naive_hook() -> Any:
-    saved = warnings.showwarning
-    records: list[Any] = []
-
-    def hook(message: Any, category: Any, filename: str, lineno: int, *a: Any) -> None:
-        if "synchronizing CUDA operation" in str(message):
-            records.append(traceback.extract_stack(limit=12))
-            return
-        saved(message, category, filename, lineno, *a)
-
-    return saved, hook, records
-
-
 def per_sync(calls: int, repeats: int) -> dict[str, Any]:
     x = torch.ones(16, device="cuda")
 
@@ -157,17 +143,9 @@ def per_sync(calls: int, repeats: int) -> dict[str, Any]:
             results["watched"].append(timed(loop) / calls)
         items = [s for s in guard.report.sites if s.kind == "item"]
         assert sum(s.count for s in items) == calls, guard.report
-        saved, hook, records = _naive_hook()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("always", message="called a synchronizing CUDA operation")
-            warnings.showwarning = hook
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                results["naive"].append(timed(loop) / calls)
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
-                warnings.showwarning = saved
-        assert len(records) == calls, len(records)
+        with NaiveSyncDebug() as naive:
+            results["naive"].append(timed(loop) / calls)
+        assert len(naive.records) == calls, len(naive.records)
     med = {k: median(v) * 1e6 for k, v in results.items()}
     return {
         "calls": calls,
@@ -180,49 +158,7 @@ def per_sync(calls: int, repeats: int) -> dict[str, Any]:
     }
 
 
-def _sleep_cycles_per_ms() -> float:
-    cycles = 50_000_000
-    torch.cuda._sleep(cycles)
-    sync()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / start.elapsed_time(end)
-
-
-def pageable_sweep(repeats: int) -> dict[str, Any]:
-    per_ms = _sleep_cycles_per_ms()
-    rows = []
-    for size in [
-        128,
-        4096,
-        65536,
-        262144,
-        1 << 20,
-        3 << 19,
-        2 << 20,
-        3 << 20,
-        4 << 20,
-        6 << 20,
-        8 << 20,
-    ]:
-        host = torch.empty(size // 4)
-        host.to("cuda", non_blocking=True)
-        samples = []
-        for _ in range(repeats):
-            sync()
-            torch.cuda._sleep(int(20 * per_ms))
-            t0 = time.perf_counter()
-            host.to("cuda", non_blocking=True)
-            samples.append((time.perf_counter() - t0) * 1e3)
-            sync()
-        rows.append({"bytes": size, "host_ms": median(samples), "blocks": median(samples) > 5})
-    return {"sleep_ms": 20, "sizes": rows}
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--pairs", type=int, default=80)
@@ -233,9 +169,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     results: dict[str, Any] = {"command": " ".join(sys.argv)}
-    layers = args.layers or calibrate(args.device, args.width, args.target_ms)
+    layers = args.layers or adam_mlp_layers(args.device, args.width, args.target_ms)
     ov = overhead(args.device, args.steps, args.pairs, layers, args.width)
     results["overhead"] = ov
     print(f"\n## watch() on a launch-bound step (no sync in it), {layers} layers of {args.width}")
@@ -283,16 +219,8 @@ def main() -> None:
                 ],
             )
         )
-        sw = pageable_sweep(5)
-        results["pageable_nonblocking"] = sw
-        print("\n## host time of a non_blocking copy of pageable memory behind a 20 ms kernel")
-        print(
-            table(
-                ["bytes", "host ms", "blocks"],
-                [[r["bytes"], f"{r['host_ms']:.3f}", r["blocks"]] for r in sw["sizes"]],
-            )
-        )
     write(args.out, results)
+    return results
 
 
 if __name__ == "__main__":

@@ -1,18 +1,31 @@
-"""Detection quality: per-line agreement of the engines with the corpus's annotations.
+"""How often does each engine give the right verdict on a line?
 
-``tests/corpus/cases.py`` marks each line that synchronizes on a CUDA device with
-``# expect: KIND [origin]`` and each host-only trap with ``# quiet``. This runs
-the corpus once under each engine and compares, line by line, what the engine
-reported inside the measured step with the annotation:
+Question:
+    On the annotated corpus, how many lines does each engine get right: every
+    syncing line reported with its kind and origin, and nothing reported on a
+    quiet line?
 
-* ``cuda``: the corpus on the GPU (after one warm-up pass), CUDA machines only;
-* ``audit``: the corpus on ``"cpu"`` tensors, even on a GPU machine: the audit
-  reasons about CPU runs (which lines would synchronize on a GPU).
+Design:
+    ``tests/corpus/cases.py`` marks each line that synchronizes on a CUDA device
+    with ``# expect: KIND [origin]`` and each host-only trap with ``# quiet``.
+    This runs the corpus once under each engine and compares, line by line, what
+    the engine reported inside the measured step with the annotation:
 
-A line agrees when the engine reported exactly the annotated (kind, origin) there,
-or nothing on a quiet line.
+    * ``cuda``: the corpus on the GPU (after one warm-up pass), CUDA machines only;
+    * ``audit``: the corpus on ``"cpu"`` tensors, even on a GPU machine: the audit
+      reasons about CPU runs (which lines would synchronize on a GPU).
 
-    PYTHONPATH=src python benchmarks/bench_detection.py --out benchmarks/results/detection.json
+    A line agrees when the engine reported exactly the annotated (kind, origin)
+    there, or nothing on a quiet line. Lines reported without an annotation are
+    listed too.
+
+Reproduce:
+    PYTHONPATH=src python benchmarks/bench_detection.py --out benchmarks/results/h200/detection.json
+    PYTHONPATH=src python benchmarks/bench_detection.py --out benchmarks/results/detection_cpu.json
+
+    The first on a GPU machine (both engines; ``bash benchmarks/run_all.sh
+    benchmarks/results/h200`` runs it with the rest of the suite and keeps the
+    printed table in ``detection.txt``), the second on a CPU-only one (the audit).
 """
 
 from __future__ import annotations

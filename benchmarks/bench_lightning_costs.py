@@ -1,30 +1,41 @@
-"""Time spent inside the Lightning callback's own code, per training step, in a real fit.
+"""Where does the Lightning callback's time go, per training step?
 
-A diagnostic beside ``bench_lightning.py``: where that benchmark compares fits
-with and without the callback (and so sees every cost, but through the host's
-noise), this one runs one fit with the callback and times barrierguard's entry
-points from the inside, so each figure is precise to about a microsecond:
+Question:
+    Of the time a fit with ``BarrierGuard()`` spends in barrierguard's own code,
+    how much goes to each entry point: the handler of each sync, the step hook
+    (with the memory sampler and the step timeline), the engine's wrappers?
 
-* ``sync handler``: the sync-debug warning's handler, once per sync (it names
-  the site, the Lightning mechanism, and records it); with, inside it,
-  ``locate`` (the user's and the framework's line), ``mechanism_of`` and the
-  guard's ``_record``;
-* ``step hook``: the callback's ``on_train_batch_end`` (the step boundary), with
-  the memory sampler and the step timeline inside it;
-* ``wrappers``: the calls per step of each method the engine wraps, times the
-  wrapper's cost per call, measured in this process on tensors like the fit's
-  (a CPU scalar's ``item()``, a pinned batch's ``to("cuda", non_blocking=True)``).
+Design:
+    One fit with the callback per model (``--steps`` batches; the first
+    ``--skip`` and the last 5 left out) on the models of ``bench_lightning.py``.
+    Each entry point is replaced, for the fit, by a timed copy (``POINTS``):
 
-Per call it reports the median (the typical call) and the mean; per step, the
-time summed over the measured steps divided by their number (the memory
-sampler reads its probes every Nth step only, so its median call is the
-bookkeeping of the other steps).
-What it cannot see: the sync-debug mode's own C++ and ``warnings`` work before
-the handler runs, Lightning calling the hooks, and the caches the callback's
-code evicts from the training loop's. ``bench_lightning.py`` includes those.
+    * ``sync handler``: the sync-debug warning's handler, once per sync; inside
+      it ``locate`` (the user's and the framework's line), ``hub.emit``, the
+      guard's ``_record`` and, inside that, ``frameworks.annotate`` (the
+      framework mechanism and phase the stack shows);
+    * ``step hook``: the callback's ``on_train_batch_end`` (the step boundary),
+      with the memory sampler and the step timeline inside it;
+    * ``wrappers``: the calls per step of each method the engine wraps (counted,
+      not timed, in the fit), times the wrapper's cost per call, measured in this
+      process on tensors like the fit's (a CPU scalar's ``item()``, a pinned
+      batch's ``to("cuda", non_blocking=True)``), wrapped against bare.
 
-GPU only:
-    PYTHONPATH=src python benchmarks/bench_lightning_costs.py --out benchmarks/results/h200/lightning_costs.json
+    Per call it reports the median (the typical call) and the mean; per step, the
+    time summed over the measured steps divided by their number (the memory
+    sampler reads its probes every Nth step only, so its median call is the
+    bookkeeping of the other steps). The total adds the outermost entries. What
+    it cannot see: sync-debug mode's own C++ and ``warnings`` work before the
+    handler runs, Lightning calling the hooks, and the caches the callback's code
+    evicts from the training loop's; ``bench_lightning.py`` sees those.
+
+Reproduce:
+    PYTHONPATH=src python benchmarks/bench_lightning_costs.py \
+        --out benchmarks/results/h200/lightning_costs.json | tee benchmarks/results/h200/lightning_costs.txt
+
+    GPU only (it times the CUDA engine), about 30 s. The committed run named the
+    mechanism with ``mechanism_of`` in the callback, inside the sync handler;
+    that work is now ``frameworks.annotate`` inside the guard's ``_record``.
 """
 
 from __future__ import annotations
@@ -43,22 +54,32 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_lightning as bl
-from _common import table, write
+from _common import (
+    lightning_loader,
+    lightning_model,
+    lightning_settings,
+    lightning_trainer,
+    quiet_lightning,
+    table,
+    write,
+)
 
 import barrierguard
-from barrierguard import _guard, _hub, _memory, _timeline
-from barrierguard import _lightning as lt
-from barrierguard._engines import cuda as ce
-from barrierguard._engines._patch import Patches
+from barrierguard.detect import cuda as ce
+from barrierguard.detect import frameworks, hub
+from barrierguard.detect.patch import Patches
+from barrierguard.integrations import lightning_callback as lt
+from barrierguard.session import guard as _guard
+from barrierguard.session import memory as _memory
+from barrierguard.session import timeline as _timeline
 
 # (owner, attribute, label, nested under): every entry point timed in the fit.
 POINTS: tuple[tuple[Any, str, str, str], ...] = (
     (ce.CudaEngine, "_show", "sync handler", ""),
     (ce, "locate", "locate", "sync handler"),
-    (lt, "mechanism_of", "mechanism_of", "sync handler"),
-    (_hub, "emit", "emit", "sync handler"),
+    (hub, "emit", "emit", "sync handler"),
     (_guard.Guard, "_record", "Guard._record", "emit"),
+    (frameworks, "annotate", "frameworks.annotate", "Guard._record"),
     (lt.BarrierGuardCallback, "on_train_batch_end", "step hook", ""),
     (_memory.MemoryMonitor, "on_step", "memory sampler", "step hook"),
     (_timeline.StepTimeline, "on_step", "step timeline", "step hook"),
@@ -162,9 +183,9 @@ def _fit(args: argparse.Namespace, timers: _Timers) -> tuple[float, int]:
                 marks["t1"] = time.perf_counter()
 
     guard = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
-    trainer = bl._trainer([guard, Window()])
+    trainer = lightning_trainer([guard, Window()])
     torch.manual_seed(0)
-    trainer.fit(bl._module(args), bl._loader(args))
+    trainer.fit(lightning_model(args), lightning_loader(args))
     steps = last - first
     return (marks["t1"] - marks["t0"]) / steps, steps
 
@@ -180,17 +201,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_lightning_costs.py times the CUDA engine's code: it needs a GPU")
-    bl._quiet()
+    quiet_lightning()
     results: dict[str, Any] = {}
     for model in args.model:
-        margs = argparse.Namespace(
-            model=model,
-            steps=args.steps,
-            skip=args.skip,
-            seq=256,
-            vocab=8192,
-            **bl.MODEL_DEFAULTS[model],
-        )
+        margs = lightning_settings(model, args.steps)
+        margs.skip = args.skip
         timers = _Timers()
         timers.install()
         try:
@@ -198,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             timers.undo()
         # One batch of the fit's loader: the tensor Lightning copies to the GPU.
-        per_call = _wrapper_costs(next(iter(bl._loader(margs)))[0])
+        per_call = _wrapper_costs(next(iter(lightning_loader(margs)))[0])
         rows: list[list[object]] = []
         record: dict[str, dict[str, Any]] = {}
         for _, _, label, parent in POINTS:

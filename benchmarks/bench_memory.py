@@ -1,14 +1,33 @@
-"""Memory sampling: its cost on a launch-bound step, what each probe costs, and
-proof that it adds no synchronization.
+"""What does memory sampling cost a training step, and is it free of syncs?
 
-Run on a CUDA machine (the numbers that count):
+Question:
+    How much slower does a training step run when ``watch()`` samples memory
+    (its default) than without, and does sampling ever synchronize?
 
-    PYTHONPATH=src python benchmarks/bench_memory.py --out benchmarks/results/memory.json
+Design:
+    * What each way to read memory costs the host (median of 5 x ``--calls``
+      calls): torch's allocator counters, psutil, ``/proc/self/statm``, NVML;
+      those marked ``(used)`` are the sampler's. Then one whole sample as the
+      sampler takes it at a step boundary.
+    * On the launch-bound Adam MLP step of ``bench_core.py`` (1 ms, calibrated):
+      ``bare``, ``watch(memory=False)``, ``watch()`` (adaptive sampling, a budget
+      of 0.25% of the step time) and ``watch(memory_every=1)`` in ``--pairs``
+      paired rounds of ``--steps`` steps; the median of the per-round ratios,
+      and ``watch()`` over ``watch(memory=False)`` within each round (the
+      sampler alone).
+    * On a GPU, 50 watched steps sampling every step under
+      ``torch.cuda.set_sync_debug_mode("error")``: any sync would raise.
 
-Smoke test on CPU (small settings, only the host probes):
+Reproduce:
+    PYTHONPATH=src python benchmarks/bench_memory.py --out benchmarks/results/h200/memory.json
 
-    PYTHONPATH=src python benchmarks/bench_memory.py --device cpu --pairs 20 --layers 2 \
-        --out benchmarks/results/memory_cpu_smoke.json
+    (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
+    of the suite and keeps the printed tables in ``memory.txt``.)
+
+    CPU smoke run (the host probes only; its ratios mean nothing)::
+
+        PYTHONPATH=src python benchmarks/bench_memory.py --device cpu --pairs 20 --layers 2 \
+            --calls 500 --out benchmarks/results/memory_cpu_smoke.json
 """
 
 from __future__ import annotations
@@ -26,8 +45,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import median, paired_rounds, paired_summary, table, timed, write
-from bench_core import calibrate, make_step
+from _common import (
+    adam_mlp_layers,
+    adam_mlp_step,
+    median,
+    paired_rounds,
+    paired_summary,
+    table,
+    timed,
+    write,
+)
 
 import barrierguard
 
@@ -38,7 +65,7 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
     Each guard is started before its timed block and stopped after it, so the
     time is the per-step cost, not the one-time start/stop.
     """
-    step = make_step(device, layers, width)
+    step = adam_mlp_step(device, layers, width)
 
     def block() -> None:
         for _ in range(steps):
@@ -142,7 +169,7 @@ def probe_costs(device: str, calls: int) -> dict[str, float]:
 def sample_cost(calls: int) -> dict[str, Any]:
     """Cost of one whole sample, as the sampler takes it at a step boundary."""
     from barrierguard import _env
-    from barrierguard._memory import Sampler, default_probes
+    from barrierguard.session.memory import Sampler, default_probes
 
     notes: list[str] = []
     probes = default_probes(notes, cuda=_env.cuda_available())
@@ -164,7 +191,7 @@ def no_sync(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
     """Run a watched loop with sampling every step under sync-debug "error"."""
     if device != "cuda":
         return {"checked": False, "why": "needs CUDA"}
-    step = make_step(device, layers, width)
+    step = adam_mlp_step(device, layers, width)
     step()
     torch.cuda.synchronize()
     before = torch.cuda.get_sync_debug_mode()
@@ -182,7 +209,7 @@ def no_sync(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
     return {"checked": True, "steps": steps, "samples": len(memory.steps), "raised": False}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--pairs", type=int, default=80)
@@ -192,9 +219,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     results: dict[str, Any] = {"command": " ".join(sys.argv)}
-    layers = args.layers or calibrate(args.device, args.width, args.target_ms)
+    layers = args.layers or adam_mlp_layers(args.device, args.width, args.target_ms)
 
     costs = probe_costs(args.device, args.calls)
     results["probe_us"] = costs
@@ -244,6 +271,7 @@ def main() -> None:
     results["no_sync"] = ns
     print(f"\nno sync under sync-debug 'error' with a sample every step: {ns}")
     write(args.out, results)
+    return results
 
 
 if __name__ == "__main__":

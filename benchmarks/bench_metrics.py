@@ -1,39 +1,137 @@
-"""Benchmark: logging 8 metrics per step with ``.item()`` vs ``MetricBuffer`` vs not at all.
+"""Logging 8 metrics per step: ``MetricBuffer`` against ``.item()``, torchmetrics and Lightning.
 
-Each step does host preparation (a busy wait of ``--host-ms``, standing for batch
-building) and device compute (``torch.cuda._sleep`` calibrated to ``--device-ms``,
-then one small matmul that yields the 8 metric values). Three loops run the same
-body and differ only in logging:
+Question:
+    A loop that logs 8 metrics per step with ``.item()`` waits for the device at
+    every step; ``MetricBuffer`` keeps them on the device until ``compute()``.
+    What users already log with does not call ``.item()`` either: torchmetrics'
+    ``MeanMetric`` and Lightning's ``self.log(..., on_epoch=True)``. Which of
+    them synchronize, how much host time do their 8 updates cost per step, and
+    how fast is each loop against one that logs nothing? Does ``MetricBuffer``
+    earn its place next to a sync-free torchmetrics configuration (goals: at
+    least 3x less host time per step in the 8 updates, and within 1% of no
+    logging in the balanced loop)?
 
-* ``nothing``: computes the metrics and drops them;
-* ``item``: ``running[k] += value.item()`` for each of the 8 metrics every step;
-* ``buffer``: ``MetricBuffer.update(...)`` every step, ``compute()`` once at the end.
+Design:
+    Two plain loops, each step ending in 8 scalar metric tensors (one small
+    matmul, so every row computes the same values):
 
-The variants run interleaved (nothing, item, buffer, nothing, ...) ``--repeats``
-times after a warm-up; each is timed over the whole loop with
-``torch.cuda.synchronize()`` only before and after it. The report gives medians
-and the ratios ``item / buffer`` (target >= 1.6) and ``buffer / nothing``
-(target <= 1.03), as a markdown table and as JSON (``--out``).
+    * ``balanced``: host preparation (a busy-wait of ``--host-ms``, standing for
+      batch building) and device compute (``torch.cuda._sleep`` calibrated to
+      ``--device-ms``). Host and device overlap, so a sync costs the overlap it
+      destroys, and host work added by logging hides behind the device;
+    * ``launch``: a small MLP's SGD step of many small kernels, sized to about
+      ``--launch-ms`` (``_common.build_shape``): the host's launch rate sets the
+      pace, so every microsecond of logging shows.
 
-Usage:
-    python benchmarks/bench_metrics.py                       # CUDA, 1000 steps
-    python benchmarks/bench_metrics.py --device cpu --steps 50 --repeats 2  # smoke run
+    The rows (the same in both loops):
+
+    * ``nothing``: computes the metrics and drops them;
+    * ``item``: ``running[k] += value.item()`` for each of the 8 metrics;
+    * ``buffer``: ``MetricBuffer.update(...)`` every step (weighted means, sum,
+      max, min, last, count: more work than 8 plain means), ``compute()`` at the end;
+    * ``tm_mean``: 8 torchmetrics ``MeanMetric()`` (default ``nan_strategy``,
+      ``"warn"``), ``update(value)`` each;
+    * ``tm_mean_disable``: the same with ``nan_strategy="disable"``;
+    * ``tm_collection``, ``tm_collection_disable``: those 8 metrics held in a
+      ``MetricCollection`` (default ``compute_groups``), each updated through it
+      (``collection[name].update(value)``: ``collection.update(x)`` would give
+      every member the same value), ``collection.compute()`` at the end.
+
+    Each row logs one block of ``--steps`` steps, then calls its end-of-epoch
+    reduction (``compute()``, or the ``.item()`` means); a block is timed with a
+    device sync only before and after it. After a ``--warmup``-step block per
+    row, ``--repeats`` paired rounds run every row once, in an order that
+    rotates by one row each round; the figures are medians over rounds and the
+    median of each round's ratio to ``nothing`` (with its IQR). Host time of the
+    updates: ``time.perf_counter`` around the 8 updates of every step (no
+    synchronize inside; for a row that syncs it includes the wait), summed over
+    the timed blocks and divided by their steps, so ``MetricBuffer``'s fold
+    every 64 steps is in it.
+
+    Lightning: a real ``Trainer.fit`` of ``bench_lightning``'s host-bound MLP
+    (AdamW, bf16-mixed on a GPU, pinned DataLoader; no progress bar, logger,
+    checkpointing or model summary) whose ``training_step`` derives 8 values
+    from the loss and logs them with ``self.log(name, value, on_step=False,
+    on_epoch=True)`` (``self_log``), with ``MetricBuffer.update`` computed in
+    ``on_train_epoch_end`` (``buffer``), or not at all (``nothing``). Each fit
+    runs ``--fit-warmup`` + ``--fit-steps`` batches in one epoch; a callback
+    synchronizes after the warm-up batches and at ``on_train_end``, and the
+    time between, epoch end included, over ``--fit-steps`` is the time per
+    step. ``--fits`` paired rounds of the three fits, in rotating order, after
+    ``--fit-warm-fits`` untimed fits of each. Without CUDA the fits are a smoke
+    run: a tiny model on the CPU, one round, no warm-up fit.
+
+    Syncs: after all timing (the engine patches torch), one short pass per row
+    under ``barrierguard.watch(engine="cuda", policy="record", memory=False)``:
+    ``guard.step()`` before each step, the first ``--count-warmup`` steps are
+    setup, then ``report.step_syncs / report.measured_steps`` over
+    ``--count-steps`` steps; the syncs of the end-of-epoch reduction are
+    counted apart. Fits are counted the same way (``guard.step()`` at each batch
+    start, warm-up batches as setup, the epoch end apart). Three count-only
+    probes show the torchmetrics mechanisms no timed row has: a Python float
+    given to ``MeanMetric.update``, and ``MetricCollection.update`` with
+    ``compute_groups`` on and off. On a machine without CUDA the audit engine
+    counts instead (it says so), and it does not look inside
+    ``optimizer.step()``, where Lightning runs ``training_step``.
+
+    Output: a table per loop (ms per step, ratio to ``nothing``, host us per
+    step in the 8 updates, syncs per step, at the end and in setup, and where),
+    the probes, the fits, and the goals. The JSON keeps this script's earlier
+    top-level keys (``times_s``, ``median_s``, ``ms_per_step``,
+    ``item_over_buffer``, ``buffer_over_nothing``) for the balanced loop's
+    ``nothing``, ``item`` and ``buffer`` rows; the rest is under ``loops``,
+    ``probes``, ``lightning`` and ``goals``.
+
+Reproduce:
+    PYTHONPATH=src python benchmarks/bench_metrics.py --out benchmarks/results/h200/metrics.json \\
+        | tee benchmarks/results/h200/metrics.txt
+
+    (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
+    of the suite and keeps the printed tables in ``metrics.txt``.) Expected to
+    take 2-3 minutes on the H200 at the defaults; the script prints its elapsed
+    time.
+
+    CPU smoke run (seconds; the times mean nothing there, the audit engine counts)::
+
+        PYTHONPATH=src python benchmarks/bench_metrics.py --device cpu --quick
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
+import gc
+import itertools
 import platform
-import statistics
+import sys
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from _common import sleep_cycles_per_ms
+from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    build_shape,
+    busy_wait,
+    lightning_loader,
+    lightning_settings,
+    lightning_trainer,
+    median,
+    paired_rounds,
+    paired_summary,
+    quiet_lightning,
+    sleep_cycles_per_ms,
+    sync,
+    table,
+    write,
+)
+
+import barrierguard
 from barrierguard import MetricBuffer
 
 SPECS: dict[str, Any] = {
@@ -49,12 +147,35 @@ SPECS: dict[str, Any] = {
 NAMES = tuple(SPECS)
 BATCH = 32
 
+ROWS: dict[str, str] = {
+    "nothing": "computes the 8 metrics and drops them",
+    "item": "running[k] += value.item() for each metric",
+    "buffer": "MetricBuffer.update(...) every step, compute() at the end",
+    "tm_mean": "8 torchmetrics MeanMetric() (default nan_strategy='warn')",
+    "tm_mean_disable": "8 MeanMetric(nan_strategy='disable')",
+    "tm_collection": "the 8 MeanMetric() in a MetricCollection, updated per member",
+    "tm_collection_disable": "the 8 MeanMetric(nan_strategy='disable') in a MetricCollection",
+}
+ORIGINAL_ROWS = ("nothing", "item", "buffer")  # the top-level keys keep these, as before
+TM_ROWS = ("tm_mean", "tm_mean_disable", "tm_collection", "tm_collection_disable")
+PROBES: dict[str, str] = {
+    "tm_mean_disable_float": "8 MeanMetric(nan_strategy='disable').update(<Python float>)",
+    "collection_update_groups": (
+        "MetricCollection of 8 MeanMetric(nan_strategy='disable'), "
+        "collection.update(x) (compute_groups=True, the default)"
+    ),
+    "collection_update_no_groups": "the same with compute_groups=False",
+}
+FIT_ROWS: dict[str, str] = {
+    "nothing": "the 8 values are computed and dropped",
+    "self_log": "self.log(name, value, on_step=False, on_epoch=True) for each",
+    "buffer": "MetricBuffer.update(...), compute() in on_train_epoch_end",
+}
+HOST_TARGET = 3.0  # cheapest sync-free torchmetrics / MetricBuffer, host time of the updates
+BALANCED_TARGET = 1.01  # MetricBuffer / nothing per step in the balanced loop
 
-def host_prepare(seconds: float) -> None:
-    """Stand-in for building a batch on the host: busy for ``seconds``."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+
+# -- the steps ----------------------------------------------------------------------
 
 
 class DeviceWork:
@@ -81,84 +202,818 @@ class DeviceWork:
         self.cpu_a = a
         return max(1, int(device_ms / 1000 / per))
 
-    def step(self, i: int) -> tuple[dict[str, torch.Tensor], int]:
+    def claim(self) -> None:
+        """Move the metrics' inputs to the device again: a no-op on a GPU.
+
+        The audit engine learns what lives on the device by watching the moves,
+        so a count on a CPU calls this inside its guard.
+        """
+        self.weight = self.weight.to(self.device)
+        self.x = self.x.to(self.device)
+
+    def compute(self) -> None:
+        """The step's device work: the calibrated sleep kernel (matmuls on a CPU)."""
         if self.cycles:
             torch.cuda._sleep(self.cycles)
         else:
             for _ in range(self.cpu_reps):
                 self.cpu_a @ self.cpu_a
+
+    def metrics(self, i: int) -> dict[str, torch.Tensor]:
+        """The 8 metric values of step ``i``: three small kernels, eight 0-d views."""
         out = torch.tanh(self.weight @ (self.x * (1.0 + 1e-3 * (i % 7))))
-        return dict(zip(NAMES, out.unbind(0), strict=True)), BATCH
+        return dict(zip(NAMES, out.unbind(0), strict=True))
 
 
-def loop_nothing(work: DeviceWork, steps: int, host_s: float) -> None:
-    for i in range(steps):
-        host_prepare(host_s)
-        work.step(i)
+Loop = Callable[[int], dict[str, torch.Tensor]]
 
 
-def loop_item(work: DeviceWork, steps: int, host_s: float) -> dict[str, float]:
-    running = dict.fromkeys(NAMES, 0.0)
-    for i in range(steps):
-        host_prepare(host_s)
-        metrics, _ = work.step(i)
+def balanced_loop(work: DeviceWork, host_ms: float) -> Loop:
+    """Host preparation, then the device work: they overlap when nothing syncs."""
+
+    def step(i: int) -> dict[str, torch.Tensor]:
+        busy_wait(host_ms)
+        work.compute()
+        return work.metrics(i)
+
+    return step
+
+
+def launch_loop(work: DeviceWork, args: argparse.Namespace) -> tuple[Loop, dict[str, Any]]:
+    """A launch-bound SGD step of a small MLP, then the metrics."""
+    shape = argparse.Namespace(
+        device=str(work.device), launch_width=args.launch_width, launch_ms=args.launch_ms
+    )
+    train, config = build_shape(shape, "launch")
+
+    def step(i: int) -> dict[str, torch.Tensor]:
+        train()
+        return work.metrics(i)
+
+    return step, config
+
+
+# -- the rows: ways of logging the 8 metrics ----------------------------------------
+
+
+class Logger:
+    """One way of logging the step's metrics: ``log`` every step, ``finish`` at epoch end."""
+
+    def log(self, metrics: dict[str, torch.Tensor], n: int) -> None:
+        pass
+
+    def finish(self) -> dict[str, float]:
+        return {}
+
+    def reset(self) -> None:
+        pass
+
+
+class ItemLogger(Logger):
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.running = dict.fromkeys(NAMES, 0.0)
+        self.steps = 0
+
+    def log(self, metrics: dict[str, torch.Tensor], n: int) -> None:
+        running = self.running
         for name, value in metrics.items():
             running[name] += value.item()  # the barrier everyone writes
-    return {k: v / steps for k, v in running.items()}
+        self.steps += 1
+
+    def finish(self) -> dict[str, float]:
+        return {k: v / max(1, self.steps) for k, v in self.running.items()}
 
 
-def loop_buffer(work: DeviceWork, steps: int, host_s: float) -> dict[str, Any]:
-    buf = MetricBuffer(SPECS, default=None)
+class BufferLogger(Logger):
+    def __init__(self) -> None:
+        self.buf = MetricBuffer(SPECS, default=None)
+
+    def log(self, metrics: dict[str, torch.Tensor], n: int) -> None:
+        self.buf.update(**metrics, n=n)
+
+    def finish(self) -> dict[str, float]:
+        return self.buf.compute()
+
+    def reset(self) -> None:
+        self.buf.reset()
+
+
+class MeanMetricLogger(Logger):
+    """8 torchmetrics ``MeanMetric``, alone or held in a ``MetricCollection``."""
+
+    def __init__(self, device: torch.device, nan_strategy: str, collection: bool) -> None:
+        from torchmetrics import MeanMetric, MetricCollection
+
+        metrics = {name: MeanMetric(nan_strategy=nan_strategy) for name in NAMES}
+        self.collection: Any = None
+        if collection:
+            self.collection = MetricCollection(metrics).to(device)
+        else:
+            self.metrics = {name: m.to(device) for name, m in metrics.items()}
+
+    def log(self, metrics: dict[str, torch.Tensor], n: int) -> None:
+        if self.collection is not None:
+            collection = self.collection
+            for name, value in metrics.items():
+                collection[name].update(value)
+        else:
+            members = self.metrics
+            for name, value in metrics.items():
+                members[name].update(value)
+
+    def finish(self) -> dict[str, float]:
+        if self.collection is not None:
+            return {k: v.item() for k, v in self.collection.compute().items()}
+        return {k: m.compute().item() for k, m in self.metrics.items()}
+
+    def reset(self) -> None:
+        if self.collection is not None:
+            self.collection.reset()
+        else:
+            for m in self.metrics.values():
+                m.reset()
+
+
+class FloatMeanMetricLogger(MeanMetricLogger):
+    """Probe: each ``MeanMetric`` gets a Python float (a number the host already has)."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device, "disable", collection=False)
+        self.k = 0
+
+    def log(self, metrics: dict[str, torch.Tensor], n: int) -> None:
+        self.k += 1
+        for m in self.metrics.values():
+            m.update(0.5 * (self.k % 3))
+
+
+class SharedCollectionLogger(Logger):
+    """Probe: ``MetricCollection.update(x)``, which gives every member the same value."""
+
+    def __init__(self, device: torch.device, compute_groups: bool) -> None:
+        from torchmetrics import MeanMetric, MetricCollection
+
+        self.collection = MetricCollection(
+            {name: MeanMetric(nan_strategy="disable") for name in NAMES},
+            compute_groups=compute_groups,
+        ).to(device)
+
+    def log(self, metrics: dict[str, torch.Tensor], n: int) -> None:
+        self.collection.update(metrics["loss"])
+
+    def finish(self) -> dict[str, float]:
+        return {k: v.item() for k, v in self.collection.compute().items()}
+
+    def reset(self) -> None:
+        self.collection.reset()
+
+
+def make_logger(name: str, device: torch.device) -> Logger:
+    """The logger of a row (``ROWS``) or probe (``PROBES``)."""
+    if name == "nothing":
+        return Logger()
+    if name == "item":
+        return ItemLogger()
+    if name == "buffer":
+        return BufferLogger()
+    if name in TM_ROWS:
+        return MeanMetricLogger(
+            device,
+            "disable" if name.endswith("_disable") else "warn",
+            collection=name.startswith("tm_collection"),
+        )
+    if name == "tm_mean_disable_float":
+        return FloatMeanMetricLogger(device)
+    if name in ("collection_update_groups", "collection_update_no_groups"):
+        return SharedCollectionLogger(device, compute_groups=name == "collection_update_groups")
+    raise ValueError(f"unknown row {name!r}")
+
+
+# -- timing the plain loops ---------------------------------------------------------
+
+
+def run_block(step: Loop, logger: Logger, steps: int) -> tuple[float, float, float]:
+    """One block of ``steps`` steps, then ``finish()``, between two device syncs.
+
+    Returns the block's seconds, the host seconds spent inside the updates
+    (``perf_counter`` around each step's ``log``, no synchronize inside) and the
+    seconds from the last step to the end (``finish()`` and the final sync).
+    """
+    logger.reset()
+    clock = time.perf_counter
+    spent = 0.0
+    sync()
+    t0 = clock()
     for i in range(steps):
-        host_prepare(host_s)
-        metrics, n = work.step(i)
-        buf.update(**metrics, n=n)
-    return buf.compute()
+        metrics = step(i)
+        t = clock()
+        logger.log(metrics, BATCH)
+        spent += clock() - t
+    t1 = clock()
+    logger.finish()
+    sync()
+    t2 = clock()
+    return t2 - t0, spent, t2 - t1
 
 
-def timed(fn: Callable[[], Any], device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
+def time_loop(
+    step: Loop, device: torch.device, rows: Sequence[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Paired rounds of every row on one loop, after a warm-up block each."""
+    loggers = {name: make_logger(name, device) for name in rows}
+    for name in rows:
+        run_block(step, loggers[name], args.warmup)
+    spent: dict[str, list[float]] = {name: [] for name in rows}
+    finish: dict[str, list[float]] = {name: [] for name in rows}
+
+    def run(name: str) -> float:
+        seconds, in_updates, tail = run_block(step, loggers[name], args.steps)
+        spent[name].append(in_updates)
+        finish[name].append(tail)
+        return seconds
+
+    rounds = paired_rounds(list(rows), run, args.repeats)
+    summary = paired_summary(rounds, rows, args.steps, base="nothing")
+    times = {name: [r[name] for r in rounds] for name in rows}
+    median_s = {name: median(ts) for name, ts in times.items()}
+    update_us = {name: sum(s) / (len(s) * args.steps) * 1e6 for name, s in spent.items()}
+    return {
+        "times_s": times,
+        "median_s": median_s,
+        "ms_per_step": {k: 1000 * v / args.steps for k, v in median_s.items()},
+        "ratio_median": summary["ratio_median"],
+        "ratio_quartiles": summary["ratio_quartiles"],
+        "ratios": summary["ratios"],
+        "update_us": update_us,
+        "update_us_per_metric": {k: v / len(NAMES) for k, v in update_us.items()},
+        "finish_ms": {name: median(ts) * 1e3 for name, ts in finish.items()},
+    }
+
+
+# -- counting syncs -----------------------------------------------------------------
+
+
+def _short(path: str | None) -> str | None:
+    """A framework file as ``package/module.py`` (the part after site-packages)."""
+    if not path:
+        return None
+    parts = Path(path).parts
+    for anchor in ("site-packages", "dist-packages"):
+        if anchor in parts:
+            return "/".join(parts[parts.index(anchor) + 1 :])
+    return "/".join(parts[-2:])
+
+
+def _sites(report: barrierguard.Report) -> list[dict[str, Any]]:
+    """The report's sites, costliest first, as plain data."""
+    return [
+        {
+            "line": s.location,
+            "framework": (
+                f"{_short(s.framework_file)}:{s.framework_line}" if s.framework_file else None
+            ),
+            "kind": s.kind,
+            "blocking": s.blocking,
+            "mechanisms": dict(s.mechanisms),
+            "count": s.count,
+            "setup_count": s.setup_count,
+            "step_count": s.step_count,
+            "events": max(s.events, s.count),
+        }
+        for s in report.ranked()
+    ]
+
+
+def _setup_syncs(report: barrierguard.Report) -> int:
+    return sum(s.setup_count for s in report.sites if s.blocking)
+
+
+def _sync_record(
+    engine: str, during: barrierguard.Report, final: barrierguard.Report
+) -> dict[str, Any]:
+    """Syncs per measured step (``during``: before the end-of-epoch reduction) and at the end."""
+    measured = during.measured_steps
+    return {
+        "engine": engine,
+        "measured_steps": measured,
+        "per_step": during.step_syncs / measured if measured else float("nan"),
+        "at_end": final.step_syncs - during.step_syncs,
+        "setup": _setup_syncs(final),
+        "sites": _sites(final),
+    }
+
+
+def count_syncs(
+    step: Loop,
+    logger: Logger,
+    engine: str,
+    warmup: int,
+    steps: int,
+    prepare: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Syncs of one row under barrierguard: per step, at ``finish()``, and in setup.
+
+    ``guard.step()`` opens each step, so step ``i`` of the loop is the guard's
+    step ``i + 1``; the first ``warmup`` are setup, the next ``steps`` measured.
+    ``prepare`` runs first inside the guard (in setup).
+    """
+    guard = barrierguard.watch(engine=engine, policy="record", memory=False, warmup_steps=warmup)
+    with guard:
+        if prepare is not None:
+            prepare()
+        for i in range(warmup + steps):
+            guard.step()
+            logger.log(step(i), BATCH)
+        during = guard.report
+        logger.finish()
+    return _sync_record(engine, during, guard.report)
+
+
+def count_row(
+    step: Loop, work: DeviceWork, row: str, engine: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """:func:`count_syncs` of a fresh logger of ``row`` (built before the guard starts)."""
+    logger = make_logger(row, work.device)
+    return count_syncs(
+        step, logger, engine, args.count_warmup, args.count_steps, prepare=work.claim
+    )
+
+
+def where(record: dict[str, Any]) -> str:
+    """Where a row syncs, for a table cell: the framework mechanisms found, else the
+    first line that syncs in the measured steps (its end-of-epoch reduction included)."""
+    sites = [s for s in record.get("sites", []) if s["blocking"]]
+    named = [s for s in sites if s["mechanisms"]]
+    if named:
+        named.sort(key=lambda s: (-s["step_count"], -s["count"]))
+        return "; ".join(
+            f"{s['framework'] or s['line']} ({', '.join(s['mechanisms'])})" for s in named[:2]
+        )
+    for site in sites:
+        if site["step_count"]:
+            return str(site["framework"] or site["line"])
+    return "-"
+
+
+# -- Lightning fits -----------------------------------------------------------------
+
+
+def fit_settings(args: argparse.Namespace) -> argparse.Namespace:
+    """``bench_lightning``'s MLP, one epoch of warm-up + timed batches.
+
+    Tiny under ``--quick`` and on a machine without CUDA (where the fits run on
+    the CPU: nothing to measure there, and the full model takes minutes).
+    """
+    settings = lightning_settings("mlp", args.fit_warmup + args.fit_steps)
+    if args.quick or not torch.cuda.is_available():
+        settings.batch, settings.width, settings.hidden, settings.blocks = 16, 64, 64, 2
+    return settings
+
+
+def fit_module(mode: str, settings: argparse.Namespace) -> Any:
+    """bench_lightning's host-bound MLP, logging 8 values per step as ``mode`` says."""
+    import lightning.pytorch as pl
+
+    class MetricsMLP(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            hidden = settings.hidden
+            layers: list[nn.Module] = [nn.Linear(settings.width, hidden), nn.GELU()]
+            for _ in range(settings.blocks - 1):
+                layers += [nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.GELU()]
+            layers.append(nn.Linear(hidden, 10))
+            self.net = nn.Sequential(*layers)
+            self.register_buffer("scales", torch.linspace(0.5, 1.5, len(NAMES)))
+            self.train_metrics = MetricBuffer(SPECS, default=None) if mode == "buffer" else None
+            self.results: dict[str, float] = {}
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            values = (loss.detach() * self.scales).unbind(0)  # one kernel, 8 values
+            if mode == "self_log":
+                for name, value in zip(NAMES, values, strict=True):
+                    self.log(name, value, on_step=False, on_epoch=True)
+            elif self.train_metrics is not None:
+                self.train_metrics.update(dict(zip(NAMES, values, strict=True)), n=x.shape[0])
+            return loss
+
+        def on_train_epoch_end(self) -> None:
+            if self.train_metrics is not None:
+                self.results = self.train_metrics.compute()  # the one transfer of the epoch
+                self.train_metrics.reset()
+                # Host tensors: Lightning keeps them on the host, no copy to the device.
+                self.log_dict({k: torch.tensor(v) for k, v in self.results.items()})
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    return MetricsMLP()
+
+
+def run_fit(
+    mode: str,
+    settings: argparse.Namespace,
+    loader: Any,
+    warmup: int,
+    guard: Any = None,
+) -> dict[str, Any]:
+    """One fit; the time per step after ``warmup`` batches, epoch end included.
+
+    With ``guard`` (not started), the fit runs under it: ``guard.step()`` at each
+    batch start, a report snapshot after the last batch (before the epoch end),
+    and no synchronize of its own (its times then mean nothing).
+    """
+    import lightning.pytorch as pl
+
+    last = settings.steps - 1
+    stamps: list[float] = []
+    marks: dict[str, Any] = {}
+
+    class Clock(pl.Callback):
+        def on_train_batch_start(self, *a: Any) -> None:
+            if guard is not None:
+                guard.step()
+
+        def on_train_batch_end(
+            self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
+            if batch_idx == warmup - 1 and guard is None:
+                sync()  # not under a guard: the CUDA engine would count this sync
+            if batch_idx >= warmup - 1:
+                stamps.append(time.perf_counter())
+            if guard is not None and batch_idx == last:
+                marks["during"] = guard.report
+
+        def on_train_end(self, *a: Any) -> None:
+            if guard is None:
+                sync()
+            marks["end"] = time.perf_counter()
+
+    module = fit_module(mode, settings)
+    trainer = lightning_trainer([Clock()])
+    gc.collect()
+    torch.manual_seed(0)
+    if guard is not None:
+        with guard:
+            trainer.fit(module, loader)
+    else:
+        trainer.fit(module, loader)
+    if "end" not in marks or len(stamps) < 2:
+        raise RuntimeError(f"the {mode} fit ran {len(stamps)} timed batches, expected more")
+    steps = len(stamps) - 1
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    return {
+        "s": marks["end"] - stamps[0],
+        "steps": steps,
+        "median_step_s": median(gaps),
+        "during": marks.get("during"),
+        "results": module.results,
+    }
+
+
+def time_fits(
+    args: argparse.Namespace, settings: argparse.Namespace, loader: Any
+) -> dict[str, Any]:
+    """Paired rounds of the three fits, after untimed warm-up fits."""
+    names = list(FIT_ROWS)
+    for _ in range(args.fit_warm_fits):
+        for name in names:
+            run_fit(name, settings, loader, args.fit_warmup)
+    medians: dict[str, list[float]] = {name: [] for name in names}
+
+    def run(name: str) -> float:
+        rec = run_fit(name, settings, loader, args.fit_warmup)
+        medians[name].append(rec["median_step_s"])
+        return float(rec["s"])
+
+    rounds = paired_rounds(names, run, args.fits)
+    summary = paired_summary(rounds, names, args.fit_steps, base="nothing")
+    gpu = torch.cuda.is_available()
+    return {
+        "model": (
+            f"MLP {settings.blocks}x{settings.hidden}, in {settings.width}, batch "
+            f"{settings.batch}, AdamW, {'bf16-mixed' if gpu else '32-true'}"
+        ),
+        "settings": {
+            "batch": settings.batch,
+            "width": settings.width,
+            "hidden": settings.hidden,
+            "blocks": settings.blocks,
+            "warmup_batches": args.fit_warmup,
+            "timed_batches": args.fit_steps,
+            "fits": args.fits,
+            "warm_fits": args.fit_warm_fits,
+        },
+        "rows": FIT_ROWS,
+        "times_s": {name: [r[name] for r in rounds] for name in names},
+        "ms_per_step": summary["step_ms"],
+        "ratio_median": summary["ratio_median"],
+        "ratio_quartiles": summary["ratio_quartiles"],
+        "ratios": summary["ratios"],
+        "median_step_ms": {name: median(v) * 1e3 for name, v in medians.items()},
+    }
+
+
+def count_fit_syncs(
+    args: argparse.Namespace, settings: argparse.Namespace, loader: Any, engine: str
+) -> dict[str, Any]:
+    """One fit per row under barrierguard: syncs per batch, at the epoch end, in setup."""
+    records: dict[str, Any] = {}
+    for name in FIT_ROWS:
+        guard = barrierguard.watch(
+            engine=engine, policy="record", memory=False, warmup_steps=args.fit_warmup
+        )
+        rec = run_fit(name, settings, loader, args.fit_warmup, guard=guard)
+        during = rec["during"]
+        if during is None:
+            raise RuntimeError(f"the {name} fit never reached its last batch")
+        record = _sync_record(engine, during, guard.report)
+        record["at_epoch_end"] = record.pop("at_end")
+        records[name] = record
+    return records
+
+
+# -- the report ---------------------------------------------------------------------
+
+
+def goals(loops: dict[str, Any], fits: dict[str, Any] | None) -> dict[str, Any]:
+    """The issue's goals and the decision's inputs, from the measured rows."""
+    out: dict[str, Any] = {
+        "host_target": HOST_TARGET,
+        "balanced_target": BALANCED_TARGET,
+        "per_loop": {},
+    }
+    for name, loop in loops.items():
+        syncs = loop.get("syncs", {})
+        free = [r for r in TM_ROWS if r in syncs and syncs[r].get("per_step") == 0]
+        entry: dict[str, Any] = {"sync_free_torchmetrics": free}
+        if free and "update_us" in loop:
+            cheapest = min(free, key=lambda r: loop["update_us"][r])
+            buffer_us = loop["update_us"]["buffer"]
+            entry.update(
+                cheapest_sync_free=cheapest,
+                host_ratio=loop["update_us"][cheapest] / buffer_us if buffer_us else None,
+                step_ratio=loop["ratio_median"][cheapest] / loop["ratio_median"]["buffer"],
+            )
+        if "ratio_median" in loop:
+            entry["buffer_over_nothing"] = loop["ratio_median"]["buffer"]
+        out["per_loop"][name] = entry
+    ratios = [e.get("host_ratio") for e in out["per_loop"].values()]
+    if ratios and all(r is not None for r in ratios):
+        out["host_goal_met"] = all(r >= HOST_TARGET for r in ratios)
+    balanced = out["per_loop"].get("balanced", {}).get("buffer_over_nothing")
+    if balanced is not None:
+        out["balanced_goal_met"] = balanced <= BALANCED_TARGET
+    if fits and "ratio_median" in fits:
+        out["lightning"] = {
+            "self_log_over_nothing": fits["ratio_median"]["self_log"],
+            "buffer_over_nothing": fits["ratio_median"]["buffer"],
+        }
+    return out
+
+
+def _iqr(loop: dict[str, Any], name: str) -> str:
+    if name == "nothing":
+        return "1"
+    q = loop["ratio_quartiles"][name]
+    return f"{loop['ratio_median'][name]:.3f} ({q[0]:.3f}-{q[1]:.3f})"
+
+
+def _syncs_cells(record: dict[str, Any] | None, end_key: str) -> list[str]:
+    if not record or "per_step" not in record:
+        return ["?", "?", "?", "-"]
+    return [
+        f"{record['per_step']:.2f}",
+        str(record[end_key]),
+        str(record["setup"]),
+        where(record),
+    ]
+
+
+def print_original(loop: dict[str, Any]) -> None:
+    """The three rows this script had first, in the table it printed then."""
+    print("\nthe first three rows, as earlier runs printed them:\n")
+    print("| loop | median (s) | ms/step | vs nothing |")
+    print("|---|---:|---:|---:|")
+    nothing = loop["median_s"]["nothing"]
+    for row in ORIGINAL_ROWS:
+        s = loop["median_s"][row]
+        print(f"| {row} | {s:.4f} | {loop['ms_per_step'][row]:.3f} | {s / nothing:.3f}x |")
+
+
+def print_loop(name: str, loop: dict[str, Any], config: dict[str, Any]) -> None:
+    print(f"\n## {name} loop: {config}\n")
+    rows = []
+    for row in loop["times_s"]:
+        rows.append(
+            [
+                row,
+                f"{loop['ms_per_step'][row]:.3f}",
+                _iqr(loop, row),
+                f"{loop['update_us'][row]:.1f}",
+                f"{loop['finish_ms'][row]:.2f}",
+                *_syncs_cells(loop.get("syncs", {}).get(row), "at_end"),
+            ]
+        )
+    print(
+        table(
+            [
+                "row",
+                "ms/step",
+                "vs nothing (IQR)",
+                "host us/step, 8 updates",
+                "end ms",
+                "syncs/step",
+                "syncs at end",
+                "setup syncs",
+                "where (mechanism)",
+            ],
+            rows,
+        )
+    )
+
+
+def print_fits(fits: dict[str, Any]) -> None:
+    print(f"\n## Lightning Trainer.fit: {fits['model']}\n")
+    rows = []
+    for row in FIT_ROWS:
+        rows.append(
+            [
+                row,
+                f"{fits['ms_per_step'][row]:.3f}",
+                _iqr(fits, row),
+                f"{fits['median_step_ms'][row]:.3f}",
+                *_syncs_cells(fits.get("syncs", {}).get(row), "at_epoch_end"),
+            ]
+        )
+    print(
+        table(
+            [
+                "row",
+                "ms/step",
+                "vs nothing (IQR)",
+                "median step ms",
+                "syncs/step",
+                "syncs at epoch end",
+                "setup syncs",
+                "where (mechanism)",
+            ],
+            rows,
+        )
+    )
+
+
+def print_goals(g: dict[str, Any]) -> None:
+    print()
+    for name, entry in g["per_loop"].items():
+        if "cheapest_sync_free" in entry:
+            print(
+                f"{name}: cheapest sync-free torchmetrics = {entry['cheapest_sync_free']}: "
+                f"host time of the 8 updates {entry['host_ratio']:.1f}x MetricBuffer's "
+                f"(goal >= {HOST_TARGET:g}x); per step {entry['step_ratio']:.3f}x MetricBuffer's"
+            )
+        else:
+            print(f"{name}: no sync-free torchmetrics row found ({entry})")
+    if "buffer_over_nothing" in g["per_loop"].get("balanced", {}):
+        ratio = g["per_loop"]["balanced"]["buffer_over_nothing"]
+        print(
+            f"balanced: MetricBuffer / nothing = {ratio:.4f} per step, median of paired rounds "
+            f"(goal <= {BALANCED_TARGET})"
+        )
+    if "lightning" in g:
+        lt = g["lightning"]
+        print(
+            f"Lightning fit: self.log / nothing = {lt['self_log_over_nothing']:.4f}, "
+            f"MetricBuffer / nothing = {lt['buffer_over_nothing']:.4f}"
+        )
+
+
+def print_report(result: dict[str, Any]) -> None:
+    """Every table: the loops, the probes, the fits, then the goals."""
+    print("\nrows:")
+    for row, text in ROWS.items():
+        print(f"  {row}: {text}")
+    for name, loop in result["loops"].items():
+        if "times_s" in loop:
+            print_loop(name, loop, loop["config"])
+            if name == "balanced":
+                print_original(loop)
+    probes = result["probes"]
+    if probes:
+        print("\n## count-only probes (torchmetrics mechanisms no timed row has)\n")
+        print(
+            table(
+                ["probe", "syncs/step", "syncs at end", "setup syncs", "where (mechanism)"],
+                [[p, *_syncs_cells(rec, "at_end")] for p, rec in probes.items()],
+            )
+        )
+        for p, text in PROBES.items():
+            print(f"  {p}: {text}")
+    fits = result["lightning"]
+    if fits and "ms_per_step" in fits:
+        print_fits(fits)
+        print("  " + "; ".join(f"{k}: {v}" for k, v in FIT_ROWS.items()))
+    print_goals(result["goals"])
+    if "item_over_buffer" in result:
+        print(
+            f"balanced: item / buffer = {result['item_over_buffer']:.2f}x (target >= 1.6); "
+            f"buffer / nothing = {result['buffer_over_nothing']:.3f} (ratio of medians)"
+        )
+
+
+# -- main -----------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument("--device", default=default_device)
+    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke test")
+    parser.add_argument("--loops", default="balanced,launch", help="balanced, launch or both")
+    parser.add_argument("--steps", type=int, default=500, help="steps per timed block")
+    parser.add_argument("--repeats", type=int, default=7, help="paired rounds per loop")
+    parser.add_argument("--warmup", type=int, default=20, help="steps per row first")
+    parser.add_argument("--host-ms", type=float, default=1.0, help="balanced: host preparation")
+    parser.add_argument("--device-ms", type=float, default=1.0, help="balanced: device compute")
+    parser.add_argument("--launch-ms", type=float, default=1.0, help="launch: target step time")
+    parser.add_argument("--launch-width", type=int, default=256, help="launch: MLP width")
+    parser.add_argument("--count-steps", type=int, default=32, help="measured steps per count")
+    parser.add_argument("--count-warmup", type=int, default=4, help="setup steps per count")
+    parser.add_argument("--count-engine", choices=("cuda", "audit"), help="default: by device")
+    parser.add_argument(
+        "--fits", type=int, help="paired rounds of fits; 0: none (default 6; 1 without CUDA)"
+    )
+    parser.add_argument("--fit-steps", type=int, default=100, help="timed batches per fit")
+    parser.add_argument("--fit-warmup", type=int, default=20, help="untimed batches first")
+    parser.add_argument(
+        "--fit-warm-fits", type=int, help="untimed fits per row (default 1; 0 without CUDA)"
+    )
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    # Without CUDA the fits are a smoke run (a tiny model on the CPU): one round, no warm fit.
+    gpu = torch.cuda.is_available()
+    if args.fits is None:
+        args.fits = 6 if gpu else 1
+    if args.fit_warm_fits is None:
+        args.fit_warm_fits = 1 if gpu else 0
+    if args.quick:
+        args.steps, args.repeats, args.warmup = 8, 2, 2
+        args.host_ms, args.device_ms, args.launch_ms, args.launch_width = 0.1, 0.1, 0.2, 32
+        args.count_steps, args.count_warmup = 4, 1
+        args.fits, args.fit_steps, args.fit_warmup, args.fit_warm_fits = min(args.fits, 1), 4, 2, 0
+    args.loops = [name for name in args.loops.split(",") if name]
+    for name in args.loops:
+        if name not in ("balanced", "launch"):
+            parser.error(f"--loops: unknown loop {name!r}; use balanced, launch")
+    if args.fit_warmup < 1 or args.fit_steps < 1:
+        parser.error("--fit-warmup and --fit-steps must be at least 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    parser.add_argument("--device", default=default_device)
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=20, help="steps per variant first")
-    parser.add_argument("--host-ms", type=float, default=1.0)
-    parser.add_argument("--device-ms", type=float, default=1.0)
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "metrics.json"
-    )
-    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
-    host_s = args.host_ms / 1000
-    work = DeviceWork(device, args.device_ms)
-    loops: dict[str, Callable[[], Any]] = {
-        "nothing": lambda: loop_nothing(work, args.steps, host_s),
-        "item": lambda: loop_item(work, args.steps, host_s),
-        "buffer": lambda: loop_buffer(work, args.steps, host_s),
-    }
-    for warm in (loop_nothing, loop_item, loop_buffer):
-        timed(lambda warm=warm: warm(work, args.warmup, host_s), device)  # type: ignore[misc]
-    times: dict[str, list[float]] = {name: [] for name in loops}
-    for _ in range(args.repeats):
-        for name, fn in loops.items():
-            times[name].append(timed(fn, device))
-    median = {name: statistics.median(ts) for name, ts in times.items()}
+    engine = args.count_engine or ("cuda" if device.type == "cuda" else "audit")
+    if engine == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_metrics.py: --count-engine cuda needs a CUDA device")
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        # The "device" work runs on the host: one thread keeps the run steady where other
+        # processes share the cores (oversubscribed intra-op threads ran it 10x slower).
+        torch.set_num_threads(1)
+    try:
+        return measure(args, device, engine, started)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure(
+    args: argparse.Namespace, device: torch.device, engine: str, started: float
+) -> dict[str, Any]:
+    """Every part of the benchmark, in order; see the module docstring."""
+    errors: list[str] = []
+
+    def attempt(what: str, fn: Callable[[], Any]) -> Any:
+        # A failure in one part is reported and the rest still runs and is written.
+        try:
+            return fn()
+        except Exception as exc:
+            errors.append(f"{what}: {type(exc).__name__}: {exc}")
+            print(f"!! {what} failed:", flush=True)
+            traceback.print_exc()
+            return None
+
     result: dict[str, Any] = {
+        "benchmark": "metrics_logging",
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device)
         if device.type == "cuda"
@@ -169,28 +1024,117 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "host_ms": args.host_ms,
         "device_ms": args.device_ms,
         "metrics_per_step": len(NAMES),
-        "times_s": times,
-        "median_s": median,
-        "ms_per_step": {k: 1000 * v / args.steps for k, v in median.items()},
-        "item_over_buffer": median["item"] / median["buffer"],
-        "buffer_over_nothing": median["buffer"] / median["nothing"],
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "rows": ROWS,
+        "probe_rows": PROBES,
+        "count_engine": engine,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    result["versions"] = {}
+    for package in ("torchmetrics", "lightning"):
+        try:
+            result["versions"][package] = __import__(package).__version__
+        except ImportError:  # pragma: no cover - both are dependencies
+            result["versions"][package] = None
     print(
-        f"{len(NAMES)} metrics/step, {args.steps} steps, {args.repeats} repeats on {result['device_name']} ({device})"
+        f"{len(NAMES)} metrics/step, {args.steps} steps x {args.repeats} paired rounds per loop on "
+        f"{result['device_name']} ({device}); syncs counted by barrierguard's {engine} engine"
+        + (
+            ""
+            if engine == "cuda"
+            else " (no CUDA here: the audit engine stands in; it does not look inside "
+            "optimizer.step(), where Lightning runs training_step, and it flags Lightning's "
+            "blocking CPU batch copies)"
+        ),
+        flush=True,
     )
-    print(f"host prep {args.host_ms} ms/step, device compute {args.device_ms} ms/step\n")
-    print("| loop | median (s) | ms/step | vs nothing |")
-    print("|---|---:|---:|---:|")
-    for name in loops:
-        ratio = median[name] / median["nothing"]
-        print(f"| {name} | {median[name]:.4f} | {result['ms_per_step'][name]:.3f} | {ratio:.3f}x |")
-    print(
-        f"\nitem / buffer = {result['item_over_buffer']:.2f}x (target >= 1.6); "
-        f"buffer / nothing = {result['buffer_over_nothing']:.3f} (target <= 1.03)"
-    )
-    print(f"wrote {args.out}")
+
+    # 1. Build the loops (the sleep kernel and the launch-bound MLP are calibrated here).
+    work = DeviceWork(device, args.device_ms)
+    steps: dict[str, Loop] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    for name in args.loops:
+        if name == "balanced":
+            steps[name] = balanced_loop(work, args.host_ms)
+            configs[name] = {"host_ms": args.host_ms, "device_ms": args.device_ms}
+        else:
+            built = attempt("launch loop setup", functools.partial(launch_loop, work, args))
+            if built is not None:
+                steps[name], configs[name] = built
+
+    # 2. Time the plain loops, then the fits: before any engine has patched torch.
+    loops: dict[str, dict[str, Any]] = {}
+    for name, step in steps.items():
+        print(f"timing the {name} loop: {len(ROWS)} rows", flush=True)
+        t0 = time.perf_counter()
+        timing = attempt(
+            f"{name} loop timing", functools.partial(time_loop, step, device, list(ROWS), args)
+        )
+        if timing is not None:
+            loops[name] = {"config": configs[name], **timing}
+            print(f"  {time.perf_counter() - t0:.1f} s", flush=True)
+    fits: dict[str, Any] | None = None
+    settings = fit_settings(args)
+    loader: Any = None
+    if args.fits:
+        quiet_lightning()
+        # Built once (some 0.5 GB at the defaults): every fit iterates it again.
+        loader = attempt("Lightning data", functools.partial(lightning_loader, settings))
+    if loader is not None:
+        print(f"timing Lightning fits: {args.fits} rounds of {len(FIT_ROWS)} fits", flush=True)
+        t0 = time.perf_counter()
+        fits = attempt("Lightning fit timing", functools.partial(time_fits, args, settings, loader))
+        print(f"  {time.perf_counter() - t0:.1f} s", flush=True)
+
+    # 3. Count syncs, one short pass per row, under barrierguard.
+    print(f"counting syncs ({engine} engine)", flush=True)
+    for name, step in steps.items():
+        record = loops.setdefault(name, {"config": configs[name]})
+        record["syncs"] = {}
+        for row in ROWS:
+            counted = attempt(
+                f"{name} loop, {row}: counting",
+                functools.partial(count_row, step, work, row, engine, args),
+            )
+            if counted is not None:
+                record["syncs"][row] = counted
+    probes: dict[str, Any] = {}
+    if steps:
+        probe_step = next(iter(steps.values()))
+        for row in PROBES:
+            counted = attempt(
+                f"probe {row}: counting",
+                functools.partial(count_row, probe_step, work, row, engine, args),
+            )
+            if counted is not None:
+                probes[row] = counted
+    if loader is not None:
+        fit_syncs = attempt(
+            "Lightning fits: counting",
+            functools.partial(count_fit_syncs, args, settings, loader, engine),
+        )
+        if fit_syncs is not None:
+            fits = fits if fits is not None else {}
+            fits["syncs"] = fit_syncs
+
+    # 4. The report.
+    if "balanced" in loops and "times_s" in loops["balanced"]:
+        bal = loops["balanced"]
+        for key in ("times_s", "median_s", "ms_per_step"):
+            result[key] = {row: bal[key][row] for row in ORIGINAL_ROWS}
+        result["item_over_buffer"] = bal["median_s"]["item"] / bal["median_s"]["buffer"]
+        result["buffer_over_nothing"] = bal["median_s"]["buffer"] / bal["median_s"]["nothing"]
+    result["loops"] = loops
+    result["probes"] = probes
+    result["lightning"] = fits
+    result["goals"] = goals(loops, fits)
+    attempt("printing the tables", functools.partial(print_report, result))
+    elapsed = time.perf_counter() - started
+    result["elapsed_s"] = elapsed
+    result["errors"] = errors
+    print(f"\nelapsed: {elapsed:.1f} s")
+    write(args.out, result)
+    if errors:
+        raise SystemExit("bench_metrics.py: some parts failed:\n  " + "\n  ".join(errors))
     return result
 
 

@@ -1,21 +1,31 @@
-"""Run a public training script, unmodified, under an engine; summarise the report.
+"""What do the engines report on a public training script that nobody wrote for them?
 
-The script is PyTorch's own example ``word_language_model`` (pytorch/examples:
-``main.py``, ``model.py``, ``data.py``). Nothing is fetched here: put those
-three files in a folder and pass it with ``--example``. Small synthetic text
-files stand in for Wikitext-2, so no download is needed.
+Question:
+    Run unmodified, PyTorch's own ``word_language_model`` example (an LSTM
+    language model): which lines does each engine report as syncs, and do the
+    CUDA engine on a GPU and the audit engine on CPU agree?
 
-On CPU (audit engine)::
+Design:
+    The script runs under ``barrierguard run --engine ENGINE --policy record``
+    for one epoch of small synthetic text (200 words; no download), an LSTM of
+    1 layer of 32, bptt 10, batch 8; the example's own ``--cuda`` flag is passed
+    with the CUDA engine. Nothing is fetched here: put the example's
+    ``main.py``, ``model.py`` and ``data.py`` (pytorch/examples
+    ``word_language_model``) in a folder and pass it with ``--example``. The
+    report's sites are printed; ``--compare A.json B.json`` prints which sites
+    two reports share.
 
-    PYTHONPATH=src python benchmarks/public_script.py --example /tmp/wlm --engine audit \\
-        --out /tmp/wlm_audit.json
+Reproduce:
+    PYTHONPATH=src python benchmarks/public_script.py --example WLM --engine cuda \
+        --out benchmarks/results/h200/public_script_cuda.json
+    PYTHONPATH=src python benchmarks/public_script.py --example WLM --engine audit \
+        --out benchmarks/results/public_script_audit_cpu.json
 
-On a GPU (CUDA engine; the example's own ``--cuda`` flag is passed)::
-
-    PYTHONPATH=src python benchmarks/public_script.py --example /tmp/wlm --engine cuda \\
-        --out /tmp/wlm_cuda.json
-
-``--compare A.json B.json`` prints the sites of two reports side by side.
+    The first on a GPU machine, the second on a CPU-only one. The committed
+    reports ran on ``main.py`` at commit ``cd01f930``, ``model.py`` at
+    ``001d4932`` and ``data.py`` at ``6d08877a``, transcribed with comments
+    trimmed: their line numbers are those of that transcription, not of the
+    upstream files.
 """
 
 from __future__ import annotations

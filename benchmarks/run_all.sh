@@ -1,11 +1,31 @@
 #!/usr/bin/env bash
-# Every GPU benchmark and the seed examples, in one command (meant to take < 10 min on an H200).
+# The GPU suite and the seed examples, in one command.
 #
-#   bash benchmarks/run_all.sh [RESULTS_DIR]      # default: benchmarks/results
+# Question:
+#   Every GPU result of docs/benchmarks.md sections 1-6 at once: what watch()
+#   costs, the pageable-copy threshold, logging with MetricBuffer, memory
+#   sampling, watch() against the alternatives and the Lightning callback per
+#   step shape, detection quality, and the seed examples.
 #
-# Writes NAME.json (the numbers) and NAME.txt (the printed tables) per benchmark
-# under RESULTS_DIR, and examples/NAME.json plus each variant's barrierguard
-# report under RESULTS_DIR/examples/. Stops at the first failure.
+# Design:
+#   Runs, one after the other, bench_core.py, bench_pageable.py, bench_metrics.py,
+#   bench_memory.py, bench_alternatives.py, bench_lightning_shapes.py,
+#   bench_detection.py (each script's docstring says its question and design)
+#   and the four seed examples (examples/async_vs_sync.py,
+#   logging_item_vs_buffer.py, pageable_vs_pinned.py, memory_pileup.py). Writes
+#   NAME.json (the numbers) and NAME.txt (the printed tables) per benchmark
+#   under RESULTS_DIR, and examples/NAME.json, examples/NAME.txt and each
+#   variant's barrierguard report under RESULTS_DIR/examples/. Stops at the
+#   first failure; refuses a machine without CUDA. RESULTS_DIR (the first
+#   argument) defaults to benchmarks/results. The Lightning fits of
+#   section 7 (bench_lightning.py, bench_lightning_costs.py) run apart: their
+#   docstrings give their commands.
+#
+# Reproduce:
+#   bash benchmarks/run_all.sh benchmarks/results/h200     # 412 s on the H200
+#
+#   The committed run predates bench_pageable.py and bench_lightning_shapes.py:
+#   their figures are in its core.json and alternatives.json.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -29,9 +49,11 @@ step() {
 }
 
 step core benchmarks/bench_core.py --out "$OUT/core.json"
+step pageable benchmarks/bench_pageable.py --out "$OUT/pageable.json"
 step metrics benchmarks/bench_metrics.py --out "$OUT/metrics.json"
 step memory benchmarks/bench_memory.py --out "$OUT/memory.json"
 step alternatives benchmarks/bench_alternatives.py --out "$OUT/alternatives.json"
+step lightning_shapes benchmarks/bench_lightning_shapes.py --out "$OUT/lightning_shapes.json"
 step detection benchmarks/bench_detection.py --out "$OUT/detection.json"
 for ex in async_vs_sync logging_item_vs_buffer pageable_vs_pinned memory_pileup; do
     step "examples/$ex" "examples/$ex.py" --json "$OUT/examples/$ex.json" \

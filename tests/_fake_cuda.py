@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from barrierguard import _env, _frames
-from barrierguard._engines import cuda as cuda_engine
+from barrierguard import _env
+from barrierguard.detect import cuda as cuda_engine
+from barrierguard.detect import frames as _frames
 
 MESSAGE = (
     "called a synchronizing CUDA operation (Triggered internally at fake/CUDAFunctions.cpp:1.)"
@@ -152,3 +153,17 @@ def blocking_getitem(clock: FakeClock, wait: float) -> Any:
         return self
 
     return getitem
+
+
+def syncing_repr(clock: FakeClock, wait: float, times: int) -> Any:
+    """A stand-in for ``Tensor.__repr__`` that waits ``wait``, then syncs ``times`` times
+    (torch's printing reads a device tensor several times)."""
+
+    def repr_(self: Any) -> str:
+        clock.advance(wait)
+        for _ in range(times):
+            _sync()
+            clock.advance(0.0001)
+        return "tensor(1.)"
+
+    return repr_

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import barrierguard
-from barrierguard import _hub
+from barrierguard.detect import hub
 
 pytest_plugins = ["_fake_cuda", "pytester"]
 
@@ -58,8 +58,17 @@ def _global_state() -> dict[str, Any]:
         "function_modes": torch._C._len_torch_function_stack(),
         "trace": sys.gettrace(),
         "profile": sys.getprofile(),
-        "running_guards": _hub.running_guards(),
+        "running_recorders": hub.running_recorders(),
     }
+    if torch.distributed.is_available():
+        from torch.distributed import distributed_c10d
+
+        from barrierguard.detect import distributed
+
+        names = (*distributed.ALWAYS_BLOCKING, *distributed.TENSOR_CALLS, *distributed.WORK_CALLS)
+        state["torch.distributed"] = {n: getattr(torch.distributed, n, None) for n in names}
+        state["distributed_c10d"] = {n: getattr(distributed_c10d, n, None) for n in names}
+        state["Work.wait"] = distributed_c10d.Work.__dict__.get("wait")
     accel = getattr(torch, "accelerator", None)
     if accel is not None:
         state["accelerator.synchronize"] = getattr(accel, "synchronize", None)
@@ -76,6 +85,6 @@ def check_global_state() -> Iterator[None]:
     after = _global_state()
     leaked = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
     # A leaked guard would keep the others leaked too: stop it so later tests run clean.
-    for guard in _hub.running_guards():
+    for guard in hub.running_recorders():
         guard.stop()
     assert not leaked, f"global state leaked: {sorted(leaked)}"

@@ -10,9 +10,6 @@ Example:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from barrierguard._callback import BarrierGuard
 from barrierguard._errors import (
     BarrierGuardError,
     MemoryGrowthError,
@@ -20,14 +17,19 @@ from barrierguard._errors import (
     SyncError,
     SyncWarning,
 )
-from barrierguard._guard import Guard, watch
-from barrierguard._metrics import MetricBuffer
-from barrierguard._report import MemoryReport, Report, Site, Violation
+from barrierguard._version import __version__
+from barrierguard.integrations.hf import HFBarrierGuard
+from barrierguard.integrations.lightning import BarrierGuard
+from barrierguard.metrics.buffer import MetricBuffer
+from barrierguard.report.records import MemoryReport, Report, Site, Violation
+from barrierguard.session.guard import Guard
+from barrierguard.session.watch import watch
 
 __all__ = [
     "BarrierGuard",
     "BarrierGuardError",
     "Guard",
+    "HFBarrierGuard",
     "MemoryGrowthError",
     "MemoryGrowthWarning",
     "MemoryReport",

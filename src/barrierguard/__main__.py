@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from barrierguard._cli import main
+from barrierguard.cli.main import main
 
 sys.exit(main())

@@ -6,6 +6,8 @@ import functools
 import platform
 import sys
 
+from barrierguard._version import __version__
+
 __all__ = ["cuda_available", "environment"]
 
 
@@ -19,8 +21,6 @@ def cuda_available() -> bool:
 @functools.cache
 def _environment(engine: str) -> tuple[tuple[str, str], ...]:
     import torch
-
-    from barrierguard import __version__
 
     env = {
         "barrierguard": __version__,

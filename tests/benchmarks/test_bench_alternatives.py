@@ -38,6 +38,7 @@ def test_quick_run_writes_every_shape_and_variant(
         assert res["watch_sites"] == []
     assert printed.count("| variant") == 3
     assert "machine" in data and data["device"] == "cpu"
+    assert "lightning" not in data
 
 
 def test_unknown_shape_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,41 +19,12 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
     return bench_lightning
 
 
-@pytest.mark.parametrize("model", ["mlp", "transformer"])
-def test_interleaved_fits_write_both_columns(bench: Any, model: str, tmp_path: Path) -> None:
-    out = tmp_path / "lightning.json"
-    bench.main(["--tiny", "--model", model, "--design", "interleaved", "--out", str(out)])
-    data = json.loads(out.read_text())
-    rec = data["designs"]["interleaved"]
-    assert set(data["designs"]) == {"interleaved"}
-    assert len(rec["ratios"]) == len(rec["step_ratios"]) == data["settings"]["rounds"]
-    assert all(r > 0 for r in rec["ratios"])
-    # The guarded fit found the prog_bar conversion of every training step (audit engine).
-    assert rec["syncs_found"] >= data["settings"]["steps"]
-    assert data["settings"]["model"] == model
-
-
-def test_lockstep_runs_both_rows_in_two_processes(bench: Any, tmp_path: Path) -> None:
-    out = tmp_path / "lightning.json"
-    bench.main(["--tiny", "--design", "lockstep", "--out", str(out)])
-    data = json.loads(out.read_text())
-    assert set(data["designs"]) == {"lockstep", "lockstep_null"}
-    rounds = data["settings"]["rounds"]
-    for key in ("lockstep", "lockstep_null"):
-        rec = data["designs"][key]
-        assert len(rec["bare_s"]) == len(rec["guarded_s"]) == rounds
-        assert all(t > 0 for t in rec["bare_s"] + rec["guarded_s"])
-    # Only the row with the callback finds syncs.
-    assert data["designs"]["lockstep"]["syncs_found"] >= data["settings"]["steps"]
-    assert data["designs"]["lockstep_null"]["syncs_found"] == 0
-
-
 def test_blocks_switch_the_callback_inside_one_fit(bench: Any, tmp_path: Path) -> None:
     out = tmp_path / "lightning.json"
-    bench.main(["--tiny", "--design", "blocks", "--out", str(out)])
+    bench.main(["--tiny", "--out", str(out)])
     data = json.loads(out.read_text())
     assert set(data["designs"]) == {"blocks", "blocks_null"}
-    fits = data["settings"]["block_fits"]
+    fits = data["settings"]["fits"]
     for key in ("blocks", "blocks_null"):
         rec = data["designs"][key]
         # Each fit gives its on-blocks, each against its two off neighbours.
@@ -70,7 +41,6 @@ def test_block_ratios_compare_each_on_block_with_its_neighbours(bench: Any) -> N
     ratios = bench._block_ratios(steps, 2)
     # Block 0 is left out (warm-up); block 2 against blocks 1 and 3: 3 / sqrt(2 * 4.5).
     assert ratios == [pytest.approx(1.0), pytest.approx(5 / (4.5 * 6) ** 0.5)]
-    assert bench._pair_means([1.21, 1.0, 4.0, 1.0]) == [pytest.approx(1.1), pytest.approx(2.0)]
 
 
 def test_pool_joins_the_blocks_rows_of_two_runs(bench: Any, tmp_path: Path) -> None:
@@ -95,21 +65,30 @@ def test_pool_joins_the_blocks_rows_of_two_runs(bench: Any, tmp_path: Path) -> N
     assert rec["syncs_found"] == 7
 
 
-def test_odd_rounds_are_refused(bench: Any) -> None:
-    with pytest.raises(SystemExit):
-        bench.main(["--tiny", "--rounds", "3"])
+def test_pool_refuses_runs_of_two_models(bench: Any, tmp_path: Path) -> None:
+    paths = []
+    for model in ("mlp", "transformer"):
+        path = tmp_path / f"{model}.json"
+        path.write_text(json.dumps({"model": model, "settings": {}, "designs": {"blocks": {}}}))
+        paths.append(str(path))
+    with pytest.raises(SystemExit, match="one model"):
+        bench.main(["--pool", *paths])
 
 
-def test_parts_benchmark_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shapes_run_fits_with_and_without_the_callback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
-    import bench_lightning_parts
-    import torch
+    import bench_lightning_shapes
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="needs a GPU"):
-        bench_lightning_parts.main([])
-    with pytest.raises(ValueError, match="unknown part 'nope'; expected one of null, hooks"):
-        bench_lightning_parts._switch("nope", {})
+    out = tmp_path / "shapes.json"
+    bench_lightning_shapes.main(["--device", "cpu", "--quick", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert set(data["shapes"]) == {"launch", "balanced", "device"}
+    for res in data["shapes"].values():
+        assert len(res["ratios"]) == len(res["bare_s"]) == len(res["guarded_s"]) == res["rounds"]
+        assert all(t > 0 for t in res["bare_s"] + res["guarded_s"])
+        assert res["config"]["bare_step_ms"] > 0
 
 
 def test_costs_benchmark_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,3 +99,31 @@ def test_costs_benchmark_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a GPU"):
         bench_lightning_costs.main([])
+
+
+def test_costs_timers_reach_every_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The entry points are named by attribute: a renamed one would only fail on the GPU.
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_lightning_costs as costs
+    import torch
+
+    from barrierguard.detect import cuda as ce
+
+    originals = [getattr(owner, name) for owner, name, _, _ in costs.POINTS]
+    timers = costs._Timers()
+    timers.install()
+    try:
+        for (owner, name, _, _), orig in zip(costs.POINTS, originals, strict=True):
+            assert getattr(owner, name) is not orig, name
+        engine = ce.CudaEngine()
+        engine._patch_calls()  # the counting version
+        try:
+            timers.on = True
+            torch.tensor(3.0).item()
+            timers.on = False
+        finally:
+            engine._patches.undo()
+    finally:
+        timers.undo()
+    assert [getattr(owner, name) for owner, name, _, _ in costs.POINTS] == originals
+    assert timers.calls["Tensor.item"] == 1

@@ -1,1 +1,0 @@
-"""Detection engines: each installs global hooks and hands syncs to the hub."""

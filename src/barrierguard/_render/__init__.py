@@ -1,1 +1,0 @@
-"""Renderers: each turns a :class:`~barrierguard.Report` into one output format."""

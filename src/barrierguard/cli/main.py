@@ -1,0 +1,297 @@
+"""The command line: ``run``, ``demo``, the CI gate (``baseline``, ``check``,
+``report``, ``diff``) and ``merge``.
+
+Exit status: 0 ok; 1 ``check`` or ``diff`` found a new site or more syncs per
+step; 2 bad usage or a bad file; 3 ``run``/``demo`` broke the error policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Sequence
+
+from barrierguard._errors import BarrierGuardError, SyncError
+from barrierguard.session import ranks
+from barrierguard.session.guard import Guard
+from barrierguard.session.options import ENGINES, POLICIES
+from barrierguard.session.watch import watch
+
+__all__ = ["main"]
+
+EXIT_POLICY = 3
+EXIT_USAGE = 2
+EXIT_REGRESSION = 1
+
+
+def _guard_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy",
+        help=f"one of {', '.join(POLICIES)} (default: $BARRIERGUARD_POLICY, else warn)",
+    )
+    p.add_argument("--engine", default="auto", help=f"one of {', '.join(ENGINES)} (default auto)")
+    p.add_argument("--warmup-steps", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="allow rule: a kind, framework:<name>, mechanism:<name>, or file.py:LINE (repeatable)",
+    )
+    p.add_argument("--max-syncs-per-step", type=int, default=None, metavar="N")
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write the report as JSON to FILE; under torchrun each rank writes its own "
+        "(FILE.rank<N>.json, or {rank} in FILE), for barrierguard merge",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="barrierguard",
+        description="Find the hidden CPU-GPU synchronizations in PyTorch training loops.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="run a script or module under watch() and print the report",
+        usage="barrierguard run [options] (script.py | -m module) [args ...]",
+    )
+    _guard_options(run)
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    run.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args ...]")
+    demo = sub.add_parser("demo", help="train a small model with typical barriers, then report")
+    _guard_options(demo)
+    demo.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    demo.add_argument("--steps", type=int, default=30)
+    _gate_commands(sub)
+    return parser
+
+
+def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    root_help = (
+        "files under DIR are matched by their path relative to it, others by basename "
+        "(default: the current directory)"
+    )
+    base = sub.add_parser(
+        "baseline",
+        help="save today's sites of a report as the baseline that check compares against",
+    )
+    base.add_argument("report", metavar="REPORT.json")
+    base.add_argument(
+        "-o",
+        "--out",
+        default=".barrierguard-baseline.json",
+        metavar="FILE",
+        help="where to write the baseline (default .barrierguard-baseline.json)",
+    )
+    base.add_argument("--root", metavar="DIR", help=root_help)
+    check = sub.add_parser(
+        "check",
+        help="fail (exit 1) when a report has a site the baseline lacks, or more syncs per step",
+    )
+    check.add_argument("report", metavar="REPORT.json")
+    check.add_argument(
+        "--baseline",
+        default=".barrierguard-baseline.json",
+        metavar="FILE",
+        help="the baseline to compare against (default .barrierguard-baseline.json)",
+    )
+    check.add_argument("--root", metavar="DIR", help=root_help)
+    check.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="how much a site's syncs per step may grow before it fails (default 0)",
+    )
+    show = sub.add_parser("report", help="show a saved report as text, JSON or HTML")
+    show.add_argument("report", metavar="REPORT.json")
+    show.add_argument("--format", choices=("text", "json", "html"), default="text")
+    show.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout")
+    diff = sub.add_parser(
+        "diff", help="what report B adds over report A (exit 1 when B has new sites)"
+    )
+    diff.add_argument("a", metavar="A.json")
+    diff.add_argument("b", metavar="B.json")
+    diff.add_argument("--root", metavar="DIR", help=root_help)
+    merge = sub.add_parser(
+        "merge",
+        help="merge the per-rank reports of a distributed run (offline, no collective)",
+    )
+    merge.add_argument(
+        "reports",
+        nargs="+",
+        metavar="REPORT.json",
+        help="the ranks' reports, or a quoted glob such as 'bg.rank*.json'",
+    )
+    merge.add_argument("-o", "--out", metavar="FILE", help="write the merged report as JSON")
+    merge.add_argument(
+        "--format",
+        choices=("text", "json", "html"),
+        default="text",
+        help="what goes to stdout (default text)",
+    )
+
+
+def _make_guard(ns: argparse.Namespace) -> Guard:
+    guard: Guard = watch(
+        policy=ns.policy,
+        engine=ns.engine,
+        warmup_steps=ns.warmup_steps,
+        allow=ns.allow,
+        max_syncs_per_step=ns.max_syncs_per_step,
+    )
+    return guard
+
+
+def _finish(guard: Guard, ns: argparse.Namespace, code: int) -> int:
+    report = guard.report
+    world = ranks.world_size()
+    # Under torchrun every rank finishes here: rank 0 prints the report, the
+    # others one line each (their files hold the rest).
+    if world <= 1 or not report.rank:
+        print(report, file=sys.stderr)
+    if ns.out:
+        try:
+            path = ranks.save(report, ns.out)
+        except OSError as err:
+            raise BarrierGuardError(f"{ns.out}: {err.strerror or err}") from err
+        who = f"rank {report.rank} " if world > 1 and report.rank is not None else ""
+        print(f"barrierguard: {who}report written to {path}", file=sys.stderr)
+        if world > 1 and not report.rank:
+            print(
+                f"barrierguard: {world} ranks write their own reports; merge them with "
+                f"barrierguard merge '{ranks.rank_path(ns.out, rank='*', world=world)}'",
+                file=sys.stderr,
+            )
+    if report.policy == "error" and not report.ok:
+        return EXIT_POLICY
+    return code
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _run(ns: argparse.Namespace) -> int:
+    if ns.module:
+        spec = importlib.util.find_spec(ns.module)
+        if spec is None:
+            raise BarrierGuardError(f"run -m {ns.module}: no module named {ns.module!r}")
+        argv = [spec.origin or ns.module, *ns.target]
+    else:
+        if not ns.target:
+            raise BarrierGuardError("run: expected a script (script.py [args]) or -m module")
+        script = ns.target[0]
+        if not os.path.isfile(script):
+            raise BarrierGuardError(f"run: can't open script {script!r}: no such file")
+        argv = list(ns.target)
+    guard = _make_guard(ns)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = argv
+    if not ns.module:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    code = 0
+    try:
+        with guard:
+            if ns.module:
+                runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except SyncError:
+        traceback.print_exc()
+        code = EXIT_POLICY
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return _finish(guard, ns, code)
+
+
+def _demo(ns: argparse.Namespace) -> int:
+    import torch
+
+    from barrierguard.cli.demo import train
+
+    device = ns.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise BarrierGuardError(f"demo --device {device!r}: expected auto, cpu or cuda")
+    if ns.policy is None and not os.environ.get("BARRIERGUARD_POLICY"):
+        ns.policy = "record"  # the demo's point is the report, not a warning per site
+    guard = _make_guard(ns)
+    code = 0
+    try:
+        with guard:
+            train(device, steps=ns.steps)
+    except SyncError:
+        traceback.print_exc()
+        code = EXIT_POLICY
+    return _finish(guard, ns, code)
+
+
+def _split_module(argv: list[str]) -> list[str]:
+    """Put ``--`` after ``run ... -m MODULE`` so the module's own options pass through."""
+    if not argv or argv[0] != "run":
+        return argv
+    takes_value = {
+        "--policy",
+        "--engine",
+        "--warmup-steps",
+        "--allow",
+        "--max-syncs-per-step",
+        "--out",
+    }
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "-m" and i + 1 < len(argv):
+            return [*argv[: i + 2], "--", *argv[i + 2 :]]
+        if token in takes_value:
+            i += 2
+        elif token.startswith("-"):
+            i += 1
+        else:
+            return argv
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``barrierguard`` command; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    ns = _parser().parse_args(_split_module(args))
+    if getattr(ns, "target", None) and ns.target[0] == "--":
+        ns.target = ns.target[1:]
+    try:
+        if ns.command == "run":
+            return _run(ns)
+        if ns.command == "demo":
+            return _demo(ns)
+        from barrierguard.cli import gate as _gate_cli
+
+        return _gate_cli.dispatch(ns)
+    except BarrierGuardError as err:
+        print(f"barrierguard: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

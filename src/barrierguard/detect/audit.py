@@ -1,0 +1,296 @@
+"""The CPU audit engine: which lines would synchronize if the tensors lived on a GPU.
+
+On a machine without a GPU nothing synchronizes, so nothing can be observed;
+the audit reasons instead. It follows *provenance*: which tensors would live on
+the training device in a GPU run of the same script, and flags the operations
+that read such a tensor on the host (``item``, ``bool``, printing, ...), need a
+host-side size (mask indexing, ``nonzero``, ``unique``, ...), or copy between
+host and device.
+
+Design, chosen for cost (a training step must stay within 1.5x of bare):
+
+* One lean :class:`~torch.overrides.TorchFunctionMode` sees every torch call in
+  the thread that started the guard. Most calls take the fast path: run the op,
+  and if an input is a device tensor, mark the outputs as device tensors.
+  Calls that can synchronize have a rule (a dict lookup by function).
+* Marks live in a dict keyed by ``id(tensor)``, each with a weak reference whose
+  callback drops the entry when the tensor dies: nothing is stored on the
+  tensor, so pickling, ``deepcopy`` and ``torch.save`` see no difference.
+* During ``optimizer.step()`` without a closure the mode steps off the stack
+  (a pre/post hook pair): optimizers make a hundred small calls per step that
+  only update tensors already marked, and that cost dominated small steps.
+
+Which tensors are device tensors (see docs/audit.md):
+
+* results of ``.to(device)``, ``.cuda()`` and ``copy_`` into device tensors,
+  of factories called with ``device=`` naming the training device, and of any
+  op with a device tensor among its inputs;
+* module parameters (also those created before the guard started: a
+  ``Parameter`` the audit has not seen created counts as a device tensor);
+* tensors handed around inside a backward pass (the autograd engine makes them
+  in C++, out of the mode's sight).
+
+A device-agnostic script run on CPU has ``device == "cpu"``: a ``"cpu"`` device
+counts as the host only where the call says so literally (``.cpu()``,
+``.to("cpu")``, ``device="cpu"``, ``torch.device("cpu")``); a device held in a
+variable (``.to(device)``, ``device=x.device``) is the training device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from barrierguard.detect import distributed, hub
+from barrierguard.detect.audit_provenance import (
+    NAME,
+    NOTE,
+    NOTE_SUSPENDED,
+    AuditMode,
+    Parameter,
+    Tensor,
+    _stack_at,
+    _stack_len,
+    _stack_pop,
+    _stack_push,
+)
+from barrierguard.detect.audit_provenance import fault as _fault
+from barrierguard.detect.audit_rules import build_rules, tagged_ops
+from barrierguard.detect.frames import locate
+from barrierguard.detect.patch import Patches
+
+__all__ = ["NOTE", "AuditEngine", "tagged_ops"]
+
+
+class AuditEngine:
+    """The audit: a lean function mode plus a few patches; see the module docstring."""
+
+    name = NAME
+
+    def __init__(self) -> None:
+        self._patches = Patches()
+        self._mode: AuditMode | None = None
+        self._hooks: list[Any] = []
+        self._thread = 0
+        self._suspended = False
+        self._depth = 0
+
+    # -- install / uninstall --------------------------------------------------
+    def install(self) -> None:
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        self._thread = threading.get_ident()
+        self._suspended = False
+        try:
+            mode = AuditMode(self, build_rules())
+            self._patch_calls(mode)
+            self._hooks.append(register_optimizer_step_pre_hook(self._pause))
+            self._hooks.append(register_optimizer_step_post_hook(self._resume))
+            self._mode = mode
+            _stack_push(mode)
+        except BaseException:
+            self.uninstall()
+            raise
+
+    def uninstall(self) -> None:
+        mode, self._mode = self._mode, None
+        try:
+            if mode is not None:
+                mode.active = False
+                # The stack is per thread: stopped from another thread, the
+                # mode stays on the starting thread's stack, inert.
+                if threading.get_ident() == self._thread and not self._suspended:
+                    _remove_from_stack(mode)
+                mode.marks.clear()
+        finally:
+            while self._hooks:
+                self._hooks.pop().remove()
+            self._patches.undo()
+            self._suspended = False
+
+    # -- notes to the running guards ------------------------------------------------
+    def note(self, text: str) -> None:
+        hub.note(NAME, text)
+
+    # -- optimizer steps: the mode steps aside ------------------------------------
+    def _pause(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # A closure runs forward and backward inside step(): keep watching then.
+        if len(args) > 1 or kwargs.get("closure") is not None:
+            return
+        mode = self._mode
+        if mode is None or threading.get_ident() != self._thread:
+            return
+        if self._suspended:
+            # The last step raised before its post hook: resume at this one's.
+            self.note(NOTE_SUSPENDED)
+            return
+        n = _stack_len()
+        if n and _stack_at(n - 1) is mode:
+            _stack_pop()
+            self._suspended = True
+            self._depth = n - 1
+
+    def _resume(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        mode = self._mode
+        if mode is None or not self._suspended or threading.get_ident() != self._thread:
+            return
+        if _stack_len() == self._depth:
+            _stack_push(mode)
+            self._suspended = False
+
+    def paused(self) -> bool:
+        """Whether the mode is off the stack for an optimizer step."""
+        return self._suspended
+
+    # -- backward passes -----------------------------------------------------------
+    def watch_backward(self, node: Any) -> None:
+        """Report the backward of ``node`` (mask indexing's backward needs a size)."""
+        record = self._record
+
+        def prehook(grad_outputs: Any) -> None:
+            record("backward", "")
+
+        node.register_prehook(prehook)
+
+    def _record(self, kind: str, detail: str) -> None:
+        mode = self._mode
+        if mode is None or not mode.active:
+            return
+        try:
+            loc = locate(sys._getframe(1), kind, detail)
+        except Exception as exc:
+            _fault(exc)
+            return
+        if loc is not None:
+            hub.emit(NAME, loc)
+
+    # -- patches: what the mode cannot see --------------------------------------------
+    def _patch_calls(self, mode: AuditMode) -> None:
+        record = self._record
+        cuda_available = torch.cuda.is_available
+
+        def synchronize_wrapper(orig: Callable[..., Any], detail: str) -> Callable[..., Any]:
+            # On a CPU-only build the real call raises: the audit records it and
+            # returns, so device-agnostic scripts that time with it still run.
+            @functools.wraps(orig)
+            def synchronize(*args: Any, **kwargs: Any) -> Any:
+                out = orig(*args, **kwargs) if cuda_available() else None
+                record("synchronize", detail)
+                return out
+
+            return synchronize
+
+        self._patches.set(
+            torch.cuda, "synchronize", synchronize_wrapper(torch.cuda.synchronize, "device")
+        )
+        accel = getattr(torch, "accelerator", None)
+        if accel is not None and hasattr(accel, "synchronize"):
+            self._patches.set(
+                accel, "synchronize", synchronize_wrapper(accel.synchronize, "device")
+            )
+
+        # A Parameter the audit sees being made takes its data's side; one it
+        # never saw made (the model was built before the guard) counts as device.
+        orig_new = Parameter.__dict__["__new__"].__func__
+
+        @functools.wraps(orig_new)
+        def parameter_new(cls: Any, data: Any = None, requires_grad: bool = True) -> Any:
+            param = orig_new(cls, data, requires_grad)
+            try:
+                if mode.active and isinstance(param, Tensor):
+                    dev = isinstance(data, Tensor) and mode.is_dev(data)
+                    mode.mark(param, dev)
+            except Exception as exc:
+                _fault(exc)
+            return param
+
+        self._patches.set(Parameter, "__new__", staticmethod(parameter_new))
+
+        # backward() is itself a torch function: the autograd engine runs
+        # while the mode is off the stack. A custom Function's Python backward
+        # gets the mode back, so what it computes and reads is audited.
+        from torch.autograd.function import BackwardCFunction
+
+        orig_apply: Callable[..., Any] = BackwardCFunction.apply
+        thread = self._thread
+
+        @functools.wraps(orig_apply)
+        def apply(node: Any, *args: Any) -> Any:
+            if not mode.active or threading.get_ident() != thread or _on_stack(mode):
+                return orig_apply(node, *args)
+            _stack_push(mode)
+            try:
+                return orig_apply(node, *args)
+            finally:
+                _remove_from_stack(mode)
+
+        self._patches.set(BackwardCFunction, "apply", apply)
+
+        # zero_grad() only drops or zeroes gradients: a dozen attribute calls
+        # per step that the mode need not see (a gradient read later is
+        # marked through its parameter).
+        orig_zero = torch.optim.Optimizer.zero_grad
+
+        @functools.wraps(orig_zero)
+        def zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            n = _stack_len()
+            if n == 0 or _stack_at(n - 1) is not mode or threading.get_ident() != thread:
+                return orig_zero(optimizer, *args, **kwargs)
+            _stack_pop()
+            try:
+                return orig_zero(optimizer, *args, **kwargs)
+            finally:
+                _stack_push(mode)
+
+        self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
+
+        # torch.distributed's host barriers. A collective on tensors that would
+        # live on the device runs on the stream under NCCL: not a barrier. What
+        # a recorded call does inside (all_gather_object's copies and reads) is
+        # part of it, so the mode steps aside meanwhile.
+        @contextlib.contextmanager
+        def aside() -> Iterator[None]:
+            n = _stack_len()
+            if n == 0 or _stack_at(n - 1) is not mode or threading.get_ident() != thread:
+                yield
+                return
+            _stack_pop()
+            try:
+                yield
+            finally:
+                _stack_push(mode)
+
+        distributed.install(
+            self._patches,
+            host=lambda tensor: not mode.is_dev(tensor),
+            record=lambda detail, stall: record("collective", detail),
+            hush=aside,
+        )
+
+
+def _on_stack(mode: TorchFunctionMode) -> bool:
+    return any(_stack_at(i) is mode for i in range(_stack_len()))
+
+
+def _remove_from_stack(mode: TorchFunctionMode) -> None:
+    """Take ``mode`` off this thread's function-mode stack, wherever it sits."""
+    above: list[Any] = []
+    try:
+        while _stack_len():
+            top = _stack_pop()
+            if top is mode:
+                break
+            above.append(top)
+    finally:
+        for m in reversed(above):
+            _stack_push(m)

@@ -1,0 +1,312 @@
+"""Provenance for the audit engine: which tensors would live on the training device.
+
+The :class:`AuditMode` is the one :class:`~torch.overrides.TorchFunctionMode`
+the audit installs. Most calls take its fast path (run the op; if an input is
+a device tensor, mark the outputs as device tensors); calls that can
+synchronize go to a rule of ``audit_rules``, which judges them with the
+helpers here (:meth:`AuditMode.is_dev`, :meth:`AuditMode.moved`,
+:meth:`AuditMode.record`). The rules for which tensors are device tensors are
+in the docstring of ``barrierguard.detect.audit``.
+"""
+
+from __future__ import annotations
+
+import dis
+import linecache
+import re
+import sys
+import weakref
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any, Protocol
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from barrierguard.detect import hub
+from barrierguard.detect.cuda import PAGEABLE_BLOCKING_BYTES
+from barrierguard.detect.frames import (
+    OWN,
+    TORCH,
+    _classifier,
+    _source_segment,
+    classify_file,
+    locate,
+)
+
+__all__ = ["NAME", "AuditMode", "EngineHooks", "Rule", "fault"]
+
+NAME = "audit"
+
+NOTE = (
+    "audit engine: no GPU here, so no synchronization was observed; a line is reported "
+    "when it would synchronize on a GPU with the tensors that would live there (moved with "
+    ".to(device)/.cuda(), made with device=, module parameters, and all results computed "
+    "from them); tensors made before the guard started, other than parameters, count as "
+    "host tensors (docs/audit.md)"
+)
+NOTE_PINNED_H2D = (
+    "audit: a non_blocking host-to-device copy over 2 MiB is reported as blocking, since "
+    "host memory here is pageable; if the GPU run pins it (DataLoader(pin_memory=True), "
+    "tensor.pin_memory()), that copy does not block"
+)
+NOTE_PINNED_D2H = (
+    "audit: a non_blocking copy_ from a device tensor into a host tensor is assumed to "
+    "target pinned memory (no barrier); if that host tensor is pageable on the GPU "
+    "machine, the copy blocks"
+)
+NOTE_SUSPENDED = (
+    "audit: an exception inside optimizer.step() left provenance tracking paused until the "
+    "next optimizer step; tensors computed in between count as host tensors"
+)
+
+_CPU_LITERAL = re.compile(r"""(['"])cpu(:\d+)?\1""")
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+Tensor = torch.Tensor
+Parameter = torch.nn.Parameter
+_current_node = torch._C._current_autograd_node
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_stack_pop = torch._C._pop_torch_function_stack
+_stack_push = torch._C._push_on_torch_function_stack
+
+Rule = Callable[["AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+class EngineHooks(Protocol):
+    """What the mode asks of its engine: a note for the report, a backward to watch."""
+
+    def note(self, text: str) -> None:
+        """Give a note to the running guards (once per text)."""
+
+    def watch_backward(self, node: Any) -> None:
+        """Watch the backward of ``node`` (a mask index's gradient syncs there)."""
+
+
+def _is_param(t: Tensor) -> bool:
+    # Parameter's metaclass makes isinstance() a Python call: plain tensors
+    # (the hot case) skip it.
+    cls = type(t)
+    return cls is Parameter or (cls is not Tensor and isinstance(t, Parameter))
+
+
+def _is_mask(index: Any) -> bool:
+    return isinstance(index, Tensor) and index.dtype in _MASK_DTYPES
+
+
+def _masks(index: Any) -> list[Tensor]:
+    if _is_mask(index):
+        return [index]
+    if isinstance(index, (tuple, list)):
+        return [i for i in index if _is_mask(i)]
+    return []
+
+
+class AuditMode(TorchFunctionMode):
+    """The mode: propagate provenance on every call, apply a rule where one exists."""
+
+    def __init__(self, engine: EngineHooks, rules: dict[Any, Rule]) -> None:
+        super().__init__()
+        self.engine = engine
+        self.rules = rules
+        self.active = True
+        self.marks: dict[int, tuple[bool, weakref.ref[Tensor]]] = {}
+        self.where_cache: dict[tuple[CodeType, int], bool] = {}
+
+    # -- provenance ----------------------------------------------------------
+    def is_dev(self, t: Tensor) -> bool:
+        """Whether ``t`` would live on the training device in a GPU run."""
+        m = self.marks.get(id(t))
+        if m is not None:
+            return m[0]
+        # Unseen: a real device tensor, a parameter made before the guard, or
+        # a tensor the autograd engine made for a backward pass.
+        return not t.is_cpu or _is_param(t) or _current_node() is not None
+
+    def mark(self, t: Tensor, dev: bool) -> None:
+        key = id(t)
+        marks = self.marks
+        old = marks.get(key)
+        if old is not None:
+            if old[0] != dev:
+                marks[key] = (dev, old[1])
+            return
+        pop = marks.pop
+        marks[key] = (dev, weakref.ref(t, lambda _r: pop(key, None)))
+
+    def mark_out(self, out: Any, dev: bool) -> None:
+        if isinstance(out, Tensor):
+            self.mark(out, dev)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                if isinstance(o, Tensor):
+                    self.mark(o, dev)
+
+    def any_dev(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        marks = self.marks
+        for a in args:
+            if isinstance(a, Tensor):
+                m = marks.get(id(a))
+                if m[0] if m is not None else self.is_dev(a):
+                    return True
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, Tensor) and self.is_dev(b):
+                        return True
+        if kwargs:
+            return self.any_dev(tuple(kwargs.values()), {})
+        return False
+
+    def propagate(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if out is None:
+            return
+        if kwargs and "device" in kwargs:
+            self.factory(kwargs, out)
+            return
+        if self.any_dev(args, kwargs):
+            self.mark_out(out, True)
+
+    def factory(self, kwargs: dict[str, Any], out: Any) -> None:
+        dev = self.training(kwargs["device"])
+        if dev is None:
+            return
+        if dev:
+            self.mark_out(out, True)
+        elif isinstance(out, Tensor) and id(out) in self.marks:
+            self.mark(out, False)
+
+    def training(self, device: Any) -> bool | None:
+        """Whether ``device`` is the training device (None: no device named)."""
+        if device is None:
+            return None
+        if isinstance(device, torch.device):
+            typ = device.type
+        elif isinstance(device, str):
+            typ = device.split(":", 1)[0]
+        elif isinstance(device, int) and not isinstance(device, bool):
+            return True
+        else:
+            return None
+        if typ != "cpu":
+            return True
+        return not self.literal_cpu()
+
+    def literal_cpu(self) -> bool:
+        """Whether the call that asked for the "cpu" device names it literally."""
+        cache = _classifier._cache
+        f: FrameType | None = sys._getframe(1)
+        while f is not None:
+            name = f.f_code.co_filename
+            category = (cache.get(name) or classify_file(name))[0]
+            if category != OWN and category != TORCH:
+                break
+            f = f.f_back
+        if f is None:
+            return False
+        key = (f.f_code, f.f_lasti)
+        hit = self.where_cache.get(key)
+        if hit is None:
+            hit = bool(_CPU_LITERAL.search(_call_text(f)))
+            self.where_cache[key] = hit
+        return hit
+
+    # -- the mode ------------------------------------------------------------
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        try:
+            rule = self.rules.get(func)
+        except TypeError:  # an unhashable callable: no rule can name it
+            rule = None
+        if not self.active:
+            return func(*args, **kwargs)
+        if rule is not None:
+            return rule(self, func, args, kwargs)
+        out = func(*args, **kwargs)
+        try:
+            self.propagate(args, kwargs, out)
+        except Exception as exc:  # never lose the user's op to our bookkeeping
+            fault(exc)
+        return out
+
+    # -- helpers for the rules --------------------------------------------------
+    def record(self, kind: str, detail: str = "") -> None:
+        try:
+            loc = locate(sys._getframe(1), kind, detail)
+        except Exception as exc:
+            fault(exc)
+            return
+        if loc is not None:
+            hub.emit(NAME, loc)
+
+    def h2d(self, src: Tensor, nonblocking: bool) -> tuple[str, str] | None:
+        if not nonblocking:
+            return ("copy", "h2d")
+        if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
+            self.engine.note(NOTE_PINNED_H2D)
+            return ("copy", "h2d pageable non_blocking")
+        return None
+
+    def moved(self, src: Tensor, out: Any, target: bool | None, nonblocking: bool) -> Any:
+        """Judge a ``.to()``/``.cpu()``/``.cuda()`` and return the (maybe retargeted) result."""
+        sdev = self.is_dev(src)
+        tdev = sdev if target is None else target
+        verdict: tuple[str, str] | None = None
+        if tdev and not sdev:
+            verdict = self.h2d(src, nonblocking)
+        elif sdev and not tdev:
+            verdict = ("async_d2h", "non_blocking") if nonblocking else ("copy", "d2h")
+        if isinstance(out, Tensor):
+            if out is src and sdev != tdev:
+                out = self.retarget(src, tdev)
+            elif out is not src and tdev:
+                self.mark(out, True)
+        if verdict is not None:
+            self.record(*verdict)
+        return out
+
+    def retarget(self, src: Tensor, dev: bool) -> Tensor:
+        """A move that is a no-op on CPU: give the caller a tensor of its own.
+
+        On a GPU, ``x.cpu()`` is a new host tensor while ``x`` stays on the
+        device; on CPU it is ``x`` itself. An alias (a view of all of ``x``)
+        keeps both verdicts apart without copying. A parameter, or a leaf that
+        requires grad, keeps its identity (``module.to()`` and optimizers rely
+        on it) and changes sides instead.
+        """
+        if _is_param(src) or (src.requires_grad and src.is_leaf):
+            self.mark(src, dev)
+            return src
+        try:
+            alias = src.view_as(src)
+        except Exception:  # layouts without views (sparse, nested): change sides
+            self.mark(src, dev)
+            return src
+        self.mark(alias, dev)
+        return alias
+
+
+def _call_text(frame: FrameType) -> str:
+    code, lasti = frame.f_code, frame.f_lasti
+    raw = code.co_code
+    try:
+        while lasti >= 2 and dis.opname[raw[lasti]] == "CACHE":
+            lasti -= 2
+    except IndexError:
+        pass
+    text = _source_segment(code, lasti)
+    if text is None:
+        text = linecache.getline(code.co_filename, frame.f_lineno)
+    return text
+
+
+def fault(exc: BaseException) -> None:
+    """Report a fault of the audit's own to its guards (never raised)."""
+    hub.fault(NAME, exc)

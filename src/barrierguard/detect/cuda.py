@@ -1,0 +1,409 @@
+"""The CUDA engine: sync-debug mode in warn mode, plus what that mode misses.
+
+CUDA sync-debug mode reports a synchronizing call as a ``UserWarning`` after the
+sync has completed, pointing at the innermost Python frame. This engine turns
+every such warning into a located record (the user's line, the framework line,
+the kind), and intercepts what the mode does not flag although the host blocks:
+``torch.cuda.synchronize()``, ``Event.synchronize()`` and ``non_blocking=True``
+copies of large pageable host tensors, and the host barriers of
+``torch.distributed`` (``detect/distributed.py``). A ``non_blocking`` copy to
+pinned host memory is reported as ``async_d2h``: no barrier, but a race if read
+too soon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import torch
+
+from barrierguard.detect import distributed, hub
+from barrierguard.detect.frames import locate
+from barrierguard.detect.patch import Patches
+
+__all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
+
+SYNC_MESSAGE = "called a synchronizing CUDA operation"
+_PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
+
+# A non_blocking host-to-device copy from pageable memory is staged by the
+# driver through a pinned buffer; above this size the host waits for the queue
+# (on an H200 with driver 580: 2 MiB returned at once, 3 MiB waited behind a
+# 20 ms kernel; see docs/benchmarks.md).
+PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
+
+_tls = threading.local()
+
+
+def _get_mode() -> int:
+    """The current sync-debug mode (a seam: tests on CPU replace it)."""
+    return int(torch.cuda.get_sync_debug_mode())
+
+
+def _set_mode(mode: int | str) -> None:
+    """Set the sync-debug mode (a seam: tests on CPU replace it)."""
+    torch.cuda.set_sync_debug_mode(mode)
+
+
+_clock = time.perf_counter
+# t0 after a timed call's first sync: the queue is drained from then on.
+_DRAINED = float("-inf")
+
+# Calls that may synchronize, timed from their entry: the sync-debug warning
+# only arrives once the wait is over, so the stall needs the start time. Only
+# the outermost timed call on a thread keeps time (print(t) -> item() ...).
+TIMED_TENSOR_METHODS = (
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__complex__",
+    "__format__",
+    "__repr__",
+    "nonzero",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "repeat_interleave",
+)
+TIMED_TORCH_FUNCTIONS = (
+    "nonzero",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "where",
+    "repeat_interleave",
+    "allclose",
+    "equal",
+    "tensor",
+)
+
+
+# Indexing is timed only once a run has shown an indexing sync: datasets index
+# tensors per sample, and a Python wrapper there would cost every run dearly.
+TIMED_ON_DEMAND = ("__getitem__", "__setitem__")
+
+
+def _compiling_check() -> Callable[[], bool]:
+    # is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
+    # while tracing: the cheapest way to stay out of compiled graphs.
+    check: Callable[[], bool] = (
+        getattr(torch.compiler, "is_dynamo_compiling", None)
+        or getattr(torch.compiler, "is_compiling", None)
+        or (lambda: False)
+    )
+    return check
+
+
+def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[..., Any]:
+    """``orig``, noting on this thread when the outermost timed call began."""
+    tls = _tls
+    clock = _clock
+
+    @functools.wraps(orig)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if getattr(tls, "t0", None) is not None or compiling():
+            return orig(*args, **kwargs)
+        tls.t0 = clock()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            tls.t0 = None
+
+    return timed
+
+
+# Methods that take no argument but self get a wrapper of fixed arity: cheaper
+# to call than one with *args, **kwargs, and optimizers call item() every step.
+_on_device: Callable[[Any], bool] = operator.attrgetter("is_cuda")
+"""Whether a tensor lives on a CUDA device (only then can reading it wait)."""
+_NO_ARGS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
+
+
+def _timed_no_args(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[..., Any]:
+    """Like :func:`_timed`, for a method called as ``tensor.method()``."""
+    tls = _tls
+    clock = _clock
+    on_device = _on_device
+
+    @functools.wraps(orig)
+    def timed(self: Any) -> Any:
+        # A host tensor never waits for the device (optimizers read their CPU
+        # step counters with item() for every parameter, every step).
+        if not on_device(self) or getattr(tls, "t0", None) is not None or compiling():
+            return orig(self)
+        tls.t0 = clock()
+        try:
+            return orig(self)
+        finally:
+            tls.t0 = None
+
+    return timed
+
+
+def _is_host(tensor: torch.Tensor) -> bool:
+    """Whether a collective on ``tensor`` runs on the host (gloo), not on a stream."""
+    return tensor.device.type == "cpu"
+
+
+def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a ``to``/``cuda``/``copy_`` call asked for ``non_blocking``."""
+    flag = kwargs.get("non_blocking")
+    if flag is not None:
+        return bool(flag)
+    return any(a is True for a in args)
+
+
+def _direction(src: str, dst: str) -> str:
+    if src == "cpu" and dst != "cpu":
+        return "h2d"
+    if src != "cpu" and dst == "cpu":
+        return "d2h"
+    return "d2d" if src != dst else ""
+
+
+def _target_type(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    device = kwargs.get("device")
+    if device is None:
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                return a.device.type
+            if isinstance(a, (str, torch.device)):
+                device = a
+                break
+            if isinstance(a, int) and not isinstance(a, bool):
+                return "cuda"
+    if device is None:
+        return None
+    if isinstance(device, str):
+        return device.split(":", 1)[0]
+    if isinstance(device, torch.device):
+        return device.type
+    return "cuda" if isinstance(device, int) else None
+
+
+class CudaEngine:
+    """Sync-debug mode plus intercepted calls; see the module docstring."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._patches = Patches()
+        self._saved_mode: int = 0
+        self._filter: Any = None
+        self._saved_show: Callable[..., Any] | None = None
+        self._show_attr = "_showwarnmsg"
+        self._index_timed = False
+
+    # -- install / uninstall ------------------------------------------------
+    def install(self) -> None:
+        self._saved_mode = _get_mode()
+        try:
+            # Route the mode's warnings to us first, then arm the mode.
+            warnings.filterwarnings("always", message=SYNC_MESSAGE, category=UserWarning)
+            self._filter = warnings.filters[0]
+            # _showwarnmsg sees warnings even inside catch_warnings(record=True)
+            # (pytest records every test that way); showwarning is the fallback.
+            if not hasattr(warnings, "_showwarnmsg"):
+                self._show_attr = "showwarning"
+            self._saved_show = getattr(warnings, self._show_attr)
+            setattr(warnings, self._show_attr, self._show)
+            self._patch_calls()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_PROTOTYPE_MESSAGE)
+                _set_mode("warn")
+        except BaseException:
+            self.uninstall()
+            raise
+
+    def uninstall(self) -> None:
+        try:
+            _set_mode(self._saved_mode)
+        finally:
+            self._patches.undo()
+            self._index_timed = False
+            if self._saved_show is not None and getattr(warnings, self._show_attr) == self._show:
+                setattr(warnings, self._show_attr, self._saved_show)
+            self._saved_show = None
+            if self._filter is not None:
+                with contextlib.suppress(ValueError):
+                    warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
+                mutated = getattr(warnings, "_filters_mutated", None)
+                if mutated is not None:
+                    mutated()
+                self._filter = None
+
+    # -- the sync-debug warning -------------------------------------------
+    def _show(self, msg: Any, *args: Any) -> None:
+        if args:  # called as showwarning(message, category, filename, lineno, ...)
+            message, category = msg, args[0]
+        else:  # called as _showwarnmsg(WarningMessage)
+            message, category = msg.message, msg.category
+        if (
+            category is UserWarning
+            and message.args
+            and str(message.args[0]).startswith(SYNC_MESSAGE)
+        ):
+            self._on_sync(sys._getframe(1))
+            return
+        assert self._saved_show is not None
+        self._saved_show(msg, *args)
+
+    def _on_sync(self, frame: FrameType | None) -> None:
+        if distributed.quiet():
+            return  # inside a recorded torch.distributed call: part of that call
+        tls = _tls
+        now = _clock()
+        t0 = getattr(tls, "t0", None)
+        # The warning arrives once the wait is over: the stall is the time since
+        # the timed call began (or since the previous sync inside that call).
+        stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
+        op = getattr(tls, "op", None)
+        try:
+            if op is not None:
+                kind, method, tensor, args, kwargs = op
+                detail = ""
+                if kind == "copy":
+                    if method == "copy_" and args and isinstance(args[0], torch.Tensor):
+                        detail = _direction(args[0].device.type, tensor.device.type)
+                    else:
+                        dst = "cuda" if method == "cuda" else _target_type(args, kwargs)
+                        detail = _direction(tensor.device.type, dst or tensor.device.type)
+                loc = locate(frame, kind, detail)
+            else:
+                loc = locate(frame)
+        except Exception as exc:  # a fault of ours is reported, never raised
+            hub.fault(self.name, exc)
+            return
+        finally:
+            if t0 is not None:
+                # The first sync drained the queue: later syncs inside the same
+                # call (print runs several) wait for little but the host's own
+                # formatting, which is not a stall. Charge them nothing.
+                tls.t0 = _DRAINED
+        if loc is not None:
+            if t0 is None and loc.kind == "index" and not self._index_timed:
+                self._time_indexing()
+            # A further sync inside the same timed call (print(t) syncs about ten
+            # times) is an event of the occurrence already counted.
+            hub.emit(self.name, loc, stall, again=t0 is _DRAINED)
+
+    def _time_indexing(self) -> None:
+        # From the second indexing sync on, its stall is known.
+        self._index_timed = True
+        compiling = _compiling_check()
+        for name in TIMED_ON_DEMAND:
+            orig = getattr(torch.Tensor, name, None)
+            if orig is not None:
+                self._patches.set(torch.Tensor, name, _timed(orig, compiling))
+
+    # -- what the mode misses ---------------------------------------------
+    def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
+        try:
+            loc = locate(sys._getframe(1), kind, detail)
+        except Exception as exc:
+            hub.fault(self.name, exc)
+            return
+        if loc is not None:
+            hub.emit(self.name, loc, stall)
+
+    def _patch_calls(self) -> None:
+        record = self._record
+        compiling = _compiling_check()
+
+        def after(orig: Callable[..., Any], detail: str) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def synchronize(*args: Any, **kwargs: Any) -> Any:
+                t0 = _clock()
+                out = orig(*args, **kwargs)
+                record("synchronize", detail, _clock() - t0)
+                return out
+
+            return synchronize
+
+        self._patches.set(torch.cuda, "synchronize", after(torch.cuda.synchronize, "device"))
+        self._patches.set(
+            torch.cuda.Event, "synchronize", after(torch.cuda.Event.synchronize, "event")
+        )
+        accel = getattr(torch, "accelerator", None)
+        if accel is not None and hasattr(accel, "synchronize"):
+            self._patches.set(accel, "synchronize", after(accel.synchronize, "device"))
+        for method in ("to", "cuda", "copy_"):
+            orig = getattr(torch.Tensor, method)
+            self._patches.set(torch.Tensor, method, self._copy_wrapper(orig, method))
+        for name in TIMED_TENSOR_METHODS:
+            orig = getattr(torch.Tensor, name, None)
+            if orig is not None:
+                wrap = _timed_no_args if name in _NO_ARGS else _timed
+                self._patches.set(torch.Tensor, name, wrap(orig, compiling))
+        for name in TIMED_TORCH_FUNCTIONS:
+            orig = getattr(torch, name, None)
+            if orig is not None:
+                self._patches.set(torch, name, _timed(orig, compiling))
+        # torch.distributed's host barriers: timed around the call, the stall
+        # being the wait for the slowest rank.
+        distributed.install(
+            self._patches,
+            host=_is_host,
+            record=lambda detail, stall: record("collective", detail, stall),
+        )
+
+    def _copy_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
+        record = self._record
+        compiling = _compiling_check()
+        tls = _tls
+        clock = _clock
+
+        @functools.wraps(orig)
+        def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if compiling():
+                return orig(self, *args, **kwargs)
+            prev = getattr(tls, "op", None)
+            tls.op = ("copy", method, self, args, kwargs)
+            outer = getattr(tls, "t0", None) is None
+            if outer:
+                tls.t0 = t0 = clock()
+            try:
+                out = orig(self, *args, **kwargs)
+            finally:
+                tls.op = prev
+                if outer:
+                    tls.t0 = None
+            if prev is None and (
+                kwargs.get("non_blocking") or (len(args) > 1 and any(a is True for a in args))
+            ):
+                if method == "copy_":
+                    src = args[0] if args else kwargs.get("src")
+                    dst = self
+                else:
+                    src, dst = self, out
+                if (
+                    isinstance(src, torch.Tensor)
+                    and isinstance(dst, torch.Tensor)
+                    and src is not dst
+                ):
+                    s, d = src.device.type, dst.device.type
+                    if s == "cpu" and d == "cuda":
+                        if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
+                            stall = clock() - t0 if outer else None
+                            record("copy", "h2d pageable non_blocking", stall)
+                    elif s == "cuda" and d == "cpu" and method != "copy_":
+                        # A new host tensor that is not ready yet; copy_ into a
+                        # pinned buffer is the deliberate pattern, left alone.
+                        record("async_d2h", "non_blocking")
+            return out
+
+        return wrapper

@@ -1,0 +1,264 @@
+"""The calls of ``torch.distributed`` that block the host, recorded at the user's line.
+
+CUDA sync-debug mode does not see them (they wait in the process group, not in a
+CUDA call), and in a data-parallel job they cost more than a local sync: every
+rank waits there for the slowest one. Both engines install the same wrappers
+over ``torch.distributed`` (the names in ``torch.distributed`` and in
+``torch.distributed.distributed_c10d``, since user code may use either) and
+over ``Work.wait``; the engine says which tensors are host tensors and how a
+call is recorded. A call is recorded, as kind ``collective`` with the call in
+its detail, when it blocks the host:
+
+* always: ``barrier``, ``monitored_barrier`` and the ``*_object`` calls (they
+  pickle, copy through a tensor, and return with the objects);
+* a collective or point-to-point call (``all_reduce``, ``all_gather``, ...,
+  ``send``, ``recv``) on host tensors, without ``async_op=True``: gloo runs it
+  on the host and returns when every rank has arrived. On device tensors NCCL
+  enqueues it on the stream and the host goes on: not a barrier;
+* ``Work.wait()`` of a host collective started with ``async_op=True``, of
+  ``isend``/``irecv`` on host tensors, or of ``barrier(async_op=True)``. An
+  NCCL work's ``wait()`` only orders the stream.
+
+Calls inside a wrapped call (``all_gather_object`` calls ``all_gather``) pass
+straight through; syncs inside a recorded call are part of it, not sites of
+their own (:func:`quiet` tells the CUDA engine so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from barrierguard.detect.patch import Patches
+
+__all__ = ["ALWAYS_BLOCKING", "TENSOR_CALLS", "WORK_CALLS", "install", "quiet"]
+
+# Calls that block the host whatever their tensors.
+ALWAYS_BLOCKING = (
+    "barrier",
+    "monitored_barrier",
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+)
+# Collectives and point-to-point calls: a host barrier on host tensors only.
+TENSOR_CALLS = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "all_reduce_coalesced",
+    "all_gather_coalesced",
+    "send",
+    "recv",
+)
+# Calls that return works without waiting: their wait() is where the host blocks.
+WORK_CALLS = ("isend", "irecv", "batch_isend_irecv")
+
+_tls = threading.local()
+_clock = time.perf_counter
+
+
+def quiet() -> bool:
+    """Whether this thread is inside a recorded distributed call (its syncs are part of it)."""
+    return bool(getattr(_tls, "quiet", False))
+
+
+def _depth() -> int:
+    """How many wrapped distributed calls this thread is inside."""
+    return int(getattr(_tls, "depth", 0))
+
+
+def _compiling() -> bool:
+    check = getattr(torch.compiler, "is_dynamo_compiling", None) or getattr(
+        torch.compiler, "is_compiling", None
+    )
+    return bool(check()) if check is not None else False
+
+
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors of a call: arguments, lists of them, and ``P2POp.tensor``."""
+    found: list[torch.Tensor] = []
+    for a in (*args, *kwargs.values()):
+        items = a if isinstance(a, (list, tuple)) else (a,)
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+            else:
+                inner = getattr(item, "tensor", None)
+                if isinstance(inner, torch.Tensor):
+                    found.append(inner)
+    return found
+
+
+def _position(fn: Callable[..., Any], name: str) -> int | None:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index(name) if name in params else None
+
+
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, pos: int | None) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    if pos is not None and pos < len(args):
+        return args[pos]
+    return None
+
+
+def _backend(dist: Any, group: Any) -> str:
+    try:
+        return str(dist.get_backend(group))
+    except Exception:  # an uninitialized or foreign group: name the side instead
+        return "cpu"
+
+
+class _Installer:
+    """Builds the wrappers for one engine; see :func:`install`."""
+
+    def __init__(
+        self,
+        dist: Any,
+        host: Callable[[torch.Tensor], bool],
+        record: Callable[[str, float], None],
+        hush: Callable[[], contextlib.AbstractContextManager[Any]],
+    ) -> None:
+        self.dist = dist
+        self.host = host
+        self.record = record
+        self.hush = hush
+        # Works of host calls started with async_op=True, and what their wait() is.
+        self.works: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    @contextlib.contextmanager
+    def _inside(self, recorded: bool) -> Iterator[None]:
+        tls = _tls
+        tls.depth = getattr(tls, "depth", 0) + 1
+        was = getattr(tls, "quiet", False)
+        if recorded:
+            tls.quiet = True
+        try:
+            if recorded:
+                with self.hush():
+                    yield
+            else:
+                yield
+        finally:
+            tls.depth -= 1
+            tls.quiet = was
+
+    def _on_host(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        tensors = _tensors(args, kwargs)
+        return bool(tensors) and all(self.host(t) for t in tensors)
+
+    def wrap(self, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        always = name in ALWAYS_BLOCKING
+        works_only = name in WORK_CALLS
+        async_pos = _position(orig, "async_op")
+        group_pos = _position(orig, "group")
+        record, works, dist = self.record, self.works, self.dist
+
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _depth() > 0 or _compiling():
+                return orig(*args, **kwargs)
+            is_async = bool(_argument(args, kwargs, "async_op", async_pos))
+            on_host = always or self._on_host(args, kwargs)
+            blocks = on_host and not is_async and not works_only
+            t0 = _clock()
+            with self._inside(blocks):
+                out = orig(*args, **kwargs)
+            stall = _clock() - t0
+            if blocks:
+                if always:
+                    record(name, stall)
+                else:
+                    group = _argument(args, kwargs, "group", group_pos)
+                    record(f"{name} ({_backend(dist, group)})", stall)
+            elif on_host and out is not None:
+                what = name
+                if not always:
+                    group = _argument(args, kwargs, "group", group_pos)
+                    what = f"{name}, {_backend(dist, group)}"
+                for work in out if isinstance(out, list) else (out,):
+                    with contextlib.suppress(TypeError):
+                        works[work] = f"wait ({what})"
+            return out
+
+        return wrapper
+
+    def wrap_wait(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        record, works = self.record, self.works
+
+        @functools.wraps(orig)
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                detail = works.pop(work, None)
+            except TypeError:
+                detail = None
+            if detail is None or _depth() > 0:
+                return orig(work, *args, **kwargs)
+            t0 = _clock()
+            with self._inside(True):
+                out = orig(work, *args, **kwargs)
+            record(detail, _clock() - t0)
+            return out
+
+        return wait
+
+
+def install(
+    patches: Patches,
+    *,
+    host: Callable[[torch.Tensor], bool],
+    record: Callable[[str, float], None],
+    hush: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> None:
+    """Wrap the blocking calls of ``torch.distributed`` with reversible ``patches``.
+
+    Args:
+        patches: Where the patches go (the engine undoes them on uninstall).
+        host: Whether a tensor is a host tensor (on the CPU: gloo runs its
+            collective on the host); collectives on other tensors are not
+            recorded.
+        record: Records one blocking call, ``record(detail, stall seconds)``,
+            called from the wrapper (so the user's frame is its caller's caller).
+        hush: A context entered around a recorded call, so that the engine does
+            not record what happens inside it.
+    """
+    if not torch.distributed.is_available():
+        return
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    maker = _Installer(dist, host, record, hush)
+    for name in (*ALWAYS_BLOCKING, *TENSOR_CALLS, *WORK_CALLS):
+        orig = getattr(c10d, name, None)
+        if orig is None:
+            continue
+        wrapped = maker.wrap(name, orig)
+        patches.set(c10d, name, wrapped)
+        if getattr(dist, name, None) is orig:
+            patches.set(dist, name, wrapped)
+    work = getattr(c10d, "Work", None)
+    if work is not None and callable(getattr(work, "wait", None)):
+        patches.set(work, "wait", maker.wrap_wait(work.wait))

@@ -1,0 +1,403 @@
+"""Find the user's line, and the framework line, of a synchronization.
+
+Everything here runs inside the hook that fires on every synchronization, so it
+is built for speed: file names are classified once and cached, and the kind of
+the instruction a frame is executing is cached per ``(code, offset)``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dis
+import importlib.util
+import linecache
+import os
+import sysconfig
+import threading
+from types import CodeType, FrameType
+
+from barrierguard.detect.kinds import kind_for_call
+
+__all__ = ["Location", "classify_file", "kind_at", "locate"]
+
+USER = 0
+TORCH = 1
+FRAMEWORK = 2
+LIBRARY = 3
+OWN = 4
+
+# Packages whose syncs are reported as "framework:<name>" rather than "user".
+KNOWN_FRAMEWORKS: dict[str, str] = {
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "lightning_fabric": "lightning",
+    "torchmetrics": "torchmetrics",
+    "accelerate": "accelerate",
+    "transformers": "transformers",
+    "deepspeed": "deepspeed",
+    "ignite": "ignite",
+}
+
+# Parts of torch that are frameworks in their own right: a sync inside them is
+# theirs (GradScaler.step reads found_inf), not the user's tensor code.
+TORCH_FRAMEWORKS: tuple[tuple[str, str], ...] = (
+    ("amp", "torch.amp"),
+    ("cuda/amp", "torch.amp"),
+    ("optim", "torch.optim"),
+    ("nn/utils", "torch.nn.utils"),
+    ("nn/parallel", "torch.nn.parallel"),
+    ("utils/data", "torch.utils.data"),
+    ("distributed", "torch.distributed"),
+)
+
+_OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# barrierguard's own files that are not the guard's machinery: the demo is user
+# code, and MetricBuffer.compute() makes the one deliberate transfer of a
+# framework (reported as "framework:barrierguard", allowed by default).
+_OWN_EXCEPTIONS = {
+    _OWN_ROOT + os.path.join("cli", "demo.py"): (USER, ""),
+}
+_OWN_FRAMEWORK_DIRS = ((_OWN_ROOT + "metrics" + os.sep, "barrierguard"),)
+
+
+def _package_root(name: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.abspath(next(iter(spec.submodule_search_locations))) + os.sep
+
+
+class _Classifier:
+    """Caches what each source file is: user code, torch, a framework, a library."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[int, str]] = {}
+        self._roots: list[tuple[str, int, str]] | None = None
+        self._lock = threading.Lock()
+
+    def _build_roots(self) -> list[tuple[str, int, str]]:
+        roots: list[tuple[str, int, str]] = [(_OWN_ROOT, OWN, "barrierguard")]
+        torch_root = _package_root("torch")
+        if torch_root is not None:
+            for sub, name in TORCH_FRAMEWORKS:
+                roots.append((torch_root + sub.replace("/", os.sep) + os.sep, FRAMEWORK, name))
+            roots.append((torch_root, TORCH, "torch"))
+        for pkg, name in KNOWN_FRAMEWORKS.items():
+            root = _package_root(pkg)
+            if root is not None:
+                roots.append((root, FRAMEWORK, name))
+        # Longest prefix first, so torch/amp/ wins over torch/.
+        roots.sort(key=lambda r: len(r[0]), reverse=True)
+        return roots
+
+    def classify(self, filename: str) -> tuple[int, str]:
+        hit = self._cache.get(filename)
+        if hit is not None:
+            return hit
+        with self._lock:
+            if self._roots is None:
+                self._roots = self._build_roots()
+            result = self._classify(filename, self._roots)
+            self._cache[filename] = result
+        return result
+
+    @staticmethod
+    def _classify(filename: str, roots: list[tuple[str, int, str]]) -> tuple[int, str]:
+        if filename.startswith("<"):
+            # <frozen runpy> is the standard library; <string>, <stdin> and
+            # notebook cells are the user's own code.
+            return (LIBRARY, "python") if filename.startswith("<frozen") else (USER, "")
+        path = os.path.abspath(filename)
+        if path in _OWN_EXCEPTIONS:
+            return _OWN_EXCEPTIONS[path]
+        for prefix, name in _OWN_FRAMEWORK_DIRS:
+            if path.startswith(prefix):
+                return FRAMEWORK, name
+        for prefix, category, name in roots:
+            if path.startswith(prefix):
+                return category, name
+        parts = path.split(os.sep)
+        for marker in ("site-packages", "dist-packages"):
+            if marker in parts:
+                i = parts.index(marker)
+                top = parts[i + 1] if i + 1 < len(parts) else ""
+                top = top[:-3] if top.endswith(".py") else top
+                if top in KNOWN_FRAMEWORKS:
+                    return FRAMEWORK, KNOWN_FRAMEWORKS[top]
+                return LIBRARY, top
+        for key in ("stdlib", "platstdlib"):
+            stdlib = sysconfig.get_paths().get(key)
+            if stdlib and path.startswith(os.path.abspath(stdlib) + os.sep):
+                return LIBRARY, "python"
+        return USER, ""
+
+
+_classifier = _Classifier()
+
+
+def classify_file(filename: str) -> tuple[int, str]:
+    """Classify a source file: ``(category, framework name)``, cached."""
+    return _classifier.classify(filename)
+
+
+class Location:
+    """Where a synchronization happened, as seen on the Python stack.
+
+    Locations are interned (see :func:`locate`): a hot site reuses one object,
+    whose ``key`` (file, line, kind, origin, framework file and line) names the
+    site: two framework syncs behind one user line (``trainer.fit(model)``)
+    are two sites.
+    """
+
+    __slots__ = (
+        "detail",
+        "file",
+        "framework_file",
+        "framework_function",
+        "framework_line",
+        "function",
+        "key",
+        "kind",
+        "line",
+        "origin",
+    )
+
+    def __init__(
+        self,
+        file: str,
+        line: int,
+        function: str,
+        kind: str,
+        detail: str,
+        origin: str,
+        framework_file: str | None = None,
+        framework_line: int | None = None,
+        framework_function: str | None = None,
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.function = function
+        self.kind = kind
+        self.detail = detail
+        self.origin = origin
+        self.framework_file = framework_file
+        self.framework_line = framework_line
+        self.framework_function = framework_function
+        self.key = (file, line, kind, origin, framework_file or "", framework_line or 0)
+
+    def __repr__(self) -> str:
+        return f"Location({self.file}:{self.line} {self.kind} {self.origin})"
+
+
+_BOOL_OPS = frozenset(
+    {
+        "POP_JUMP_IF_FALSE",
+        "POP_JUMP_IF_TRUE",
+        "POP_JUMP_FORWARD_IF_FALSE",
+        "POP_JUMP_FORWARD_IF_TRUE",
+        "POP_JUMP_BACKWARD_IF_FALSE",
+        "POP_JUMP_BACKWARD_IF_TRUE",
+        "JUMP_IF_FALSE_OR_POP",
+        "JUMP_IF_TRUE_OR_POP",
+        "TO_BOOL",
+        "UNARY_NOT",
+        "CONTAINS_OP",
+        "COMPARE_OP",
+    }
+)
+_INDEX_OPS = frozenset({"BINARY_SUBSCR", "STORE_SUBSCR", "BINARY_SLICE", "STORE_SLICE"})
+_FORMAT_OPS = frozenset({"FORMAT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC", "CONVERT_VALUE"})
+_CALL_OPS = frozenset(
+    {
+        "CALL",
+        "CALL_KW",
+        "CALL_FUNCTION",
+        "CALL_FUNCTION_KW",
+        "CALL_FUNCTION_EX",
+        "CALL_METHOD",
+        "PRECALL",
+    }
+)
+
+_kind_cache: dict[tuple[CodeType, int], tuple[str, str]] = {}
+
+
+def _source_segment(code: CodeType, lasti: int) -> str | None:
+    positions = getattr(code, "co_positions", None)
+    if positions is None:
+        return None
+    try:
+        pos = list(positions())[lasti // 2]
+    except IndexError:
+        return None
+    start, end, col, end_col = pos
+    if start is None or end is None or col is None or end_col is None:
+        return None
+    lines = linecache.getlines(code.co_filename)
+    if not lines or end > len(lines):
+        return None
+    chunk = [ln.encode("utf-8") for ln in lines[start - 1 : end]]
+    if len(chunk) == 1:
+        text = chunk[0][col:end_col]
+    else:
+        text = chunk[0][col:] + b"".join(chunk[1:-1]) + chunk[-1][:end_col]
+    return text.decode("utf-8", errors="replace")
+
+
+def _call_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            return func.attr
+        if isinstance(func, ast.Name):
+            return func.id
+    return None
+
+
+def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
+    segment = _source_segment(code, lasti)
+    name: str | None = None
+    if segment is not None:
+        try:
+            tree = ast.parse("(" + segment + "\n)", mode="eval")
+            name = _call_name(tree.body)
+        except SyntaxError:
+            name = None
+    if name is None:
+        # No column positions (Python 3.10) or no source: fall back to the
+        # known synchronizing calls on the line, innermost (rightmost) last.
+        line = linecache.getline(code.co_filename, lineno).strip()
+        try:
+            module = ast.parse(line.rstrip(":"), mode="exec")
+        except SyntaxError:
+            return "call", ""
+        names = [n for n in (_call_name(x) for x in ast.walk(module)) if n is not None]
+        known = [n for n in names if kind_for_call(n) != "call"]
+        name = known[-1] if known else (names[0] if names else None)
+    if name is None:
+        return "call", ""
+    kind = kind_for_call(name)
+    if kind == "copy":
+        direction = {"cpu": "d2h", "numpy": "d2h", "cuda": "h2d", "tensor": "h2d"}.get(name, "")
+        return kind, direction
+    return kind, (name if kind in ("call", "collective") else "")
+
+
+def kind_at(frame: FrameType) -> tuple[str, str]:
+    """The kind of the instruction ``frame`` is executing, with a detail string.
+
+    Cached per code object and instruction offset, so a hot site costs one
+    dictionary lookup.
+    """
+    code = frame.f_code
+    lasti = frame.f_lasti
+    key = (code, lasti)
+    hit = _kind_cache.get(key)
+    if hit is not None:
+        return hit
+    raw = code.co_code
+    try:
+        opname = dis.opname[raw[lasti]]
+        # A frame suspended in a call into Python code points at the last
+        # inline CACHE entry of its CALL (3.11+): step back to the CALL itself.
+        while opname == "CACHE" and lasti >= 2:
+            lasti -= 2
+            opname = dis.opname[raw[lasti]]
+    except IndexError:
+        opname = ""
+    if opname in _CALL_OPS:
+        result = _kind_from_call(code, lasti, frame.f_lineno)
+    elif opname in _BOOL_OPS:
+        result = ("bool", "")
+    elif opname in _INDEX_OPS:
+        result = ("index", "")
+    elif opname in _FORMAT_OPS:
+        result = ("format", "")
+    else:
+        result = ("call", opname.lower())
+    _kind_cache[key] = result
+    return result
+
+
+# Keyed by the ids of the code objects (hashing a code object hashes its constants
+# and names); each entry keeps its code objects alive, so the ids stay theirs.
+_location_cache: dict[tuple[object, ...], tuple[Location, CodeType, CodeType]] = {}
+
+
+def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -> Location | None:
+    """Walk outward from ``frame`` to the user's line and the framework line.
+
+    Args:
+        frame: The innermost frame to consider (barrierguard's own frames are
+            skipped).
+        kind: The kind when the caller already knows it (an intercepted call);
+            otherwise it is read from the executing instruction.
+        detail: Extra detail for a known kind (a copy's direction).
+
+    Returns:
+        The location, or ``None`` when the stack holds no Python frame at all.
+    """
+    cache = _classifier._cache
+    classify = _classifier.classify
+    innermost: FrameType | None = None
+    framework: FrameType | None = None
+    framework_name = ""
+    user: FrameType | None = None
+    f = frame
+    while f is not None:
+        filename = f.f_code.co_filename
+        category, name = cache.get(filename) or classify(filename)
+        if category == OWN:
+            f = f.f_back
+            continue
+        if innermost is None:
+            innermost = f
+        if category == USER:
+            user = f
+            break
+        if category == FRAMEWORK and framework is None:
+            framework, framework_name = f, name
+        f = f.f_back
+    if innermost is None:
+        return None
+    if user is None:
+        # Nothing but library frames (a module run with -m from site-packages):
+        # the innermost framework frame, else the innermost frame, stands in.
+        user = framework or innermost
+    probe = framework if framework is not None else user
+    user_code, probe_code = user.f_code, probe.f_code
+    # Instruction offsets, not line numbers: a frame computes f_lineno from its
+    # code's line table, and the offset names the line as well.
+    key = (id(user_code), user.f_lasti, id(probe_code), probe.f_lasti, kind, detail)
+    hit = _location_cache.get(key)
+    if hit is not None and hit[1] is user_code and hit[2] is probe_code:
+        return hit[0]
+    if kind is None:
+        kind, detail = kind_at(probe)
+    if framework is not None:
+        loc = Location(
+            file=user.f_code.co_filename,
+            line=user.f_lineno,
+            function=user.f_code.co_name,
+            kind=kind,
+            detail=detail,
+            origin="framework:" + framework_name,
+            framework_file=framework.f_code.co_filename,
+            framework_line=framework.f_lineno,
+            framework_function=framework.f_code.co_name,
+        )
+    else:
+        loc = Location(
+            file=user.f_code.co_filename,
+            line=user.f_lineno,
+            function=user.f_code.co_name,
+            kind=kind,
+            detail=detail,
+            origin="user",
+        )
+    if len(_location_cache) < 100_000:
+        _location_cache[key] = (loc, user_code, probe_code)
+    return loc

@@ -1,0 +1,555 @@
+"""The syncs that frameworks make, why, and the setting on the user's side that removes each.
+
+A sync inside Lightning, transformers, accelerate, torchmetrics or torch's own
+training utilities is found at a line the user cannot edit. This module names
+it: :data:`MECHANISMS` is the one table of known framework syncs (where, why,
+the fix, or plainly that none exists), and :data:`PHASES` marks the framework
+functions that tell which phase of a run a sync belongs to (a validation loop,
+a checkpoint save, the teardown after the last step).
+
+:func:`annotate` walks the live stack once per sync, outward from the sync,
+and returns the innermost mechanism (with the Lightning hook in flight) and
+the phase. Code objects are classified once and cached, so a hot site costs a
+dictionary lookup per frame.
+
+The module is long because the table is: one reader-facing list of every
+known framework sync, which a contributor would rather see whole.
+
+To add a framework sync: add one :class:`Mechanism` to :data:`MECHANISMS` with
+the functions it lives in, prove its fix on a GPU (docs/frameworks.md), and add
+a row to ``tests/detect/test_frameworks.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import CodeType, FrameType
+from typing import Any
+
+from barrierguard.detect.frames import LIBRARY, OWN, TORCH, classify_file
+
+__all__ = ["MECHANISMS", "PHASES", "Mechanism", "annotate", "describe", "mechanism", "package_path"]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One known sync inside a framework.
+
+    Attributes:
+        name: A short stable name, recorded in each site's ``mechanisms``.
+        framework: The package that makes the sync.
+        functions: Where it lives: ``"package/path.py:function"`` (``*`` for
+            any function of the file); the innermost match on the stack wins.
+        why: One sentence: what the framework reads on the host, and when.
+        fix: The setting or call on the user's side that removes the sync, or
+            ``""`` when none exists.
+        no_fix: When ``fix`` is empty: plainly why nothing on the user's side
+            removes it (and what it costs).
+        direct: Only when the sync is made in these functions themselves, not
+            in a function they call (a loop body whose callees sync for other
+            reasons).
+    """
+
+    name: str
+    framework: str
+    functions: tuple[str, ...]
+    why: str
+    fix: str = ""
+    no_fix: str = ""
+    direct: bool = False
+
+    @property
+    def hint(self) -> str:
+        """The fix, or the plain statement that none exists."""
+        return self.fix if self.fix else f"no setting removes it: {self.no_fix}"
+
+
+# -- the table ------------------------------------------------------------------
+_LIGHTNING = (
+    Mechanism(
+        "batch_transfer",
+        "lightning",
+        (
+            "lightning/pytorch/core/module.py:_apply_batch_transfer_handler",
+            "lightning/pytorch/core/hooks.py:transfer_batch_to_device",
+            "lightning/pytorch/strategies/strategy.py:batch_to_device",
+        ),
+        why="the batch is copied to the device before every batch (move_data_to_device); from "
+        "pageable host memory the copy waits for the device queue",
+        fix="DataLoader(pin_memory=True): Lightning already passes non_blocking=True, and from "
+        "pinned memory the copy no longer blocks",
+    ),
+    Mechanism(
+        "prog_bar",
+        "lightning",
+        ("lightning/pytorch/trainer/connectors/logger_connector/result.py:metrics",),
+        why="values logged with prog_bar=True are converted to Python numbers (.item()) after "
+        "every batch, even with the progress bar disabled or throttled",
+        fix="self.log(..., prog_bar=False) for per-step values, or on_step=False (converted "
+        "once per epoch); enable_progress_bar=False and refresh_rate do not remove it",
+    ),
+    Mechanism(
+        "logger",
+        "lightning",
+        ("lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py:log_metrics",),
+        why="logged values are converted to Python numbers for the loggers every "
+        "log_every_n_steps training steps, and at every validation step for on_step=True values",
+        fix="raise Trainer(log_every_n_steps=...), log with on_step=False, or logger=False for "
+        "values no logger needs",
+    ),
+    Mechanism(
+        "self_log",
+        "lightning",
+        (
+            "lightning/pytorch/core/module.py:log",
+            "lightning/pytorch/core/module.py:log_dict",
+            "lightning/pytorch/core/module.py:__to_tensor",
+        ),
+        why="self.log() of a Python number makes a tensor of it on the device: a copy on "
+        "every call",
+        fix="log tensors already on the device (the loss tensor, not loss.item())",
+    ),
+    Mechanism(
+        "sync_dist",
+        "lightning",
+        ("lightning/fabric/utilities/distributed.py:_sync_ddp",),
+        why="self.log(..., sync_dist=True) reduces each step value across ranks behind a "
+        "torch.distributed barrier, which waits for the device",
+        fix="sync_dist=True only for epoch-level values (on_step=False, on_epoch=True): one "
+        "reduction per epoch",
+    ),
+    Mechanism(
+        "results_to_cpu",
+        "lightning",
+        (
+            "lightning/pytorch/trainer/connectors/logger_connector/result.py:cpu",
+            "lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py:teardown",
+        ),
+        why="logged results are moved to the CPU when a loop ends",
+        no_fix="once per loop, outside the steps",
+    ),
+    Mechanism(
+        "dataloader_length",
+        "lightning",
+        ("lightning/pytorch/utilities/data.py:has_len_all_ranks",),
+        why="the dataloader length is copied to the device, reduced across ranks and read on "
+        "the host",
+        no_fix="once per dataloader setup (three reads), also on one GPU",
+    ),
+    Mechanism(
+        "finite_loss_check",
+        "lightning",
+        ("lightning/pytorch/loops/utilities.py:check_finite_loss",),
+        why="Trainer(detect_anomaly=True) checks that the loss is finite after every step",
+        fix="Trainer(detect_anomaly=False) outside debugging",
+    ),
+    Mechanism(
+        "ddp_decision",
+        "lightning",
+        ("lightning/pytorch/strategies/parallel.py:reduce_boolean_decision",),
+        why="a decision (stop, save a checkpoint) is reduced across ranks and read on the host",
+        fix="fine at epoch ends; if it runs every batch, check less often (val_check_interval, "
+        "EarlyStopping/ModelCheckpoint intervals)",
+    ),
+    Mechanism(
+        "sigterm_check",
+        "lightning",
+        ("lightning/pytorch/loops/training_epoch_loop.py:_broadcast_sigterm_tensor",),
+        why="under DDP, every training step broadcasts the SIGTERM flag from rank 0 and reads "
+        "it on the host (Lightning issue #21487)",
+        no_fix="Lightning 2.6 has no setting for it; one small read per step under DDP",
+    ),
+    Mechanism(
+        "checkpoint",
+        "lightning",
+        ("lightning/pytorch/callbacks/model_checkpoint.py:*",),
+        why="ModelCheckpoint reads the monitored value on the host",
+        fix="check less often (every_n_train_steps, every_n_epochs)",
+    ),
+    Mechanism(
+        "early_stopping",
+        "lightning",
+        ("lightning/pytorch/callbacks/early_stopping.py:*",),
+        why="EarlyStopping reads the monitored value on the host (and checks it is finite)",
+        fix="check less often (check_on_train_epoch_end, fewer validation runs); "
+        "check_finite=False drops one read",
+    ),
+    Mechanism(
+        "progress_bar",
+        "lightning",
+        (
+            "lightning/pytorch/callbacks/progress/rich_progress.py:*",
+            "lightning/pytorch/callbacks/progress/tqdm_progress.py:*",
+        ),
+        why="the progress bar converts metrics to Python numbers at each refresh",
+        fix="Trainer(enable_progress_bar=False), TQDMProgressBar(refresh_rate=N), or fewer "
+        "prog_bar=True values",
+    ),
+    Mechanism(
+        "model_to_device",
+        "lightning",
+        (
+            "lightning/pytorch/strategies/strategy.py:model_to_device",
+            "lightning/pytorch/strategies/strategy.py:teardown",
+            "lightning/fabric/utilities/optimizer.py:_optimizers_to_device",
+        ),
+        why="the model is moved to the device at setup, and the model and the optimizer state "
+        "back to the CPU at teardown",
+        no_fix="once per run (fit, validate, test or predict), outside the steps",
+    ),
+)
+
+_HUGGING_FACE = (
+    Mechanism(
+        "packed_sequence_check",
+        "transformers",
+        ("transformers/masking_utils.py:find_packed_sequence_indices",),
+        why="with no attention_mask and no KV cache, every forward checks on the host whether "
+        "the batch holds packed sequences (bool of .all()); the Trainer turns the cache off "
+        "by default",
+        fix="TrainingArguments(use_cache=True) (not with gradient_checkpointing, which turns "
+        "the cache off again); passing position_ids does not help, and an attention_mask only "
+        "moves the read to the SDPA mask check",
+    ),
+    Mechanism(
+        "sdpa_mask_check",
+        "transformers",
+        ("transformers/masking_utils.py:_ignore_causal_mask_sdpa",),
+        why="with a 2-D attention_mask, SDPA attention checks on the host whether the mask can "
+        "be dropped for a plain causal mask",
+        fix="leave attention_mask out of batches without padding, with "
+        "TrainingArguments(use_cache=True)",
+    ),
+    Mechanism(
+        "loss_nan_filter",
+        "transformers",
+        ("transformers/trainer.py:_run_epoch",),
+        why="TrainingArguments(logging_nan_inf_filter=True), the default, checks every "
+        "micro-batch's loss for NaN or Inf on the host (two reads) before adding it to the "
+        "logged loss",
+        fix="TrainingArguments(logging_nan_inf_filter=False)",
+        direct=True,
+    ),
+    Mechanism(
+        "hf_logging",
+        "transformers",
+        ("transformers/trainer.py:_maybe_log_save_evaluate",),
+        why="at each logging step the Trainer reads the accumulated loss and the gradient norm "
+        "with .item()",
+        fix="log less often: TrainingArguments(logging_steps=...); the reads stay, once per "
+        "log (a CI gate can accept them: allow=['mechanism:hf_logging'])",
+        direct=True,
+    ),
+    Mechanism(
+        "token_count",
+        "transformers",
+        ("transformers/trainer.py:_track_num_input_tokens",),
+        why="include_num_input_tokens_seen copies each micro-batch's token count to the "
+        "device, gathers it and reads it back",
+        fix="TrainingArguments(include_num_input_tokens_seen='no') (the default)",
+    ),
+    Mechanism(
+        "store_flos",
+        "transformers",
+        ("transformers/trainer.py:store_flos",),
+        why="under DDP the Trainer sums the FLOP count across ranks through the device at "
+        "every log and save",
+        no_fix="once per log, save and end of training, only under DDP",
+    ),
+    Mechanism(
+        "eval_to_cpu",
+        "transformers",
+        ("transformers/trainer_pt_utils.py:nested_numpify",),
+        why="evaluation copies its accumulated losses, predictions and labels to the host",
+        no_fix="once per evaluation (eval_accumulation_steps adds more copies, not fewer)",
+    ),
+    Mechanism(
+        "train_loss_total",
+        "transformers",
+        ("transformers/trainer.py:_finalize_training",),
+        why="after the last step the Trainer reads the total loss for train_loss",
+        no_fix="once per train(), after the last step",
+    ),
+    Mechanism(
+        "send_to_device",
+        "accelerate",
+        ("accelerate/utils/operations.py:send_to_device",),
+        why="accelerate's dataloader copies each batch tensor to the device with "
+        "non_blocking=False, which waits for the device queue",
+        fix="TrainingArguments(accelerator_config={'non_blocking': True}) with "
+        "dataloader_pin_memory=True (the default); plain accelerate: "
+        "Accelerator(dataloader_config=DataLoaderConfiguration(non_blocking=True)) and "
+        "DataLoader(pin_memory=True)",
+    ),
+    Mechanism(
+        "pad_across_processes",
+        "accelerate",
+        ("accelerate/utils/operations.py:pad_across_processes",),
+        why="evaluation pads logits and labels across processes by sending each tensor's shape "
+        "through the device and back, four reads per batch, even on one GPU",
+        fix="evaluate without compute_metrics, or TrainingArguments(prediction_loss_only=True)",
+    ),
+)
+
+_TORCHMETRICS = (
+    Mechanism(
+        "nan_check",
+        "torchmetrics",
+        ("torchmetrics/aggregation.py:_cast_and_nan_check_input",),
+        why="aggregation metrics (MeanMetric, SumMetric, MaxMetric, MinMetric, CatMetric) look "
+        "for NaN in every update (two host reads) under every nan_strategy but 'disable'",
+        fix="nan_strategy='disable' once no NaN can reach the metric (in torchmetrics 1.9 it "
+        "also ignores a weight passed to MeanMetric, torchmetrics #3434)",
+    ),
+    Mechanism(
+        "metric_python_number",
+        "torchmetrics",
+        ("torchmetrics/aggregation.py:update",),
+        why="update() with a Python number copies it to the device on every call",
+        fix="pass a tensor that is already on the device (loss, not loss.item())",
+    ),
+    Mechanism(
+        "compute_groups",
+        "torchmetrics",
+        ("torchmetrics/collections.py:_equal_metric_states",),
+        why="MetricCollection(compute_groups=True) compares the metrics' states on the host at "
+        "the first update to find groups",
+        fix="MetricCollection(..., compute_groups=False), or accept it: once per collection",
+    ),
+)
+
+_TORCH = (
+    Mechanism(
+        "grad_scaler_step",
+        "torch",
+        ("torch/amp/grad_scaler.py:_maybe_opt_step",),
+        why="with fp16 mixed precision, GradScaler.step reads the inf/NaN check "
+        "(found_inf.item()) every optimizer step to decide whether to skip the step",
+        fix="bf16 mixed precision (no scaler), or a fused optimizer "
+        "(torch.optim.AdamW(..., fused=True); HF: optim='adamw_torch_fused'), with which the "
+        "scaler skips the step on the device",
+    ),
+    Mechanism(
+        "clip_grad_nonfinite",
+        "torch",
+        (
+            "torch/nn/utils/clip_grad.py:_get_total_norm",
+            "torch/nn/utils/clip_grad.py:clip_grad_norm_",
+        ),
+        why="clip_grad_norm_(error_if_nonfinite=True) reads the total gradient norm on the host "
+        "to decide whether to raise",
+        fix="error_if_nonfinite=False (the default); check for non-finite values less often",
+    ),
+    Mechanism(
+        "save_to_host",
+        "torch",
+        ("torch/serialization.py:_save", "safetensors/torch.py:_to_ndarray"),
+        why="saving copies each device tensor to host memory with a blocking copy, one per tensor",
+        fix="save less often (Lightning: ModelCheckpoint(every_n_epochs=...); HF: save_steps, "
+        "and save_only_model=True skips the optimizer state's copies); in a plain loop, copy "
+        "into pinned CPU buffers with non_blocking=True and synchronize once before saving",
+    ),
+)
+
+MECHANISMS: tuple[Mechanism, ...] = _LIGHTNING + _HUGGING_FACE + _TORCHMETRICS + _TORCH
+
+# Framework functions that mark the phase of a run: "package/path.py:function"
+# -> phase, or a function of the frame that returns the phase. The innermost
+# marker on the stack wins, and the walk stops there.
+PHASES: dict[str, str | Callable[[FrameType], str | None]] = {}
+
+
+def _evaluation_stage(frame: FrameType) -> str | None:
+    """Lightning's evaluation loop runs validation, tests and the sanity check."""
+    loop = frame.f_locals.get("self")
+    if getattr(getattr(loop, "trainer", None), "sanity_checking", False):
+        return "sanity"
+    stage = getattr(getattr(loop, "_stage", None), "value", None)
+    return {"sanity_check": "sanity", "validate": "validate", "test": "test"}.get(
+        str(stage), "validate"
+    )
+
+
+PHASES.update(
+    {
+        "lightning/pytorch/loops/fit_loop.py:run": "train",
+        "lightning/pytorch/loops/fit_loop.py:advance": "train",
+        "lightning/pytorch/loops/training_epoch_loop.py:run": "train",
+        "lightning/pytorch/loops/training_epoch_loop.py:advance": "train",
+        "lightning/pytorch/loops/evaluation_loop.py:run": _evaluation_stage,
+        "lightning/pytorch/loops/prediction_loop.py:run": "predict",
+        "lightning/pytorch/trainer/trainer.py:_teardown": "teardown",
+        "lightning/pytorch/trainer/trainer.py:save_checkpoint": "checkpoint",
+        "transformers/trainer.py:_inner_training_loop": "train",
+        "transformers/trainer.py:evaluate": "validate",
+        "transformers/trainer.py:predict": "predict",
+        "transformers/trainer.py:_save_checkpoint": "checkpoint",
+        "transformers/trainer.py:save_model": "checkpoint",
+        "transformers/trainer.py:_finalize_training": "teardown",
+        "transformers/trainer.py:_load_best_model": "teardown",
+    }
+)
+
+# Lightning's hook callers hold the name of the hook in flight in `hook_name`.
+_HOOK_CALLERS = frozenset(
+    {
+        "lightning/pytorch/trainer/call.py:_call_callback_hooks",
+        "lightning/pytorch/trainer/call.py:_call_lightning_module_hook",
+        "lightning/pytorch/trainer/call.py:_call_strategy_hook",
+        "lightning/pytorch/trainer/call.py:_call_lightning_datamodule_hook",
+    }
+)
+
+# Where a framework's files lie inside a path, and the name they go by in the
+# tables (the standalone Lightning packages read as the unified one).
+_ROOTS = (
+    ("/lightning/pytorch/", "lightning/pytorch/"),
+    ("/pytorch_lightning/", "lightning/pytorch/"),
+    ("/lightning/fabric/", "lightning/fabric/"),
+    ("/lightning_fabric/", "lightning/fabric/"),
+    ("/transformers/", "transformers/"),
+    ("/accelerate/", "accelerate/"),
+    ("/torchmetrics/", "torchmetrics/"),
+    ("/safetensors/", "safetensors/"),
+    ("/torch/", "torch/"),
+)
+_STOP_DEPTH = 120
+
+_BY_NAME: dict[str, Mechanism] = {m.name: m for m in MECHANISMS}
+_BY_FUNCTION: dict[str, str] = {f: m.name for m in MECHANISMS for f in m.functions}
+
+
+def mechanism(name: str) -> Mechanism | None:
+    """The table's entry for a mechanism name (a hook in brackets is ignored).
+
+    Example:
+        >>> mechanism("prog_bar (on_train_batch_end)").framework
+        'lightning'
+    """
+    return _BY_NAME.get(name.split(" (", 1)[0])
+
+
+def package_path(filename: str) -> str | None:
+    """``filename`` as the tables name it: from its package folder on, or ``None``.
+
+    Example:
+        >>> package_path("/sp/lightning_fabric/utilities/apply_func.py")
+        'lightning/fabric/utilities/apply_func.py'
+    """
+    path = filename.replace(os.sep, "/")
+    best: tuple[int, str] | None = None
+    for marker, prefix in _ROOTS:
+        i = path.rfind(marker)
+        # The innermost package wins (transformers vendored under another
+        # package's folder), i.e. the marker found furthest to the right.
+        if i >= 0 and (best is None or i > best[0]):
+            best = (i, prefix + path[i + len(marker) :])
+    return best[1] if best is not None else None
+
+
+# What a code object is, for the walk: (mechanism, direct only, phase marker,
+# hook caller, the code of a real frame: not barrierguard's, torch's core nor
+# the standard library's, i.e. a frame that can be the one that synchronized).
+_Entry = tuple["str | None", bool, "str | Callable[[FrameType], str | None] | None", bool, bool]
+# Keyed by id(code): hashing a code object hashes its constants and names, which
+# costs more than the rest of a frame's visit. The entry keeps the code object
+# alive, so its id cannot be reused while the entry exists.
+_code_entries: dict[int, tuple[CodeType, _Entry]] = {}
+
+
+def _real(filename: str) -> bool:
+    category, name = classify_file(filename)
+    return category not in (OWN, TORCH) and not (category == LIBRARY and name == "python")
+
+
+def _classify(code: CodeType) -> _Entry:
+    real = _real(code.co_filename)
+    rel = package_path(code.co_filename)
+    if rel is None:
+        return (None, False, None, False, real)
+    key = f"{rel}:{code.co_name}"
+    name = _BY_FUNCTION.get(key) or _BY_FUNCTION.get(f"{rel}:*")
+    direct = name is not None and _BY_NAME[name].direct
+    return (name, direct, PHASES.get(key), key in _HOOK_CALLERS, real)
+
+
+def _entry(code: CodeType) -> _Entry:
+    hit = _code_entries.get(id(code))
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    entry = _classify(code)
+    _code_entries[id(code)] = (code, entry)
+    return entry
+
+
+# Packages whose functions mark phases; without one of them imported, no sync
+# can be inside such a function and the walk looks only for mechanisms.
+_PHASE_PACKAGES = ("lightning", "pytorch_lightning", "transformers")
+
+
+def annotate(frame: FrameType | None) -> tuple[str | None, str | None]:
+    """Name the framework mechanism and the phase of a sync, from the live stack.
+
+    Args:
+        frame: The innermost frame to walk outward from (inside the sync).
+
+    Returns:
+        ``(mechanism, phase)``: the innermost table mechanism on the stack as
+        ``"name (hook)"`` when a Lightning hook is in flight, else ``"name"``,
+        or ``None``; and the innermost phase marker's phase, or ``None``.
+    """
+    modules = sys.modules
+    phases = any(p in modules for p in _PHASE_PACKAGES)
+    found: str | None = None
+    hook: str | None = None
+    phase: str | None = None
+    first_real = True
+    depth = 0
+    f = frame
+    while f is not None and depth < _STOP_DEPTH:
+        name, direct, marker, caller, real = _entry(f.f_code)
+        if name is not None and found is None and (first_real or not direct):
+            found = name
+            if not phases:
+                break
+        if real:
+            first_real = False
+        if caller and hook is None:
+            value = f.f_locals.get("hook_name")
+            hook = value if isinstance(value, str) else None
+        if marker is not None:
+            phase = marker if isinstance(marker, str) else marker(f)
+            if phase is not None:
+                break
+        f = f.f_back
+        depth += 1
+    if found is not None and hook is not None:
+        found = f"{found} ({hook})"
+    return found, phase
+
+
+def describe(mechanisms: Any) -> str | None:
+    """The fix of a site from its mechanisms, most frequent first.
+
+    Args:
+        mechanisms: ``(name, count)`` pairs, as a site records them.
+
+    Returns:
+        ``"name: fix | name: fix"``, or ``None`` when no mechanism is known.
+
+    Example:
+        >>> describe([("prog_bar (on_train_batch_end)", 3), ("logger", 1)]).split(" | ")[1]
+        'logger: raise Trainer(log_every_n_steps=...), log with on_step=False, or logger=False for values no logger needs'
+    """
+    totals: dict[str, int] = {}
+    for name, n in mechanisms:
+        base = name.split(" (", 1)[0]
+        if base in _BY_NAME:
+            totals[base] = totals.get(base, 0) + n
+    if not totals:
+        return None
+    ordered = sorted(totals, key=lambda k: -totals[k])
+    return " | ".join(f"{name}: {_BY_NAME[name].hint}" for name in ordered)

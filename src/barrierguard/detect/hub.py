@@ -1,0 +1,120 @@
+"""The running recorders, and the one path every detected sync takes to them.
+
+Engines install global hooks once, however many recorders use them (nested
+``watch()`` blocks, a pytest fixture around a user's own recorder), and hand each
+sync to :func:`emit`, which gives it to every running recorder of that engine.
+A recorder is anything with the two methods of :class:`Recorder` (the
+session's recorder); the hub knows nothing else of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from barrierguard.detect.frames import Location
+
+__all__ = ["Engine", "Recorder", "attach", "detach", "emit", "fault", "note", "running_recorders"]
+
+
+class Recorder(Protocol):
+    """What the hub delivers to: one method per sync, one per internal fault."""
+
+    def _record(
+        self, loc: Location, ident: int, stall: float | None = None, again: bool = False
+    ) -> Callable[[], None] | None:
+        """Count one sync; return the policy's action (a warning, a raise), if any.
+
+        ``again`` marks a further sync inside the same call (``print(t)``
+        synchronizes several times): an event of the occurrence already
+        counted, not a new one.
+        """
+
+    def _fault(self, exc: BaseException) -> None:
+        """Note a fault of barrierguard's own, without raising into training."""
+
+    def _note(self, text: str) -> None:
+        """Add a note for the report (once per text)."""
+
+
+class Engine(Protocol):
+    """What an engine does: install its global hooks, and remove them all."""
+
+    name: str
+
+    def install(self) -> None: ...
+
+    def uninstall(self) -> None: ...
+
+
+_lock = threading.RLock()
+_recorders: dict[str, tuple[Recorder, ...]] = {}
+_engines: dict[str, Engine] = {}
+
+
+def attach(recorder: Recorder, engine: Engine) -> None:
+    """Start delivering ``engine``'s syncs to ``recorder``; install it if first."""
+    with _lock:
+        current = _recorders.get(engine.name, ())
+        if not current:
+            engine.install()
+            _engines[engine.name] = engine
+        _recorders[engine.name] = (*current, recorder)
+
+
+def detach(recorder: Recorder, engine_name: str) -> None:
+    """Stop delivering to ``recorder``; uninstall the engine after its last recorder."""
+    with _lock:
+        current = tuple(g for g in _recorders.get(engine_name, ()) if g is not recorder)
+        if current:
+            _recorders[engine_name] = current
+            return
+        _recorders.pop(engine_name, None)
+        engine = _engines.pop(engine_name, None)
+    if engine is not None:
+        engine.uninstall()
+
+
+def running_recorders() -> tuple[Recorder, ...]:
+    """Every recorder now running, outermost first."""
+    with _lock:
+        return tuple(g for gs in _recorders.values() for g in gs)
+
+
+def fault(engine_name: str, exc: BaseException) -> None:
+    """Report a fault of ``engine_name``'s own to its recorders (never raised)."""
+    for recorder in _recorders.get(engine_name, ()):
+        recorder._fault(exc)
+
+
+def note(engine_name: str, text: str) -> None:
+    """Give a note to every recorder of ``engine_name`` (for their reports)."""
+    for recorder in _recorders.get(engine_name, ()):
+        recorder._note(text)
+
+
+def emit(
+    engine_name: str, loc: Location, stall: float | None = None, *, again: bool = False
+) -> None:
+    """Give one sync at ``loc`` to every recorder of ``engine_name``, then act.
+
+    ``stall`` is the time the host was blocked in it, in seconds, when measured;
+    ``again`` marks a further sync inside a call already counted.
+
+    Recording never raises into training: a fault inside a recorder is noted in
+    its report. The policy's actions (a warning, a :class:`SyncError`) run
+    after every recorder has recorded.
+    """
+    ident = threading.get_ident()
+    actions: list[Callable[[], None]] = []
+    for recorder in _recorders.get(engine_name, ()):
+        try:
+            action = recorder._record(loc, ident, stall, again)
+        except Exception as exc:  # never lose the user's run to our own bug
+            recorder._fault(exc)
+            continue
+        if action is not None:
+            actions.append(action)
+    for action in actions:
+        action()

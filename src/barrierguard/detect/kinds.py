@@ -1,0 +1,258 @@
+"""The vocabulary of synchronization kinds, and the fix for each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["KINDS", "Kind", "fix_for", "kind_for_call"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of synchronization: its name, what causes it, and how to avoid it."""
+
+    name: str
+    what: str
+    fix: str
+    blocking: bool = True
+
+
+_ITEM_FIX = (
+    "keep the value on the device and reduce once at epoch end "
+    "(barrierguard.MetricBuffer: buf.update(loss=loss) per step, buf.compute() after the loop)"
+)
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("item", "tensor.item() reads one device value on the host", _ITEM_FIX),
+        Kind("tolist", "tensor.tolist() copies the tensor to the host", _ITEM_FIX),
+        Kind(
+            "numpy",
+            "tensor.numpy() needs the values on the host",
+            "keep the tensor on the device; convert once after the loop",
+        ),
+        Kind(
+            "copy",
+            "a blocking copy between host and device",
+            "d2h: keep the tensor on the device, or copy with .to('cpu', non_blocking=True) "
+            "into pinned memory and read it after an event; h2d: pin the source "
+            "(DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with non_blocking=True",
+        ),
+        Kind(
+            "print",
+            "printing or repr() of a device tensor copies it to the host",
+            "print less often, or log through barrierguard.MetricBuffer and print after the loop",
+        ),
+        Kind(
+            "format",
+            "formatting a device tensor (f-string, str.format) copies it to the host",
+            "format after the loop, or keep it in a barrierguard.MetricBuffer",
+        ),
+        Kind(
+            "bool",
+            "Python control flow on a device value (if t:, while t:, and/or/not, assert t)",
+            "decide on the device with torch.where or masked_fill, or check once per epoch",
+        ),
+        Kind("int", "int(t) or t.__index__() reads a device value", "keep it a tensor"),
+        Kind("float", "float(t) reads a device value", "keep it a tensor"),
+        Kind("complex", "complex(t) reads a device value", "keep it a tensor"),
+        Kind(
+            "index",
+            "boolean-mask indexing or assignment needs the number of selected elements",
+            "use torch.where(mask, x, 0) or x.masked_fill(~mask, 0) to keep the shape fixed",
+        ),
+        Kind(
+            "nonzero",
+            "nonzero/argwhere/one-argument where: the output size depends on device values",
+            "pass the size when it is known (torch.nonzero_static(x, size=n)) or use "
+            "fixed-shape ops (torch.where(c, x, y), masked_fill)",
+        ),
+        Kind(
+            "masked_select",
+            "masked_select: the output size depends on device values",
+            "multiply by the mask or use torch.where(mask, x, 0) and reduce",
+        ),
+        Kind(
+            "unique",
+            "torch.unique: the output size depends on device values",
+            "use torch.bincount(x, minlength=n) or a one-hot sum with a fixed size",
+        ),
+        Kind(
+            "repeat_interleave",
+            "repeat_interleave with tensor repeats needs the output size",
+            "pass output_size= (the sum of repeats, if the host knows it)",
+        ),
+        Kind(
+            "one_hot",
+            "one_hot without num_classes reads the largest value",
+            "pass num_classes=",
+        ),
+        Kind(
+            "compare",
+            "torch.allclose/torch.equal return a Python bool",
+            "compare on the device (torch.isclose(a, b).all()) and read the flag after the loop",
+        ),
+        Kind(
+            "dynamic_shape",
+            "an op whose output shape or value depends on device data",
+            "use a fixed-shape alternative, or move it out of the loop",
+        ),
+        Kind(
+            "synchronize",
+            "an explicit synchronize drains the device queue",
+            "remove it from the loop; to time, record torch.cuda.Event(enable_timing=True) "
+            "and read elapsed_time after the loop",
+        ),
+        Kind(
+            "backward",
+            "a synchronizing op inside the backward pass (replayed when backward() returns)",
+            "find the forward op whose gradient needs host values (mask indexing, nonzero, "
+            "unique) and replace it with a fixed-shape op",
+        ),
+        Kind(
+            "async_d2h",
+            "a non_blocking copy to the host returns before the data has arrived",
+            "not a barrier but a race: record a torch.cuda.Event after the copy and call "
+            "event.synchronize() before reading it, or read it one step later",
+            blocking=False,
+        ),
+        Kind(
+            "collective",
+            "a torch.distributed call that blocks the host until every rank has arrived "
+            "(barrier, an *_object call, a collective on CPU tensors, wait() on one)",
+            "keep collectives on device tensors (NCCL runs them on the stream, the host goes "
+            "on) and out of the per-step path; every rank waits for the slowest one here",
+        ),
+        Kind(
+            "call",
+            "a call that synchronized; barrierguard could not name the operation",
+            "look at the call on this line for a host read of a device value",
+        ),
+    )
+}
+
+# Attribute or function names seen at the call site, mapped to a kind.
+_CALL_NAMES: dict[str, str] = {
+    "item": "item",
+    "tolist": "tolist",
+    "numpy": "numpy",
+    "cpu": "copy",
+    "to": "copy",
+    "cuda": "copy",
+    "copy_": "copy",
+    "tensor": "copy",
+    "as_tensor": "copy",
+    "pin_memory": "copy",
+    "print": "print",
+    "repr": "print",
+    "str": "print",
+    "format": "format",
+    "bool": "bool",
+    "any": "bool",
+    "all": "bool",
+    "int": "int",
+    "len": "int",
+    "range": "int",
+    "float": "float",
+    "complex": "complex",
+    "nonzero": "nonzero",
+    "argwhere": "nonzero",
+    "where": "nonzero",
+    "masked_select": "masked_select",
+    "unique": "unique",
+    "unique_consecutive": "unique",
+    "repeat_interleave": "repeat_interleave",
+    "one_hot": "one_hot",
+    "allclose": "compare",
+    "equal": "compare",
+    "synchronize": "synchronize",
+    "backward": "backward",
+    "grad": "backward",
+    "barrier": "collective",
+    "monitored_barrier": "collective",
+    "all_gather_object": "collective",
+    "gather_object": "collective",
+    "broadcast_object_list": "collective",
+    "scatter_object_list": "collective",
+    "send_object_list": "collective",
+    "recv_object_list": "collective",
+}
+
+
+def kind_for_call(name: str) -> str:
+    """The kind of a synchronizing call named ``name`` at the call site.
+
+    Example:
+        >>> kind_for_call("item"), kind_for_call("unique"), kind_for_call("frobnicate")
+        ('item', 'unique', 'call')
+    """
+    return _CALL_NAMES.get(name, "call")
+
+
+_COPY_FIXES = {
+    "h2d": (
+        "pin the source (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
+        "non_blocking=True; create constants on the device once, outside the loop"
+    ),
+    "d2h": (
+        "keep the tensor on the device, or copy with .to('cpu', non_blocking=True) into "
+        "pinned memory and read it after an event"
+    ),
+}
+
+
+_BARRIER_FIX = (
+    "take it out of the training loop: the gradient all-reduce already keeps the ranks in "
+    "step; where ranks must wait for rank 0's work (a checkpoint, evaluation), do that work "
+    "on every rank or after the loop, or give it a timeout outside the hot path"
+)
+_OBJECT_FIX = (
+    "an *_object call pickles, copies through a tensor and blocks every rank: send fixed-size "
+    "device tensors instead (dist.all_gather_into_tensor, dist.broadcast), or exchange the "
+    "objects once, before or after the loop"
+)
+# The fix of a ``collective`` site, by the call its detail names.
+_COLLECTIVE_FIXES = {
+    "barrier": _BARRIER_FIX,
+    "monitored_barrier": _BARRIER_FIX,
+    "all_gather_object": _OBJECT_FIX,
+    "gather_object": _OBJECT_FIX,
+    "broadcast_object_list": _OBJECT_FIX,
+    "scatter_object_list": _OBJECT_FIX,
+    "send_object_list": _OBJECT_FIX,
+    "recv_object_list": _OBJECT_FIX,
+    "wait": (
+        "wait later: start the collective with async_op=True a step early and wait() just "
+        "before its result is read, or keep its tensors on the GPU (an NCCL work's wait() "
+        "only orders the stream; the host goes on)"
+    ),
+}
+_HOST_TENSOR_FIX = (
+    "a collective on CPU tensors runs on the host (gloo) and returns when every rank has "
+    "arrived: move the tensors to the GPU so NCCL runs it on the stream, or reduce once per "
+    "epoch (barrierguard.MetricBuffer gathers its metrics with one collective)"
+)
+
+
+def fix_for(kind: str, detail: str = "") -> str:
+    """The one-line fix hint for ``kind`` (a copy's hint follows its direction, a
+    collective's the call it names).
+
+    Example:
+        >>> fix_for("index").startswith("use torch.where")
+        True
+        >>> fix_for("copy", "h2d").startswith("pin the source")
+        True
+        >>> fix_for("collective", "all_reduce (gloo)").startswith("a collective on CPU")
+        True
+    """
+    if kind == "copy":
+        direction = detail.split(" ", 1)[0]
+        if direction in _COPY_FIXES:
+            return _COPY_FIXES[direction]
+    if kind == "collective" and detail:
+        call = detail.split(" ", 1)[0]
+        return _COLLECTIVE_FIXES.get(call, _HOST_TENSOR_FIX)
+    known = KINDS.get(kind)
+    return known.fix if known is not None else KINDS["call"].fix

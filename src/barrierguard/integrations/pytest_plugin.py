@@ -1,0 +1,452 @@
+"""The pytest plugin: watch tests for host-device synchronizations.
+
+Registered through the ``pytest11`` entry point; it does nothing unless asked:
+
+* ``--barrierguard=record|warn|error`` (or the ini key ``barrierguard``) watches
+  every test; the command line wins over the ini file;
+* ``@pytest.mark.barrierguard(...)`` watches one test, with its own options;
+* the ``barrierguard`` fixture yields a running guard (to call ``guard.step()``).
+
+Under ``error`` a test fails after its body when a sync broke the policy; the
+failure lists every offending line with its kind, code and fix. Under ``warn``
+each new site gives one :class:`~barrierguard.SyncWarning` (pytest's warning
+summary shows them); ``record`` only counts. ``--barrierguard-report=FILE``
+writes the sites of all watched tests as one report for ``barrierguard check``.
+
+As everywhere in barrierguard, syncs before the first step (``optimizer.step()``
+or ``guard.step()``) are setup and never held against the policy.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from barrierguard._errors import BarrierGuardError
+from barrierguard.report.records import Report, Site, SiteKey, Violation
+from barrierguard.session.guard import Guard
+from barrierguard.session.options import POLICIES, make_options, parse_bytes, resolve_policy
+from barrierguard.session.watch import watch
+
+__all__: list[str] = []
+
+_MARK_OPTIONS = (
+    "policy",
+    "engine",
+    "warmup_steps",
+    "allow",
+    "max_syncs_per_step",
+    "max_growth_per_step",
+)
+_MARKER_HELP = (
+    "barrierguard(policy=None, engine='auto', warmup_steps=0, allow=(), max_syncs_per_step=None, "
+    "max_growth_per_step=None): watch this test for host-device synchronizations; "
+    "max_growth_per_step caps the memory growth per step, in bytes"
+)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to watch one test."""
+
+    policy: str
+    engine: str
+    warmup_steps: int
+    allow: tuple[str, ...]
+    max_syncs_per_step: int | None
+    max_growth_per_step: int | None
+
+
+@dataclass
+class _Outcome:
+    nodeid: str
+    report: Report
+    failed: bool
+
+
+@dataclass
+class _State:
+    policy: str | None
+    engine: str
+    warmup_steps: int
+    allow: tuple[str, ...]
+    max_syncs_per_step: int | None
+    report_path: str | None
+    outcomes: list[_Outcome] = field(default_factory=list)
+
+
+_STATE = pytest.StashKey[_State]()
+_GUARD = pytest.StashKey[Guard]()
+_PLAN = pytest.StashKey[_Plan]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("barrierguard", "host-device synchronizations (barrierguard)")
+    group.addoption(
+        "--barrierguard",
+        dest="barrierguard",
+        default=None,
+        metavar="POLICY",
+        help="watch every test: record, warn or error (overrides the ini key barrierguard)",
+    )
+    group.addoption(
+        "--barrierguard-report",
+        dest="barrierguard_report",
+        default=None,
+        metavar="FILE",
+        help="write the sites of every watched test as one JSON report to FILE",
+    )
+    parser.addini("barrierguard", "watch every test: record, warn or error", default="")
+    parser.addini("barrierguard_engine", "barrierguard engine: auto, cuda or audit", default="")
+    parser.addini("barrierguard_allow", "barrierguard allow rules, one per line", type="linelist")
+    parser.addini("barrierguard_warmup_steps", "barrierguard warm-up steps", default="")
+    parser.addini(
+        "barrierguard_max_syncs_per_step",
+        "budget of syncs per step not allowed by a rule",
+        default="",
+    )
+    parser.addini("barrierguard_report", "write one JSON report of all watched tests", default="")
+
+
+def _int_ini(config: pytest.Config, name: str) -> int | None:
+    raw = str(config.getini(name)).strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise pytest.UsageError(f"ini key {name} = {raw!r} is not valid: expected an int >= 0")
+    return value
+
+
+def _policy(config: pytest.Config) -> str | None:
+    cli = config.getoption("barrierguard")
+    if cli is not None:
+        source, raw = "--barrierguard", str(cli)
+    else:
+        source, raw = "ini key barrierguard", str(config.getini("barrierguard"))
+        if not raw.strip():
+            return None
+    value = raw.strip().lower()
+    if value not in POLICIES:
+        raise pytest.UsageError(
+            f"{source}={raw!r} is not a valid policy: expected one of "
+            + ", ".join(repr(p) for p in POLICIES)
+        )
+    return value
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", _MARKER_HELP)
+    engine = str(config.getini("barrierguard_engine")).strip() or "auto"
+    allow = tuple(str(r) for r in config.getini("barrierguard_allow"))
+    warmup = _int_ini(config, "barrierguard_warmup_steps") or 0
+    budget = _int_ini(config, "barrierguard_max_syncs_per_step")
+    try:
+        # Validate once, up front: a typo in the ini file stops the run at once.
+        make_options(
+            policy="record",
+            engine=engine,
+            warmup_steps=warmup,
+            allow=allow,
+            max_syncs_per_step=budget,
+            owner="barrierguard ini",
+        )
+    except BarrierGuardError as err:
+        raise pytest.UsageError(str(err)) from err
+    report_path = config.getoption("barrierguard_report") or (
+        str(config.getini("barrierguard_report")).strip() or None
+    )
+    config.stash[_STATE] = _State(
+        policy=_policy(config),
+        engine=engine,
+        warmup_steps=warmup,
+        allow=allow,
+        max_syncs_per_step=budget,
+        report_path=report_path,
+    )
+
+
+def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
+    mark = item.get_closest_marker("barrierguard")
+    if mark is None and state.policy is None and not forced:
+        return None
+    kw: dict[str, Any] = dict(mark.kwargs) if mark is not None else {}
+    if mark is not None and mark.args:
+        raise BarrierGuardError(
+            f"@pytest.mark.barrierguard{mark.args!r}: takes keyword arguments only; "
+            f"accepted: {', '.join(_MARK_OPTIONS)}"
+        )
+    unknown = sorted(set(kw) - set(_MARK_OPTIONS))
+    if unknown:
+        raise BarrierGuardError(
+            f"@pytest.mark.barrierguard: unknown option(s) {', '.join(map(repr, unknown))}; "
+            f"accepted: {', '.join(_MARK_OPTIONS)}"
+        )
+    allow = kw.get("allow", ())
+    allow = (allow,) if isinstance(allow, str) else tuple(allow)
+    growth = kw.get("max_growth_per_step")
+    if growth is not None:
+        growth = parse_bytes(growth, owner="@pytest.mark.barrierguard")
+    policy = kw.get("policy") or state.policy
+    plan = _Plan(
+        policy=resolve_policy(policy, owner="@pytest.mark.barrierguard"),
+        engine=kw.get("engine", state.engine),
+        warmup_steps=kw.get("warmup_steps", state.warmup_steps),
+        allow=state.allow + allow,
+        max_syncs_per_step=kw.get("max_syncs_per_step", state.max_syncs_per_step),
+        max_growth_per_step=growth,
+    )
+    # Validate now, so a bad marker is an error at setup, not a surprise later.
+    make_options(
+        policy=plan.policy,
+        engine=plan.engine,
+        warmup_steps=plan.warmup_steps,
+        allow=plan.allow,
+        max_syncs_per_step=plan.max_syncs_per_step,
+        owner="@pytest.mark.barrierguard",
+    )
+    return plan
+
+
+def _start(plan: _Plan) -> Guard:
+    # "error" records and fails the test afterwards, listing every offending
+    # line: raising inside the test would show only the first one, and could be
+    # caught by the test's own code.
+    guard: Guard = watch(
+        policy="warn" if plan.policy == "warn" else "record",
+        engine=plan.engine,
+        warmup_steps=plan.warmup_steps,
+        allow=plan.allow,
+        max_syncs_per_step=plan.max_syncs_per_step,
+        max_growth_per_step=(
+            "1MB" if plan.max_growth_per_step is None else plan.max_growth_per_step
+        ),
+    )
+    return guard.start()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    state = item.config.stash.get(_STATE, None)
+    if state is None:
+        return
+    forced = "barrierguard" in getattr(item, "fixturenames", ())
+    try:
+        plan = _plan(item, state, forced)
+    except BarrierGuardError as err:
+        pytest.fail(str(err), pytrace=False)
+    if plan is not None:
+        item.stash[_PLAN] = plan
+
+
+@pytest.fixture
+def barrierguard(request: pytest.FixtureRequest) -> Iterator[Guard]:
+    """A running guard for this test; call ``barrierguard.step()`` at each step.
+
+    Its options come from ``--barrierguard``/the ini keys and the test's
+    ``@pytest.mark.barrierguard``; the policy is checked when the test ends.
+
+    Example:
+        def test_loop(barrierguard):
+            for batch in data:
+                train_step(batch)
+                barrierguard.step()
+    """
+    item = request.node
+    plan = item.stash.get(_PLAN, None)
+    if plan is None:  # the plugin's setup hook did not run (plugin loaded late)
+        plan = _Plan("warn", "auto", 0, (), None, None)
+        item.stash[_PLAN] = plan
+    guard = _start(plan)
+    item.stash[_GUARD] = guard
+    try:
+        yield guard
+    finally:
+        guard.stop()
+
+
+def _offenders(report: Report) -> list[tuple[Violation, Site | None]]:
+    by_key = {(s.file, s.line, s.kind, s.origin): s for s in report.sites}
+    seen: dict[tuple[str, int, str, str], tuple[Violation, Site | None]] = {}
+    for v in report.violations:
+        key = (v.file, v.line, v.kind, v.origin)
+        seen.setdefault(key, (v, by_key.get(key)))
+    return list(seen.values())
+
+
+def _failure_text(report: Report, plan: _Plan) -> str:
+    offenders = _offenders(report)
+    budget = (
+        f"a budget of {plan.max_syncs_per_step} per step"
+        if plan.max_syncs_per_step is not None
+        else "no budget"
+    )
+    lines = [
+        f"barrierguard: {len(report.violations)} synchronization(s) broke the policy "
+        f"(error; {budget}; {report.measured_steps} measured steps) at {len(offenders)} line(s):"
+    ]
+    for v, site in offenders:
+        code = site.code if site is not None else ""
+        count = f", {site.step_count} in steps" if site is not None else ""
+        lines.append(
+            f"  {v.file}:{v.line}: {v.kind} ({v.origin}) first in step {v.step}{count}: {v.reason}"
+        )
+        if code:
+            lines.append(f"      {code}")
+        if site is not None and site.framework_file:
+            lines.append(
+                f"      inside {os.path.basename(site.framework_file)}:{site.framework_line}"
+            )
+        if site is not None and site.fix:
+            lines.append(f"      fix: {site.fix}")
+    if offenders:
+        first = offenders[0][0]
+        lines.append(
+            "  to accept a line: @pytest.mark.barrierguard(allow="
+            f"['{os.path.basename(first.file)}:{first.line}']) or allow=['{first.kind}']"
+        )
+    return "\n".join(lines)
+
+
+def _growth_failure(report: Report) -> str | None:
+    """A message when the memory verdict of ``report`` is a leak."""
+    memory = report.memory
+    if memory is None or not memory.leak:
+        return None
+    lines = [
+        f"barrierguard: memory grows faster than max_growth_per_step ({memory.threshold:,} bytes):"
+    ]
+    lines.append(f"  {memory.reason}")
+    if memory.fix:
+        lines.append(f"  fix: {memory.fix}")
+    return "\n".join(lines)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    plan = item.stash.get(_PLAN, None)
+    if plan is None:
+        return (yield)
+    own = item.stash.get(_GUARD, None) is None
+    guard = item.stash[_GUARD] if not own else _start(plan)
+    try:
+        result = yield
+    finally:
+        report = guard.stop() if own else guard.report
+        failure = _judge(item, plan, report)
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
+    return result
+
+
+def _judge(item: pytest.Item, plan: _Plan, report: Report) -> str | None:
+    """The failure message for this test, or None; never raises (a fault is a warning)."""
+    try:
+        failure = None
+        if plan.policy == "error" and report.violations:
+            failure = _failure_text(report, plan)
+        if plan.max_growth_per_step is not None:
+            grew = _growth_failure(report)
+            if grew is not None:
+                failure = grew if failure is None else failure + "\n" + grew
+            elif report.memory is None or not report.memory.steps:
+                warnings.warn(
+                    pytest.PytestWarning(
+                        f"{item.nodeid}: max_growth_per_step was not checked: the report has no "
+                        "memory samples"
+                    ),
+                    stacklevel=1,
+                )
+        item.config.stash[_STATE].outcomes.append(
+            _Outcome(item.nodeid, report, failure is not None)
+        )
+        return failure
+    except Exception as exc:  # barrierguard's own bug must not decide the test
+        warnings.warn(
+            pytest.PytestWarning(
+                f"{item.nodeid}: internal error in barrierguard: {type(exc).__name__}: {exc}"
+            ),
+            stacklevel=1,
+        )
+        return None
+
+
+def _merge(outcomes: Sequence[_Outcome]) -> Report:
+    """One report of many tests: sites of the same line summed, per step the highest."""
+    sites: dict[SiteKey, Site] = {}
+    for out in outcomes:
+        for s in out.report.sites:
+            old = sites.get(s.key)
+            if old is None:
+                sites[s.key] = replace(s, steps=())
+            else:
+                sites[s.key] = replace(
+                    old,
+                    count=old.count + s.count,
+                    setup_count=old.setup_count + s.setup_count,
+                    step_count=old.step_count + s.step_count,
+                    per_step=max(old.per_step, s.per_step),
+                    allowed=old.allowed and s.allowed,
+                    threads=tuple(dict.fromkeys(old.threads + s.threads)),
+                )
+    reports = [o.report for o in outcomes]
+    first = reports[0]
+    return Report(
+        engine=first.engine,
+        detection=all(r.detection for r in reports),
+        policy=first.policy,
+        steps=sum(r.steps for r in reports),
+        warmup_steps=sum(r.warmup_steps for r in reports),
+        measured_steps=sum(r.measured_steps for r in reports),
+        sites=tuple(sites.values()),
+        violations=tuple(v for r in reports for v in r.violations)[:1000],
+        notes=(f"merged from {len(reports)} tests by the pytest plugin",),
+        duration_s=sum(r.duration_s for r in reports),
+        environment=dict(first.environment),
+    )
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is None or not state.outcomes:
+        return
+    outs = state.outcomes
+    merged = _merge(outs)
+    tr = terminalreporter
+    tr.write_sep("=", "barrierguard")
+    engines = sorted({o.report.engine for o in outs})
+    failed = sum(o.failed for o in outs)
+    no_steps = sum(1 for o in outs if o.report.steps == 0)
+    tr.write_line(
+        f"{len(outs)} test(s) watched (engine {', '.join(engines)}): {len(merged.sites)} site(s), "
+        f"{merged.total_syncs} syncs ({merged.step_syncs} in measured steps), "
+        f"{sum(len(o.report.violations) for o in outs)} policy violation(s), "
+        f"{failed} test(s) failed by barrierguard"
+    )
+    if not merged.detection:
+        tr.write_line("no detection ran in some tests (no CUDA, and no CPU engine chosen)")
+    if no_steps:
+        tr.write_line(
+            f"{no_steps} test(s) saw no step boundary: their syncs are setup, never held "
+            "against the policy (call optimizer.step() or barrierguard.step())"
+        )
+    for site in merged.ranked()[:5]:
+        if site.step_count:
+            tr.write_line(
+                f"  {site.location} {site.kind} ({site.origin}): {site.step_count} in steps, "
+                f"{site.per_step:.2f} per step: {site.code}"
+            )
+    if state.report_path:
+        try:
+            merged.save(state.report_path)
+            tr.write_line(f"report written to {state.report_path}")
+        except OSError as err:
+            tr.write_line(f"could not write the report to {state.report_path}: {err}", red=True)

@@ -1,0 +1,222 @@
+"""The state a :class:`~barrierguard.MetricBuffer` keeps, and the plans of its fast path.
+
+Owns :class:`Slot` (the running state of one metric, on the device and on the
+host), :class:`Plan` (the block of rows of one repeated set of names, and the
+steps it keeps pending until they are folded in) and :func:`admit`, the
+metadata-only check that a logged value can be queued in a plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+import torch
+
+from barrierguard.metrics.spec import SUM_KINDS, ReductionSpec
+
+__all__ = ["F64", "FLUSH_EVERY", "Plan", "Slot", "admit"]
+
+F64: Final = torch.float64
+"""The dtype of every running state."""
+FLUSH_EVERY: Final = 64
+"""Steps of device values a set of names keeps pending before they are folded in."""
+
+
+class Slot:
+    """State of one running (or ``cat``) metric.
+
+    The device row is ``[a, w, bad]`` in float64: ``a`` is the weighted sum
+    (mean/sum), the running min/max, or the last value; ``w`` is the total weight
+    (number of accepted values when unweighted); ``bad`` counts non-finite values
+    for ``nan="error"`` (NaN there also means "saw a non-finite value"). The
+    ``host_*`` fields hold the same quantities for Python-number inputs, which
+    never touch the device.
+    """
+
+    __slots__ = (
+        "a",
+        "bad",
+        "host_a",
+        "host_bad",
+        "host_last",
+        "host_w",
+        "last_on_host",
+        "plan",
+        "reduction",
+        "row",
+        "values",
+        "w",
+        "weighted",
+    )
+
+    def __init__(self, reduction: str, weighted: bool) -> None:
+        self.reduction = reduction
+        self.weighted = weighted
+        self.row: torch.Tensor | None = None
+        # 0-d views into ``row``, kept so the hot path does not re-index every step.
+        self.a: torch.Tensor | None = None
+        self.w: torch.Tensor | None = None
+        self.bad: torch.Tensor | None = None
+        self.values: list[torch.Tensor] = []
+        # The Plan whose block holds ``row`` as a view, if any.
+        self.plan: Plan | None = None
+        self.reset_host()
+
+    def reset_host(self) -> None:
+        self.host_a = self.initial_a()
+        self.host_w = 0.0
+        self.host_bad = 0.0
+        self.host_last = math.nan
+        self.last_on_host = False
+
+    def clear(self) -> None:
+        """Forget every value; the row stays where it is (a view of a plan's block)."""
+        self.reset_host()
+        self.values = []
+        if self.row is not None:
+            # Fill in place (device kernels, no sync) so the views stay valid.
+            self.row.zero_()
+            self.row[0].fill_(self.initial_a())
+
+    def initial_a(self) -> float:
+        if self.reduction == "min":
+            return math.inf
+        if self.reduction == "max":
+            return -math.inf
+        if self.reduction == "last":
+            return math.nan
+        return 0.0
+
+    def make_row(self, device: torch.device) -> torch.Tensor:
+        # torch.full runs a fill kernel with the value as an argument: no host->device copy.
+        row = torch.full((3,), 0.0, dtype=F64, device=device)
+        row[0].fill_(self.initial_a())
+        self.set_row(row)
+        return row
+
+    def set_row(self, row: torch.Tensor | None) -> None:
+        self.row = row
+        if row is None:
+            self.a = self.w = self.bad = None
+        else:
+            self.a, self.w, self.bad = row[0], row[1], row[2]
+
+    def device_row(
+        self, device: torch.device | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The views ``a``, ``w``, ``bad`` of the row, made on ``device`` on first use."""
+        if self.row is None:
+            assert device is not None  # a tensor was claimed before any row
+            self.make_row(device)
+        assert self.a is not None and self.w is not None and self.bad is not None
+        return self.a, self.w, self.bad
+
+    @property
+    def spec(self) -> ReductionSpec:
+        return (self.reduction, "weighted") if self.weighted else self.reduction
+
+
+_GROUP_ORDER: Final = ("weighted", "unweighted", "min", "max", "last")
+
+
+class Plan:
+    """Deferred fast path for one repeated set of names.
+
+    The rows of its tensor-valued metrics are columns of one ``(3, k)`` block,
+    ordered by group (weighted sums, unweighted sums, min, max, last). An update
+    only appends references to its tensors to ``pending`` (and its weight to
+    ``runs``/``weights``); :func:`barrierguard.metrics.fold.flush` folds up to
+    :data:`FLUSH_EVERY` steps into the block at once. Names whose value was a
+    Python number when the plan was built go to the host-side state directly.
+    """
+
+    __slots__ = (
+        "a",
+        "bad",
+        "device",
+        "groups",
+        "host_unit",
+        "host_weighted",
+        "lasts",
+        "numbers",
+        "order",
+        "pending",
+        "runs",
+        "sizes",
+        "steps",
+        "versions",
+        "w_unit",
+        "weights",
+        "wversions",
+    )
+
+    def __init__(
+        self, slots: Mapping[str, Slot], numbers: tuple[str, ...], device: torch.device
+    ) -> None:
+        def group(slot: Slot) -> str:
+            if slot.reduction in SUM_KINDS:
+                return "weighted" if slot.weighted else "unweighted"
+            return slot.reduction
+
+        names = sorted(slots, key=lambda name: _GROUP_ORDER.index(group(slots[name])))
+        self.order = tuple(names)
+        self.numbers = numbers
+        self.device = device
+        self.sizes = [sum(group(slots[n]) == g for n in names) for g in _GROUP_ORDER]
+        block = torch.empty((3, len(names)), dtype=F64, device=device)
+        for j, name in enumerate(names):
+            slot = slots[name]
+            if slot.row is None:
+                block[0, j].fill_(slot.initial_a())
+                block[1:, j].zero_()
+            else:
+                block[:, j].copy_(slot.row)  # device to device: no sync
+            slot.set_row(block[:, j])
+            slot.plan = self
+        self.a = block[0]
+        self.bad = block[2]
+        self.w_unit = block[1, self.sizes[0] :]
+        # Per group: (a view, w view) of the block, in _GROUP_ORDER.
+        a_parts = torch.split(block[0], self.sizes)
+        w_parts = torch.split(block[1], self.sizes)
+        self.groups = list(zip(a_parts, w_parts, strict=True))
+        self.host_weighted = [slots[n] for n in names if group(slots[n]) == "weighted"]
+        self.host_unit = [slots[n] for n in names if group(slots[n]) != "weighted"]
+        self.lasts = [slots[n] for n in names if slots[n].reduction == "last"]
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop the pending steps (after folding them in, or on reset)."""
+        # Tensors of the pending steps, len(order) per step, and their version counters
+        # when logged (an in-place change before the flush would alter the value).
+        self.pending: list[torch.Tensor] = []
+        self.versions: list[int] = []
+        # Weights of the pending steps, as runs [weight, steps]: a float weight, or None
+        # for steps whose weight is the next tensor of ``weights``.
+        self.runs: list[list[Any]] = []
+        self.weights: list[torch.Tensor] = []
+        self.wversions: list[int] = []
+        self.steps = 0
+
+    def column(self, index: int) -> str:
+        """Name of the metric of flat pending index ``index``."""
+        return self.order[index % len(self.order)]
+
+
+def admit(value: object, device: torch.device) -> torch.Tensor | None:
+    """``value`` as a 0-d tensor fit to queue on ``device``, or ``None`` for the slow path."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    if value.numel() != 1 or value.is_complex() or value.device != device:
+        # Includes "cuda" vs "cuda:0": the slow path claims the device or explains.
+        return None
+    if value.requires_grad:
+        # A leaf that requires grad is most likely a parameter that the optimizer
+        # changes in place before the flush: keep a copy of its value. Any other
+        # value keeps no graph alive once detached (a view, no kernel).
+        value = value.detach().clone() if value.is_leaf else value.detach()
+    if value.dim():
+        value = value.reshape(())
+    return value

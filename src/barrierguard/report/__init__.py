@@ -1,0 +1,15 @@
+"""Report: the plain records a session produces, their JSON, baselines, and renderers.
+
+Owns :class:`~barrierguard.Report` and its parts, the baseline ratchet, and the
+console, JSON and HTML renderers. Imports only barrierguard's leaf modules;
+renderers read records and never reach back into a session or a detector.
+"""
+
+from __future__ import annotations
+
+from barrierguard.report.records import RENDERERS
+from barrierguard.report.render import console, memory_chart
+
+# The renderers import the records, so the records reach them through this
+# table: ``str(report)`` and ``Report.save_memory_chart`` look them up here.
+RENDERERS.update(console=console.render, memory_svg=memory_chart.render_svg)

@@ -1,0 +1,342 @@
+"""The ratchet: today's sites saved as a baseline, and a check that forbids new ones.
+
+A site is matched by *where it is in the code*, not by its line number, so that
+editing lines above it does not break the baseline. The match key is
+
+* the file, relative to a root directory (the current directory unless given)
+  when the file lies under it, else the file's basename;
+* the enclosing function;
+* the code text of the line, with comments dropped and runs of whitespace
+  collapsed;
+* the kind of synchronization.
+
+Two lines with the same key (``loss.item()`` twice in one function) share one
+entry: the baseline counts them, so a third identical line is still new.
+Only blocking sites that no allow rule admits take part; allowed sites and
+``async_d2h`` races never fail a check.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tokenize
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from barrierguard._errors import BarrierGuardError
+from barrierguard.report.jsonio import read_json, write_json
+from barrierguard.report.records import Report, Site
+
+__all__ = [
+    "BASELINE_SCHEMA",
+    "Baseline",
+    "Entry",
+    "Finding",
+    "compare",
+    "make_baseline",
+    "normalize_code",
+    "site_key",
+]
+
+BASELINE_SCHEMA = "barrierguard.baseline/1"
+
+# per_step is a float ratio; two runs of the same code can differ in the last bits.
+_EPS = 1e-9
+
+Key = tuple[str, str, str, str]
+
+
+def normalize_code(code: str) -> str:
+    """The code text as matched: comments dropped, whitespace runs collapsed.
+
+    Example:
+        >>> normalize_code("loss.item()   # log it")
+        'loss.item()'
+        >>> normalize_code("x = d['#'] ")
+        "x = d['#']"
+    """
+    text = code.strip()
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text + "\n").readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        # A line cut from a multi-line statement need not tokenize on its own.
+        return " ".join(text.split())
+    comment = [t for t in tokens if t.type == tokenize.COMMENT]
+    if comment:
+        text = text[: comment[0].start[1]]
+    return " ".join(text.split())
+
+
+def _relative(file: str, root: str) -> str:
+    path = os.path.abspath(file)
+    base = os.path.abspath(root)
+    try:
+        common = os.path.commonpath([path, base])
+    except ValueError:  # different drives on Windows
+        common = ""
+    if common == base:
+        return os.path.relpath(path, base).replace(os.sep, "/")
+    return os.path.basename(path)
+
+
+def site_key(site: Site, root: str | None = None) -> Key:
+    """The key a site is matched by: (file, function, code, kind); see the module doc."""
+    return (
+        _relative(site.file, root if root is not None else os.getcwd()),
+        site.function,
+        normalize_code(site.code),
+        site.kind,
+    )
+
+
+def _counts(site: Site) -> bool:
+    return site.blocking and not site.allowed
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One baseline entry: a key, how many lines share it, and their syncs per step."""
+
+    file: str
+    function: str
+    code: str
+    kind: str
+    lines: int = 1
+    per_step: float = 0.0
+    count: int = 0
+    line: int = 0
+
+    @property
+    def key(self) -> Key:
+        return (self.file, self.function, self.code, self.kind)
+
+    def describe(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where} in {self.function}(): {self.code!r} [{self.kind}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "function": self.function,
+            "code": self.code,
+            "kind": self.kind,
+            "lines": self.lines,
+            "per_step": self.per_step,
+            "count": self.count,
+            "line": self.line,
+        }
+
+
+def _entries(sites: Iterable[Site], root: str | None) -> dict[Key, Entry]:
+    out: dict[Key, Entry] = {}
+    for site in sites:
+        if not _counts(site):
+            continue
+        key = site_key(site, root)
+        old = out.get(key)
+        if old is None:
+            out[key] = Entry(*key, 1, site.per_step, site.count, site.line)
+        else:
+            out[key] = Entry(
+                *key,
+                old.lines + 1,
+                old.per_step + site.per_step,
+                old.count + site.count,
+                min(old.line, site.line),
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Today's accepted sites, saved with :meth:`save` and read with :meth:`load`.
+
+    Example:
+        >>> from barrierguard import Report
+        >>> b = make_baseline(Report(engine="cuda", detection=True, policy="record"))
+        >>> Baseline.from_dict(b.to_dict()) == b
+        True
+    """
+
+    entries: tuple[Entry, ...] = ()
+    engine: str = ""
+    source: str = ""
+    schema: str = BASELINE_SCHEMA
+
+    def by_key(self) -> dict[Key, Entry]:
+        return {e.key: e for e in self.entries}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "engine": self.engine,
+            "source": self.source,
+            "sites": [e.to_dict() for e in self.entries],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "baseline") -> Baseline:
+        """Rebuild a baseline from :meth:`to_dict` output.
+
+        Raises:
+            BarrierGuardError: When ``data`` is not a baseline of a schema
+                version this release reads; the message starts with ``source``.
+        """
+        if not isinstance(data, Mapping):
+            raise BarrierGuardError(
+                f"{source}: expected a JSON object (a barrierguard baseline), "
+                f"got {type(data).__name__}"
+            )
+        schema = data.get("schema")
+        if schema != BASELINE_SCHEMA:
+            hint = (
+                " (this is a report: make a baseline from it with "
+                "'barrierguard baseline REPORT.json -o BASELINE.json')"
+                if isinstance(schema, str) and schema.startswith("barrierguard.report/")
+                else ""
+            )
+            raise BarrierGuardError(
+                f"{source}: schema {schema!r} is not supported; this barrierguard reads "
+                f"{BASELINE_SCHEMA!r}{hint}"
+            )
+        sites = data.get("sites")
+        if not isinstance(sites, list):
+            raise BarrierGuardError(f"{source}: malformed baseline ('sites' must be a list)")
+        entries = []
+        for i, raw in enumerate(sites):
+            try:
+                if not isinstance(raw, Mapping):
+                    raise TypeError(f"expected an object, got {type(raw).__name__}")
+                entries.append(
+                    Entry(
+                        file=str(raw["file"]),
+                        function=str(raw["function"]),
+                        code=str(raw["code"]),
+                        kind=str(raw["kind"]),
+                        lines=int(raw.get("lines", 1)),
+                        per_step=float(raw.get("per_step", 0.0)),
+                        count=int(raw.get("count", 0)),
+                        line=int(raw.get("line", 0)),
+                    )
+                )
+            except (KeyError, TypeError, ValueError) as err:
+                raise BarrierGuardError(
+                    f"{source}: malformed baseline (sites[{i}]: {err!r}; each site needs "
+                    "file, function, code and kind)"
+                ) from err
+        return cls(
+            entries=tuple(entries),
+            engine=str(data.get("engine", "")),
+            source=str(data.get("source", "")),
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the baseline as JSON to ``path``."""
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Baseline:
+        """Read a baseline written by :meth:`save`.
+
+        Raises:
+            BarrierGuardError: When the file is missing, is not JSON, or is not
+                a baseline this release reads; the message names the file.
+        """
+        name, data = read_json(path, "baseline")
+        return cls.from_dict(data, source=name)
+
+
+def make_baseline(report: Report, root: str | None = None, source: str = "") -> Baseline:
+    """Today's sites of ``report`` as a baseline (blocking sites no rule allows).
+
+    Args:
+        report: The report to accept as the starting point.
+        root: Files under this directory are keyed by their relative path;
+            default: the current directory.
+        source: Where the report came from (kept in the file, for people).
+
+    Example:
+        >>> from barrierguard import Report
+        >>> make_baseline(Report(engine="cuda", detection=True, policy="record")).entries
+        ()
+    """
+    entries = sorted(_entries(report.sites, root).values(), key=lambda e: e.key)
+    return Baseline(entries=tuple(entries), engine=report.engine, source=source)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One way a report is worse than the baseline (or, for ``gone``, better)."""
+
+    change: str  # "new", "more" (more lines share the key), "grew" (per step), "gone"
+    entry: Entry
+    before: Entry | None = None
+    site: Site | None = None
+
+    @property
+    def fails(self) -> bool:
+        return self.change != "gone"
+
+    def describe(self) -> str:
+        e, b = self.entry, self.before
+        if self.change == "new":
+            text = f"new site: {e.describe()} - {e.per_step:.2f} syncs per step"
+        elif self.change == "more" and b is not None:
+            text = f"more lines: {e.describe()} - {e.lines} lines now, {b.lines} in the baseline"
+        elif self.change == "grew" and b is not None:
+            text = (
+                f"more syncs per step: {e.describe()} - {e.per_step:.2f} per step now, "
+                f"{b.per_step:.2f} in the baseline"
+            )
+        else:
+            text = f"gone: {e.describe()}"
+        if self.fails and self.site is not None and self.site.fix:
+            text += f"\n    fix: {self.site.fix}"
+        return text
+
+
+def compare(
+    baseline: Baseline,
+    report: Report,
+    root: str | None = None,
+    tolerance: float = 0.0,
+) -> list[Finding]:
+    """What ``report`` adds over ``baseline``: new sites, more lines, more syncs per step.
+
+    Sites of the baseline that are gone come last, as ``"gone"`` findings
+    (which never fail).
+
+    Args:
+        baseline: The accepted sites.
+        report: The run to check.
+        root: As for :func:`make_baseline`.
+        tolerance: How much a site's syncs per step may grow before it counts
+            as a regression.
+
+    Raises:
+        BarrierGuardError: When ``tolerance`` is negative.
+    """
+    if not tolerance >= 0:
+        raise BarrierGuardError(f"tolerance={tolerance!r} is not valid: expected a number >= 0")
+    old = baseline.by_key()
+    first_site: dict[Key, Site] = {}
+    for ranked in report.ranked():
+        if _counts(ranked):
+            first_site.setdefault(site_key(ranked, root), ranked)
+    found: list[Finding] = []
+    now = _entries(report.sites, root)
+    for key, entry in sorted(now.items(), key=lambda kv: (kv[1].file, kv[1].line)):
+        site = first_site.get(key)
+        before = old.get(key)
+        if before is None:
+            found.append(Finding("new", entry, None, site))
+        elif entry.lines > before.lines:
+            found.append(Finding("more", entry, before, site))
+        elif entry.per_step > before.per_step + tolerance + _EPS:
+            found.append(Finding("grew", entry, before, site))
+    for key, entry in old.items():
+        if key not in now:
+            found.append(Finding("gone", entry))
+    return found

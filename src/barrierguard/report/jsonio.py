@@ -1,0 +1,82 @@
+"""Reading and writing barrierguard's JSON files, with errors that name the file."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import tempfile
+from typing import Any
+
+from barrierguard._errors import BarrierGuardError
+
+__all__ = ["read_json", "write_json", "write_text"]
+
+
+@functools.cache
+def _umask() -> int:
+    # The only way to read the umask is to set it: once per process, put back at once.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> None:
+    """Write ``data`` to ``path`` as indented JSON with a final newline, atomically.
+
+    The text goes to a temporary file in the same directory, which then
+    replaces ``path`` (``os.replace``): a reader, or a job killed meanwhile,
+    sees the old file or the new one, never half of one.
+    """
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``.
+
+    Example:
+        >>> import os, tempfile
+        >>> d = tempfile.mkdtemp(); p = os.path.join(d, "a.txt")
+        >>> write_text(p, "x"); open(p).read(), os.listdir(d)
+        ('x', ['a.txt'])
+    """
+    name = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(name))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(name)}.", suffix=".tmp", dir=folder)
+    except OSError as err:  # name the file asked for, not the temporary one
+        raise type(err)(err.errno, err.strerror, name) from err
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        # mkstemp makes the file private (0600); give it what open() would.
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> tuple[str, Any]:
+    """Read the JSON file at ``path``; returns its name and the data.
+
+    Raises:
+        BarrierGuardError: When the file is missing or is not JSON; the message
+            names the file and says it should be a ``what`` file.
+
+    Example:
+        >>> read_json("/nonexistent.json", "report")
+        Traceback (most recent call last):
+        ...
+        barrierguard._errors.BarrierGuardError: /nonexistent.json: no such report file
+    """
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            return name, json.load(fh)
+    except FileNotFoundError as err:
+        raise BarrierGuardError(f"{name}: no such {what} file") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BarrierGuardError(f"{name}: not JSON ({err})") from err

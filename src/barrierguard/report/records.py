@@ -1,0 +1,357 @@
+"""The report: plain, frozen records that round-trip through JSON.
+
+:class:`Report` and its JSON (docs/report-schema.md); the records it nests
+live in ``sites`` (a site, a violation) and ``measures`` (memory, the
+timeline), and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from barrierguard._errors import BarrierGuardError
+from barrierguard.report.jsonio import read_json, write_json, write_text
+from barrierguard.report.measures import MemoryReport, Timeline
+from barrierguard.report.ranks import RankSummary, job_cost, rank_ranges, summarize_rank
+from barrierguard.report.sites import Site, SiteKey, Violation, _merge_sites
+
+__all__ = [
+    "SCHEMA",
+    "MemoryReport",
+    "RankSummary",
+    "Report",
+    "Site",
+    "SiteKey",
+    "Timeline",
+    "Violation",
+    "rank_ranges",
+]
+
+SCHEMA = "barrierguard.report/1"
+
+# Renderers by name, filled by ``barrierguard.report`` when it is imported (the
+# renderers import these records, so the records must not import them).
+RENDERERS: dict[str, Callable[[Any], str]] = {}
+
+
+def _with_waits(report: Report) -> Report:
+    """``report`` with each rank's estimated wait for the gating site."""
+    gate = report.gating_site
+    if gate is None or gate.job_cost_s is None:
+        return report
+    fired = {r for r, _ in gate.rank_counts}
+    summaries = tuple(
+        replace(s, wait_s=0.0 if s.rank in fired else gate.job_cost_s)
+        for s in report.rank_summaries
+    )
+    return replace(report, rank_summaries=summaries)
+
+
+def _gating_dict(site: Site) -> dict[str, Any]:
+    """The report's ``gating`` entry: which site, on which ranks, at what cost."""
+    return {
+        "file": site.file,
+        "line": site.line,
+        "kind": site.kind,
+        "origin": site.origin,
+        "location": site.location,
+        "ranks": [r for r, _ in site.rank_counts],
+        "job_cost_s": site.job_cost_s,
+    }
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a guard found: the sites, the steps, and what the policy made of them.
+
+    ``syncs_per_step[i]`` counts the blocking syncs of step ``i`` (index 0 is
+    everything before the first step). ``print(report)`` shows the console table; :meth:`to_dict`/:meth:`save` write
+    versioned JSON (``schema`` ``"barrierguard.report/1"``) that
+    :meth:`from_dict`/:meth:`load` read back. ``rank`` is the global rank
+    that wrote it, in a distributed run; a report merged over ranks
+    (:meth:`merge`) holds them in ``ranks``, with ``rank_summaries`` and
+    :attr:`gating_site` (docs/distributed.md).
+
+    Example:
+        >>> r = Report(engine="none", detection=False, policy="record")
+        >>> Report.from_dict(r.to_dict()) == r
+        True
+    """
+
+    engine: str
+    detection: bool
+    policy: str
+    steps: int = 0
+    warmup_steps: int = 0
+    measured_steps: int = 0
+    sites: tuple[Site, ...] = ()
+    violations: tuple[Violation, ...] = ()
+    syncs_per_step: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+    duration_s: float = 0.0
+    environment: Mapping[str, str] = field(default_factory=dict)
+    schema: str = SCHEMA
+    memory: MemoryReport | None = None
+    timeline: Timeline | None = None
+    epochs: tuple[int, ...] = ()
+    ranks: tuple[Report, ...] = ()
+    rank: int | None = None
+    rank_summaries: tuple[RankSummary, ...] = ()
+
+    @property
+    def total_syncs(self) -> int:
+        """Number of blocking synchronizations recorded, setup included."""
+        return sum(s.count for s in self.sites if s.blocking)
+
+    @property
+    def step_syncs(self) -> int:
+        """Number of blocking synchronizations inside measured steps."""
+        return sum(s.step_count for s in self.sites if s.blocking)
+
+    @property
+    def ok(self) -> bool:
+        """True when the policy was not violated."""
+        return not self.violations
+
+    @property
+    def gating_site(self) -> Site | None:
+        """The rank-asymmetric site that holds the other ranks back most, if any.
+
+        The asymmetric blocking site with the largest ``job_cost_s``; where no
+        cost was measured (the audit engine), the one with the most syncs in
+        measured steps. ``None`` for a report of one rank, or when every site
+        fires on every rank.
+        """
+        candidates = [s for s in self.sites if s.asymmetric and s.blocking and s.step_count]
+        if not candidates:
+            return None
+        return min(
+            candidates,
+            key=lambda s: (
+                s.job_cost_s is None,
+                -(s.job_cost_s or 0.0),
+                -s.step_count,
+                s.file,
+                s.line,
+            ),
+        )
+
+    def ranked(self) -> list[Site]:
+        """Sites by cost: stall time where measured, else syncs in steps, then count."""
+        return sorted(
+            self.sites,
+            key=lambda s: (
+                s.allowed,
+                -(s.stall_s or 0.0),
+                -s.step_count,
+                -s.count,
+                s.file,
+                s.line,
+                s.kind,
+                s.origin,
+            ),
+        )
+
+    @classmethod
+    def merge(cls, reports: Sequence[Report]) -> Report:
+        """One report for a distributed run: the ranks' reports, in rank order.
+
+        Sites are matched by :attr:`Site.key`; each merged site sums the
+        counts over ranks and keeps them per rank in ``rank_counts`` (and the
+        stall per rank in ``rank_stalls``). A site that fired on some ranks
+        only is marked ``asymmetric``, with ``job_cost_s``, the estimated
+        time per step it costs every rank; the costliest one is
+        :attr:`gating_site`. ``rank_summaries`` gives each rank's steps, syncs
+        and median step time. ``per_step`` is the mean over ranks. Steps,
+        policy, engine and memory are rank 0's; every rank's full report stays
+        in ``ranks`` (memory per rank included).
+
+        Ranks are the ``rank`` each report records, when every report records
+        a different one (the reports are then put in rank order); otherwise
+        ``reports[i]`` is rank ``i``'s report.
+
+        Args:
+            reports: The ranks' reports.
+
+        Raises:
+            BarrierGuardError: When ``reports`` is empty.
+
+        Example:
+            >>> a = Report(engine="audit", detection=True, policy="record", steps=2)
+            >>> Report.merge([a, a]).ranks == (a, a)
+            True
+        """
+        if not reports:
+            raise BarrierGuardError("Report.merge() needs at least one report (rank 0's)")
+        # Sites in ranked order, as the JSON holds them: a merge equals its reload.
+        reports = [replace(r, sites=tuple(r.ranked())) for r in reports]
+        recorded = [r.rank for r in reports]
+        if None not in recorded and len(set(recorded)) == len(recorded):
+            reports = sorted(reports, key=lambda r: r.rank or 0)
+            labels = [r.rank or 0 for r in reports]
+        else:
+            labels = list(range(len(reports)))
+        merged: dict[SiteKey, list[tuple[int, Site]]] = {}
+        for rank, report in zip(labels, reports, strict=True):
+            for site in report.sites:
+                merged.setdefault(site.key, []).append((rank, site))
+        measured = sum(r.measured_steps for r in reports)
+        world = len(reports)
+        sites = [_merge_sites(group, measured, world) for group in merged.values()]
+        summaries = {
+            rank: summarize_rank(
+                rank,
+                steps=r.steps,
+                measured_steps=r.measured_steps,
+                sites=r.sites,
+                timeline=r.timeline,
+            )
+            for rank, r in zip(labels, reports, strict=True)
+        }
+        sites = [
+            replace(s, job_cost_s=job_cost(s.rank_stalls, summaries)) if s.asymmetric else s
+            for s in sites
+        ]
+        first = reports[0]
+        per_step = [0] * max(len(r.syncs_per_step) for r in reports)
+        for r in reports:
+            for i, n in enumerate(r.syncs_per_step):
+                per_step[i] += n
+        notes = list(first.notes)
+        notes.append(
+            f"merged from {len(reports)} ranks: counts are summed over ranks (per rank in each "
+            "site's rank_counts), syncs_per_step is summed over ranks, steps and memory are "
+            "rank 0's (every rank's report is under 'ranks')"
+        )
+        result = replace(
+            first,
+            sites=tuple(sites),
+            violations=tuple(v for r in reports for v in r.violations),
+            syncs_per_step=tuple(per_step),
+            notes=tuple(notes),
+            ranks=tuple(reports),
+            rank=None,
+            rank_summaries=tuple(summaries.values()),
+        )
+        return _with_waits(replace(result, sites=tuple(result.ranked())))
+
+    def with_sites(self, sites: Sequence[Site]) -> Report:
+        """A copy of this report holding ``sites`` instead."""
+        return replace(self, sites=tuple(sites))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-able data (see docs/report-schema.md)."""
+        return {
+            "schema": self.schema,
+            "engine": self.engine,
+            "detection": self.detection,
+            "policy": self.policy,
+            "steps": self.steps,
+            "warmup_steps": self.warmup_steps,
+            "measured_steps": self.measured_steps,
+            "duration_s": self.duration_s,
+            "total_syncs": self.total_syncs,
+            "step_syncs": self.step_syncs,
+            "sites": [s.to_dict() for s in self.ranked()],
+            "violations": [v.to_dict() for v in self.violations],
+            "syncs_per_step": list(self.syncs_per_step),
+            "notes": list(self.notes),
+            "environment": dict(self.environment),
+            **({"memory": self.memory.to_dict()} if self.memory is not None else {}),
+            **({"timeline": self.timeline.to_dict()} if self.timeline is not None else {}),
+            **({"epochs": list(self.epochs)} if self.epochs else {}),
+            **({"ranks": [r.to_dict() for r in self.ranks]} if self.ranks else {}),
+            **({"rank": self.rank} if self.rank is not None else {}),
+            **(
+                {"rank_summaries": [s.to_dict() for s in self.rank_summaries]}
+                if self.rank_summaries
+                else {}
+            ),
+            **({"gating": _gating_dict(self.gating_site)} if self.gating_site else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "report") -> Report:
+        """Rebuild a report from :meth:`to_dict` output.
+
+        Raises:
+            BarrierGuardError: When ``data`` is not a barrierguard report of a
+                schema version this release reads.
+        """
+        if not isinstance(data, Mapping):
+            raise BarrierGuardError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise BarrierGuardError(
+                f"{source}: schema {schema!r} is not supported; this barrierguard reads {SCHEMA!r}"
+            )
+        try:
+            return cls(
+                engine=str(data["engine"]),
+                detection=bool(data["detection"]),
+                policy=str(data["policy"]),
+                steps=int(data.get("steps", 0)),
+                warmup_steps=int(data.get("warmup_steps", 0)),
+                measured_steps=int(data.get("measured_steps", 0)),
+                sites=tuple(Site.from_dict(s) for s in data.get("sites", ())),
+                violations=tuple(Violation.from_dict(v) for v in data.get("violations", ())),
+                syncs_per_step=tuple(int(n) for n in data.get("syncs_per_step", ())),
+                notes=tuple(data.get("notes", ())),
+                duration_s=float(data.get("duration_s", 0.0)),
+                environment=dict(data.get("environment", {})),
+                memory=(
+                    MemoryReport.from_dict(data["memory"])
+                    if data.get("memory") is not None
+                    else None
+                ),
+                timeline=(
+                    Timeline.from_dict(data["timeline"])
+                    if isinstance(data.get("timeline"), Mapping)
+                    else None
+                ),
+                epochs=tuple(int(e) for e in data.get("epochs", ())),
+                ranks=tuple(
+                    cls.from_dict(r, source=f"{source} rank {i}")
+                    for i, r in enumerate(data.get("ranks", ()))
+                ),
+                rank=None if data.get("rank") is None else int(data["rank"]),
+                rank_summaries=tuple(
+                    RankSummary.from_dict(r) for r in data.get("rank_summaries", ())
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise BarrierGuardError(f"{source}: malformed report ({err!r})") from err
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the report as JSON to ``path``."""
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Report:
+        """Read a report written by :meth:`save`.
+
+        Raises:
+            BarrierGuardError: When the file is missing, is not JSON, or is not
+                a report this release reads; the message names the file.
+        """
+        name, data = read_json(path, "report")
+        return cls.from_dict(data, source=name)
+
+    def save_memory_chart(self, path: str | os.PathLike[str]) -> None:
+        """Write the picture of memory per step as an SVG file to ``path``.
+
+        Raises:
+            BarrierGuardError: When the report has no memory section (the guard
+                ran with ``memory=False``).
+        """
+        if self.memory is None:
+            raise BarrierGuardError(
+                "this report has no memory section (watch(memory=False)); nothing to chart"
+            )
+        write_text(path, RENDERERS["memory_svg"](self.memory))
+
+    def __str__(self) -> str:
+        return str(RENDERERS["console"](self))

@@ -1,0 +1,454 @@
+"""HTML rendering of a report: one self-contained file, no network.
+
+The page holds a sortable table of the sites (code, kind, origin, counts, fix),
+the syncs of every step as an inline SVG bar chart, when the report carries
+memory samples, memory per step as an inline SVG line chart and, for a report
+merged over ranks, a table of the ranks with the gating site marked. Styles and the
+sorting script are inline; nothing is fetched. Opening the page with
+``#sort=COLUMN`` (or ``#sort=-COLUMN`` for descending) sorts on load.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from barrierguard.report.records import RankSummary, Report, Site, rank_ranges
+
+__all__ = ["render"]
+
+_PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#be185d")
+
+_CSS = """
+:root { --fg:#1f2937; --muted:#6b7280; --line:#e5e7eb; --bad:#b91c1c; --ok:#047857; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--fg);
+       margin: 0; padding: 20px 28px; background: #fafafa; }
+h1 { font-size: 20px; margin: 0 0 4px; }
+h2 { font-size: 16px; margin: 24px 0 8px; }
+.meta { color: var(--muted); margin-bottom: 12px; }
+.badge { display: inline-block; padding: 2px 10px; border-radius: 10px; font-weight: 600;
+         color: #fff; margin-left: 8px; font-size: 12px; vertical-align: middle; }
+.badge.ok { background: var(--ok); } .badge.bad { background: var(--bad); }
+.badge.none { background: var(--muted); }
+.cards { display: flex; gap: 12px; flex-wrap: wrap; }
+.card { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 8px 14px; }
+.card b { display: block; font-size: 18px; }
+.charts { display: flex; gap: 16px; flex-wrap: wrap; }
+.chart { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 8px; }
+.chart h3 { font-size: 13px; margin: 0 0 4px; }
+.empty { color: var(--muted); font-style: italic; padding: 8px; }
+table { border-collapse: collapse; width: 100%; background: #fff; }
+th, td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: left;
+         vertical-align: top; }
+th { background: #f3f4f6; cursor: pointer; user-select: none; white-space: nowrap; }
+th[aria-sort=ascending]::after { content: " \\25B2"; }
+th[aria-sort=descending]::after { content: " \\25BC"; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code { font: 12px/1.4 ui-monospace, "SFMono-Regular", Menlo, monospace; background: #f3f4f6;
+       padding: 1px 4px; border-radius: 3px; white-space: pre-wrap; word-break: break-word; }
+.fix { color: #374151; font-size: 12px; max-width: 420px; }
+.small { color: var(--muted); font-size: 12px; }
+tr.allowed td { color: var(--muted); }
+tr.gating td { background: #fef3c7; }
+.gate { background: #fffbeb; border: 1px solid #f59e0b; border-radius: 6px; padding: 8px 12px;
+        margin: 8px 0; }
+ul { margin: 4px 0; padding-left: 20px; }
+svg text { font: 10px system-ui, sans-serif; fill: #4b5563; }
+"""
+
+# Sorting: numbers by data-sort, text by content; #sort=COL[/-COL] sorts on load.
+_JS = """
+(function () {
+  var table = document.getElementById("sites");
+  if (!table) { return; }
+  var heads = table.tHead.rows[0].cells;
+  function value(row, i) {
+    var cell = row.cells[i];
+    var v = cell.getAttribute("data-sort");
+    if (v !== null) { var n = parseFloat(v); return isNaN(n) ? v : n; }
+    return cell.textContent.toLowerCase();
+  }
+  function sortBy(i, descending) {
+    var body = table.tBodies[0];
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = value(a, i), y = value(b, i);
+      var c = (typeof x === "number" && typeof y === "number") ? x - y
+        : String(x).localeCompare(String(y));
+      return descending ? -c : c;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+    for (var j = 0; j < heads.length; j++) { heads[j].removeAttribute("aria-sort"); }
+    heads[i].setAttribute("aria-sort", descending ? "descending" : "ascending");
+    table.setAttribute("data-sorted-by", heads[i].getAttribute("data-key")
+      + (descending ? ":desc" : ":asc"));
+  }
+  Array.prototype.forEach.call(heads, function (th, i) {
+    th.addEventListener("click", function () {
+      var numeric = th.getAttribute("data-type") === "num";
+      var current = th.getAttribute("aria-sort");
+      var descending = current ? current === "ascending" : numeric;
+      sortBy(i, descending);
+    });
+  });
+  var m = /[#&]sort=(-?)([a-z_]+)/.exec(window.location.hash);
+  if (m) {
+    for (var i = 0; i < heads.length; i++) {
+      if (heads[i].getAttribute("data-key") === m[2]) { sortBy(i, m[1] === "-"); }
+    }
+  }
+})();
+"""
+
+_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("rank", "#", "num"),
+    ("where", "where", "text"),
+    ("function", "function", "text"),
+    ("kind", "kind", "text"),
+    ("origin", "origin", "text"),
+    ("count", "count", "num"),
+    ("step_count", "in steps", "num"),
+    ("per_step", "per step", "num"),
+    ("stall", "stall ms", "num"),
+    ("code", "code and fix", "text"),
+)
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt_num(x: float) -> str:
+    if x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.3g}"
+
+
+def _nice_max(x: float) -> float:
+    if x <= 0:
+        return 1.0
+    exp = math.floor(math.log10(x))
+    for m in (1, 2, 2.5, 5, 10):
+        if m * 10**exp >= x:
+            return float(m * 10**exp)
+    return float(10 ** (exp + 1))
+
+
+def _axes(w: int, h: int, pad: tuple[int, int, int, int], ymax_label: str, x_last: str) -> str:
+    left, top, right, bottom = pad
+    return (
+        f'<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="#9ca3af"/>'
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="#9ca3af"/>'
+        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_e(ymax_label)}</text>'
+        f'<text x="{left - 4}" y="{h - bottom}" text-anchor="end">0</text>'
+        f'<text x="{w - right}" y="{h - bottom + 13}" text-anchor="end">{_e(x_last)}</text>'
+        f'<text x="{left}" y="{h - bottom + 13}">0</text>'
+    )
+
+
+def _syncs_chart(per_step: Sequence[int], warmup: int) -> str:
+    if not per_step:
+        return '<div class="empty" id="no-syncs-chart">no per-step series in this report</div>'
+    w, h = 520, 180
+    pad = (44, 10, 10, 30)
+    left, top, right, bottom = pad
+    ymax = _nice_max(float(max(per_step)))
+    pw, ph = w - left - right, h - top - bottom
+    bw = pw / len(per_step)
+    parts = [
+        f'<svg id="syncs-chart" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+        f'viewBox="0 0 {w} {h}" role="img" aria-label="blocking syncs per step">'
+    ]
+    for i, n in enumerate(per_step):
+        bh = ph * n / ymax
+        x = left + i * bw
+        color = "#9ca3af" if i <= warmup else "#2563eb"
+        label = "setup (before step 1)" if i == 0 else f"step {i}"
+        parts.append(
+            f'<rect class="bar" x="{x:.2f}" y="{top + ph - bh:.2f}" width="{max(bw - 0.6, 0.6):.2f}" '
+            f'height="{bh:.2f}" fill="{color}" data-step="{i}" data-syncs="{n}">'
+            f"<title>{_e(label)}: {n} syncs</title></rect>"
+        )
+    parts.append(_axes(w, h, pad, _fmt_num(ymax), f"step {len(per_step) - 1}"))
+    parts.append(
+        f'<text x="{left + pw / 2:.0f}" y="{h - 4}" text-anchor="middle">'
+        "step (grey: setup and warm-up)</text></svg>"
+    )
+    return "".join(parts)
+
+
+def _memory_data(report: Report, memory: Any) -> tuple[list[float], dict[str, list[float]]] | None:
+    data = memory if memory is not None else getattr(report, "memory", None)
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        to_dict = getattr(data, "to_dict", None)
+        if callable(to_dict):
+            data = to_dict()
+        else:
+            data = {"steps": getattr(data, "steps", None), "series": getattr(data, "series", None)}
+    if not isinstance(data, Mapping):
+        return None
+    steps, series = data.get("steps"), data.get("series")
+    if not isinstance(steps, Sequence) or not isinstance(series, Mapping) or not steps:
+        return None
+    try:
+        xs = [float(s) for s in steps]
+        out = {
+            str(name): [float(v) for v in values]
+            for name, values in series.items()
+            if isinstance(values, Sequence) and len(values) == len(xs) and values
+        }
+    except (TypeError, ValueError):
+        return None
+    return (xs, out) if out else None
+
+
+def _bytes_unit(peak: float) -> tuple[float, str]:
+    for unit, size in (("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
+        if peak >= size:
+            return size, unit
+    return 1.0, "B"
+
+
+def _memory_chart(report: Report, memory: Any) -> str:
+    parsed = _memory_data(report, memory)
+    if parsed is None:
+        return '<div class="empty" id="no-memory">no memory samples in this report</div>'
+    xs, series = parsed
+    w, h = 520, 180
+    pad = (54, 10, 10, 30)
+    left, top, right, bottom = pad
+    pw, ph = w - left - right, h - top - bottom
+    peak = max(max(v) for v in series.values())
+    size, unit = _bytes_unit(peak)
+    ymax = _nice_max(peak / size) * size
+    x0, x1 = min(xs), max(xs)
+    span = (x1 - x0) or 1.0
+    parts = [
+        f'<svg id="memory-chart" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+        f'viewBox="0 0 {w} {h}" role="img" aria-label="memory per step">'
+    ]
+    legend = []
+    for n, (name, values) in enumerate(sorted(series.items())):
+        color = _PALETTE[n % len(_PALETTE)]
+        points = " ".join(
+            f"{left + pw * (x - x0) / span:.1f},{top + ph - ph * v / ymax:.1f}"
+            for x, v in zip(xs, values, strict=True)
+        )
+        parts.append(
+            f'<polyline class="series" data-series="{_e(name)}" fill="none" stroke="{color}" '
+            f'stroke-width="1.6" points="{points}"><title>{_e(name)}</title></polyline>'
+        )
+        legend.append(
+            f'<span style="color:{color}">&#9632;</span> {_e(name)} '
+            f'<span class="small">(last {values[-1] / size:.3g} {unit})</span>'
+        )
+    parts.append(_axes(w, h, pad, f"{ymax / size:.3g} {unit}", f"step {_fmt_num(x1)}"))
+    parts.append("</svg>")
+    leak = ""
+    data = memory if memory is not None else getattr(report, "memory", None)
+    flag = data.get("leak") if isinstance(data, Mapping) else getattr(data, "leak", None)
+    if flag:
+        leak = ' <span class="badge bad">leak suspected</span>'
+    return "".join(parts) + f'<div class="small">{" &nbsp; ".join(legend)}{leak}</div>'
+
+
+def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
+    where = f"{os.path.basename(site.file)}:{site.line}"
+    kind = site.kind + (f"/{site.detail}" if site.detail else "")
+    inside = ""
+    if site.framework_file:
+        inside = (
+            f'<div class="small">inside {_e(os.path.basename(site.framework_file))}:'
+            f"{_e(site.framework_line)} ({_e(site.framework_function)})</div>"
+        )
+    stall = site.stall_s * 1e3 if site.stall_s is not None else None
+    tags = []
+    if site.allowed:
+        tags.append("allowed")
+    if not site.blocking:
+        tags.append("not a barrier")
+    if site.asymmetric:
+        tags.append(f"rank-asymmetric: rank {rank_ranges(r for r, _ in site.rank_counts)} only")
+    if site is gate:
+        tags.append("gating site")
+    tag = f' <span class="small">[{_e(", ".join(tags))}]</span>' if tags else ""
+    cls = ' class="allowed"' if site.allowed or not site.blocking else ""
+    if site is gate:
+        cls = ' class="gating"'
+    return (
+        f"<tr{cls}>"
+        f'<td class="num" data-sort="{rank}">{rank}</td>'
+        f'<td title="{_e(site.file)}" data-sort="{_e(where)}">{_e(where)}{inside}</td>'
+        f"<td>{_e(site.function)}</td>"
+        f"<td>{_e(kind)}{tag}</td>"
+        f"<td>{_e(site.origin)}</td>"
+        f'<td class="num" data-sort="{site.count}">{site.count}</td>'
+        f'<td class="num" data-sort="{site.step_count}">{site.step_count}</td>'
+        f'<td class="num" data-sort="{site.per_step:.6g}">{site.per_step:.2f}</td>'
+        f'<td class="num" data-sort="{stall if stall is not None else -1:.6g}">'
+        f"{f'{stall:.2f}' if stall is not None else '-'}</td>"
+        f'<td><code>{_e(site.code) or "?"}</code><div class="fix">fix: {_e(site.fix)}</div></td>'
+        "</tr>"
+    )
+
+
+def _sites_table(report: Report) -> str:
+    if not report.sites:
+        text = "no synchronization found" if report.detection else "no detection ran"
+        return f'<div class="empty" id="no-sites">{text}</div>'
+    heads = "".join(
+        f'<th data-key="{key}" data-type="{typ}" title="click to sort">{_e(label)}</th>'
+        for key, label, typ in _COLUMNS
+    )
+    gate = report.gating_site
+    rows = "".join(_site_row(i, s, gate) for i, s in enumerate(report.ranked(), 1))
+    return (
+        f'<table id="sites" data-sorted-by="rank:asc"><thead><tr>{heads}</tr></thead>'
+        f"<tbody>{rows}</tbody></table>"
+    )
+
+
+def _ms(x: float | None) -> str:
+    return f"{x * 1e3:.2f}" if x is not None else "-"
+
+
+def _rank_row(s: RankSummary) -> str:
+    waits = "-"
+    if s.wait_s is not None:
+        waits = f"{s.wait_s * 1e3:.2f}"
+        if s.wait_s and s.step_s:
+            waits += f' <span class="small">({s.wait_s / s.step_s:.0%} of its step)</span>'
+    cells = (
+        str(s.rank),
+        str(s.steps),
+        f"{s.syncs_per_step:.2f}",
+        _ms(s.stall_per_step_s),
+        _ms(s.host_step_s),
+        _ms(s.device_step_s),
+    )
+    return (
+        f'<tr data-rank="{s.rank}">'
+        + "".join(f'<td class="num">{c}</td>' for c in cells)
+        + f'<td class="num">{waits}</td></tr>'
+    )
+
+
+def _ranks(report: Report) -> str:
+    """The ranks of a merged report: one row each, and the gating site in words."""
+    if not report.rank_summaries:
+        return ""
+    gate = report.gating_site
+    if gate is None:
+        words = "Every site in the steps fires on every rank: no rank holds the others back."
+    else:
+        fired = rank_ranges(r for r, _ in gate.rank_counts)
+        cost = (
+            f"the other ranks wait about <b>{gate.job_cost_s * 1e3:.2f} ms per step</b> for it "
+            "at the next collective"
+            if gate.job_cost_s is not None
+            else "its cost was not timed here (the CUDA engine times it on a GPU)"
+        )
+        words = (
+            f"Gating site: <code>{_e(gate.location)}</code> ({_e(gate.kind)}), rank-asymmetric: "
+            f"it fires on rank {_e(fired)} only; {cost}. <code>{_e(gate.code)}</code>"
+        )
+    heads = "".join(
+        f"<th>{_e(h)}</th>"
+        for h in (
+            "rank",
+            "steps",
+            "syncs per step",
+            "stall ms per step",
+            "median step ms (host)",
+            "median step ms (device)",
+            "waits ms per step for the gating site",
+        )
+    )
+    rows = "".join(_rank_row(s) for s in report.rank_summaries)
+    return (
+        f"<h2>Ranks ({len(report.rank_summaries)})</h2>"
+        f'<div class="gate" id="gating">{words}</div>'
+        f'<table id="ranks"><thead><tr>{heads}</tr></thead><tbody>{rows}</tbody></table>'
+    )
+
+
+def _violations(report: Report) -> str:
+    if not report.violations:
+        return ""
+    items = "".join(
+        f"<li>step {v.step}: <code>{_e(os.path.basename(v.file))}:{v.line}</code> "
+        f"{_e(v.kind)} ({_e(v.origin)}): {_e(v.reason)}</li>"
+        for v in report.violations[:200]
+    )
+    more = len(report.violations) - 200
+    tail = f"<li>... and {more} more</li>" if more > 0 else ""
+    return f'<h2>Policy violations ({len(report.violations)})</h2><ul id="violations">{items}{tail}</ul>'
+
+
+def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
+    """Render ``report`` as one self-contained HTML page.
+
+    Args:
+        report: The report to show.
+        memory: Memory samples ``{"steps": [...], "series": {name: [bytes...]}}``
+            when they are not on the report itself (``report.memory``); the
+            memory chart shows "no memory samples" when neither has them.
+
+    Example:
+        >>> from barrierguard import Report
+        >>> page = render(Report(engine="none", detection=False, policy="record"))
+        >>> page.startswith("<!DOCTYPE html>") and "no memory samples" in page
+        True
+    """
+    if not report.detection:
+        badge = '<span class="badge none" id="status">no detection</span>'
+    elif report.ok:
+        badge = '<span class="badge ok" id="status">policy kept</span>'
+    else:
+        n = len(report.violations)
+        badge = f'<span class="badge bad" id="status">{n} violation{"s" if n != 1 else ""}</span>'
+    per = report.step_syncs / report.measured_steps if report.measured_steps else 0.0
+    setup = sum(s.setup_count for s in report.sites if s.blocking)
+    cards = "".join(
+        f'<div class="card"><b>{_e(v)}</b><span class="small">{_e(k)}</span></div>'
+        for k, v in (
+            ("steps (measured)", f"{report.steps} ({report.measured_steps})"),
+            ("sites", len(report.sites)),
+            ("syncs in measured steps", report.step_syncs),
+            ("syncs per step", f"{per:.2f}"),
+            ("setup syncs", setup),
+            ("duration", f"{report.duration_s:.2f} s"),
+        )
+    )
+    notes = "".join(f"<li>{_e(n)}</li>" for n in report.notes)
+    env = ", ".join(f"{_e(k)} {_e(v)}" for k, v in report.environment.items())
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>barrierguard report</title>
+<style>{_CSS}</style></head>
+<body>
+<h1>barrierguard report {badge}</h1>
+<div class="meta">engine {_e(report.engine)} &middot; policy {_e(report.policy)}
+&middot; {env}</div>
+<div class="cards">{cards}</div>
+<h2>Per step</h2>
+<div class="charts">
+<div class="chart"><h3>Blocking syncs per step</h3>
+{_syncs_chart(report.syncs_per_step, report.warmup_steps)}</div>
+<div class="chart"><h3>Memory per step</h3>{_memory_chart(report, memory)}</div>
+</div>
+{_ranks(report)}
+<h2>Sites</h2>
+{_sites_table(report)}
+{_violations(report)}
+{f'<h2>Notes</h2><ul id="notes">{notes}</ul>' if notes else ""}
+<script>{_JS}</script>
+</body></html>
+"""

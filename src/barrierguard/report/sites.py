@@ -1,0 +1,196 @@
+"""A site: one place in the code that synchronizes, and one policy violation.
+
+:class:`Site` and :class:`Violation` with their JSON, and how a site's
+records from several ranks merge into one. ``records`` re-exports them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+__all__ = ["Site", "SiteKey", "Violation"]
+
+SiteKey = tuple[str, int, str, str, str, int]
+"""What names a site: see :attr:`Site.key`."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place in the code that synchronizes, with everything known about it.
+
+    ``file``/``line``/``function`` name the user's own frame; when the sync
+    happened inside a framework (``origin`` ``"framework:<name>"``), the
+    ``framework_*`` fields name the framework's line, and for a framework sync
+    barrierguard knows, ``cause`` says why it syncs and ``fix`` names the
+    setting that removes it (or says that none does).
+
+    ``count`` counts calls: one ``print(t)`` is one occurrence, however many
+    times torch synchronized inside it; ``events`` keeps the raw number of
+    synchronizations the detector saw when it is larger.
+
+    In a report merged over ranks, ``rank_counts`` and ``rank_stalls`` give
+    the count and the stall per rank; ``asymmetric`` marks a site that fired on
+    some ranks and not on others, and ``job_cost_s`` estimates what it costs
+    every rank per measured step (the others wait for it at the next
+    collective; see ``barrierguard.report.ranks``).
+
+    Example:
+        >>> s = Site(file="/w/train.py", line=12, function="train", code="loss.item()",
+        ...          kind="item", origin="user", count=3, step_count=3, per_step=1.0)
+        >>> s.location
+        'train.py:12'
+    """
+
+    file: str
+    line: int
+    function: str
+    code: str
+    kind: str
+    origin: str
+    count: int
+    detail: str = ""
+    setup_count: int = 0
+    step_count: int = 0
+    per_step: float = 0.0
+    steps: tuple[tuple[int, int], ...] = ()
+    stall_s: float | None = None
+    stall_count: int = 0
+    setup_stall_s: float | None = None
+    threads: tuple[str, ...] = ("MainThread",)
+    allowed: bool = False
+    blocking: bool = True
+    fix: str = ""
+    framework_file: str | None = None
+    framework_line: int | None = None
+    framework_function: str | None = None
+    phases: tuple[tuple[str, int], ...] = ()
+    mechanisms: tuple[tuple[str, int], ...] = ()
+    rank_counts: tuple[tuple[int, int], ...] = ()
+    cause: str = ""
+    events: int = 0
+    rank_stalls: tuple[tuple[int, float], ...] = ()
+    asymmetric: bool = False
+    job_cost_s: float | None = None
+
+    @property
+    def location(self) -> str:
+        """``basename:line`` of the user's frame."""
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+    @property
+    def key(self) -> SiteKey:
+        """What makes two records the same site: file, line, kind, origin, and the
+        framework's file and line (``""`` and 0 outside a framework)."""
+        return (
+            self.file,
+            self.line,
+            self.kind,
+            self.origin,
+            self.framework_file or "",
+            self.framework_line or 0,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["steps"] = [list(r) for r in self.steps]
+        d["threads"] = list(self.threads)
+        # Optional sections appear only when set, so reports of plain watch()
+        # runs read exactly as before.
+        for name in ("phases", "mechanisms"):
+            pairs = d.pop(name)
+            if pairs:
+                d[name] = dict(pairs)
+        ranks = d.pop("rank_counts")
+        if ranks:
+            d["rank_counts"] = {str(r): n for r, n in ranks}
+        stalls = d.pop("rank_stalls")
+        if stalls:
+            d["rank_stalls"] = {str(r): t for r, t in stalls}
+        if not d["asymmetric"]:
+            del d["asymmetric"]
+        if d["job_cost_s"] is None:
+            del d["job_cost_s"]
+        if not d["cause"]:
+            del d["cause"]
+        if d["events"] <= self.count:
+            del d["events"]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Site:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["steps"] = tuple((int(a), int(b)) for a, b in data.get("steps", ()))
+        kwargs["threads"] = tuple(data.get("threads", ("MainThread",)))
+        for name in ("phases", "mechanisms"):
+            kwargs[name] = tuple((str(k), int(v)) for k, v in dict(data.get(name, {})).items())
+        kwargs["rank_counts"] = tuple(
+            (int(k), int(v)) for k, v in dict(data.get("rank_counts", {})).items()
+        )
+        kwargs["rank_stalls"] = tuple(
+            (int(k), float(v)) for k, v in dict(data.get("rank_stalls", {})).items()
+        )
+        return cls(**kwargs)
+
+
+def _sum_pairs(groups: Sequence[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
+    total: dict[str, int] = {}
+    for pairs in groups:
+        for name, n in pairs:
+            total[name] = total.get(name, 0) + n
+    return tuple(total.items())
+
+
+def _merge_sites(group: Sequence[tuple[int, Site]], measured: int, world: int) -> Site:
+    first = group[0][1]
+    ranges = sorted({r for _, s in group for r in s.steps})
+    threads = dict.fromkeys(t for _, s in group for t in s.threads)
+    step_count = sum(s.step_count for _, s in group)
+    stalls = [s.stall_s for _, s in group if s.stall_s is not None]
+    return replace(
+        first,
+        count=sum(s.count for _, s in group),
+        setup_count=sum(s.setup_count for _, s in group),
+        step_count=step_count,
+        per_step=step_count / measured if measured else 0.0,
+        steps=tuple(ranges),
+        threads=tuple(threads),
+        stall_s=sum(stalls) if stalls else None,
+        phases=_sum_pairs([s.phases for _, s in group]),
+        mechanisms=_sum_pairs([s.mechanisms for _, s in group]),
+        rank_counts=tuple((rank, s.count) for rank, s in group),
+        events=_events([s for _, s in group]),
+        rank_stalls=tuple((rank, s.stall_s) for rank, s in group if s.stall_s is not None),
+        asymmetric=world > 1 and len({rank for rank, _ in group}) < world,
+        job_cost_s=None,
+    )
+
+
+def _events(sites: Sequence[Site]) -> int:
+    """The raw sync events of sites merged into one (0: as many as occurrences)."""
+    total = sum(max(s.events, s.count) for s in sites)
+    return total if total > sum(s.count for s in sites) else 0
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A point where the policy was broken: which site, at which step, and why."""
+
+    file: str
+    line: int
+    kind: str
+    origin: str
+    step: int
+    reason: str
+    thread: str = "MainThread"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Violation:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

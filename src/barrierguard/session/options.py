@@ -1,0 +1,396 @@
+"""Options of a guard, validated in one place, at construction."""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from barrierguard._errors import BarrierGuardError
+from barrierguard.detect import frameworks
+from barrierguard.detect.kinds import KINDS
+
+__all__ = [
+    "ENGINES",
+    "GUARD_OPTIONS",
+    "POLICIES",
+    "REPORT_OPTIONS",
+    "AllowRule",
+    "Options",
+    "ReportOptions",
+    "make_options",
+    "make_report_options",
+    "parse_allow",
+    "parse_bytes",
+    "parse_out",
+]
+
+POLICIES = ("record", "warn", "error")
+ENGINES = ("auto", "cuda", "audit")
+DEFAULT_POLICY = "warn"
+POLICY_ENV = "BARRIERGUARD_POLICY"
+
+_ALLOW_FORMS = (
+    "a kind (" + ", ".join(sorted(KINDS)) + "), an origin ('user', 'framework:<name>', "
+    "'framework:*'), a framework mechanism ('mechanism:<name>', e.g. 'mechanism:hf_logging'), "
+    "or a file pattern 'path/to/file.py:LINE' with LINE one of *, N or N-M"
+)
+_MECHANISMS = tuple(m.name for m in frameworks.MECHANISMS)
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    """One allow rule, parsed from its string form (see :func:`parse_allow`)."""
+
+    text: str
+    kind: str | None = None
+    origin: str | None = None
+    path: str | None = None
+    first_line: int = 0
+    last_line: int = 0
+    mechanism: str | None = None
+
+    def matches(
+        self, file: str, line: int, kind: str, origin: str, mechanism: str | None = None
+    ) -> bool:
+        """Whether a sync at ``file:line`` of ``kind``, ``origin`` and framework
+        ``mechanism`` (a name of :data:`~barrierguard.detect.frameworks.MECHANISMS`)
+        is allowed."""
+        if self.mechanism is not None:
+            return mechanism == self.mechanism
+        if self.kind is not None:
+            return kind == self.kind
+        if self.origin is not None:
+            if self.origin == "framework:*":
+                return origin.startswith("framework:")
+            return origin == self.origin or origin.startswith(self.origin + ".")
+        assert self.path is not None
+        if self.last_line and not self.first_line <= line <= self.last_line:
+            return False
+        norm = file.replace(os.sep, "/")
+        pat = self.path
+        return (
+            fnmatch.fnmatchcase(norm, pat)
+            or fnmatch.fnmatchcase(norm, "*/" + pat.lstrip("/"))
+            or norm.endswith("/" + pat.lstrip("/"))
+        )
+
+
+def parse_allow(rule: str) -> AllowRule:
+    """Parse one allow rule.
+
+    Forms: a kind (``"item"``), an origin (``"user"``, ``"framework:lightning"``,
+    ``"framework:*"``), a framework mechanism (``"mechanism:hf_logging"``: one
+    known framework sync, see docs/frameworks.md), or a file pattern with a
+    line spec (``"mypkg/metrics.py:*"``, ``"train.py:42"``, ``"train.py:40-50"``).
+
+    Raises:
+        BarrierGuardError: When ``rule`` has none of these forms.
+
+    Example:
+        >>> parse_allow("mypkg/metrics.py:*").matches("/src/mypkg/metrics.py", 7, "item", "user")
+        True
+        >>> parse_allow("framework:lightning").matches("/w/t.py", 1, "copy", "framework:lightning")
+        True
+    """
+    if not isinstance(rule, str):
+        raise BarrierGuardError(f"allow rule {rule!r} is not a string; expected {_ALLOW_FORMS}")
+    text = rule.strip()
+    if text in KINDS:
+        return AllowRule(text=rule, kind=text)
+    if text == "user" or (text.startswith("framework:") and len(text) > len("framework:")):
+        return AllowRule(text=rule, origin=text)
+    if text.startswith("mechanism:"):
+        name = text[len("mechanism:") :]
+        if name in _MECHANISMS:
+            return AllowRule(text=rule, mechanism=name)
+        hint = difflib.get_close_matches(name, list(_MECHANISMS), n=1)
+        extra = f" (did you mean 'mechanism:{hint[0]}'?)" if hint else ""
+        raise BarrierGuardError(
+            f"allow rule {rule!r} names no known framework mechanism{extra}; the mechanisms "
+            f"are {', '.join(_MECHANISMS)} (docs/frameworks.md)"
+        )
+    if ":" in text:
+        path, _, spec = text.rpartition(":")
+        if path:
+            if spec == "*":
+                return AllowRule(text=rule, path=path)
+            lo, sep, hi = spec.partition("-")
+            if lo.isdigit() and (not sep or hi.isdigit()):
+                first, last = int(lo), int(hi) if sep else int(lo)
+                if first <= last:
+                    return AllowRule(text=rule, path=path, first_line=first, last_line=last)
+    hint = difflib.get_close_matches(text, list(KINDS), n=1)
+    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+    raise BarrierGuardError(f"allow rule {rule!r} is malformed{extra}; expected {_ALLOW_FORMS}")
+
+
+@dataclass(frozen=True)
+class Options:
+    """A guard's validated options."""
+
+    policy: str
+    engine: str
+    warmup_steps: int
+    allow: tuple[AllowRule, ...]
+    max_syncs_per_step: int | None
+    memory: bool = True
+    max_growth_per_step: int = 1_000_000
+    memory_every: int | None = None
+    memory_children: bool = False
+    out: str | None = None
+
+    def allowed(
+        self, file: str, line: int, kind: str, origin: str, mechanism: str | None = None
+    ) -> bool:
+        # MetricBuffer.compute() is the deliberate transfer barrierguard recommends:
+        # reported (with its per-step rate), never a violation.
+        if origin == "framework:barrierguard":
+            return True
+        return any(r.matches(file, line, kind, origin, mechanism) for r in self.allow)
+
+
+def _choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> str:
+    if isinstance(value, str) and value.strip().lower() in choices:
+        return value.strip().lower()
+    raise BarrierGuardError(
+        f"{owner}({name}={value!r}) is not a valid {name}: expected one of "
+        + ", ".join(repr(c) for c in choices)
+    )
+
+
+def resolve_policy(value: str | None, owner: str = "watch") -> str:
+    """The policy to use: ``value``, else ``$BARRIERGUARD_POLICY``, else ``"warn"``."""
+    if value is None:
+        env = os.environ.get(POLICY_ENV)
+        if env is None or not env.strip():
+            return DEFAULT_POLICY
+        if env.strip().lower() in POLICIES:
+            return env.strip().lower()
+        raise BarrierGuardError(
+            f"{POLICY_ENV}={env!r} is not a valid policy: expected one of "
+            + ", ".join(repr(c) for c in POLICIES)
+        )
+    return _choice(owner, "policy", value, POLICIES)
+
+
+def _count(owner: str, name: str, value: object, allow_none: bool) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    expected = "a non-negative int" + (" or None" if allow_none else "")
+    raise BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected {expected}")
+
+
+def make_options(
+    *,
+    policy: str | None,
+    engine: str,
+    warmup_steps: int,
+    allow: Iterable[str] | str,
+    max_syncs_per_step: int | None,
+    memory: bool = True,
+    max_growth_per_step: int | str = "1MB",
+    memory_every: int | None = None,
+    memory_children: bool = False,
+    out: str | os.PathLike[str] | None = None,
+    owner: str = "watch",
+) -> Options:
+    """Validate and freeze a guard's options; every error names the argument."""
+    rules = [allow] if isinstance(allow, str) else list(allow)
+    warmup = _count(owner, "warmup_steps", warmup_steps, allow_none=False)
+    assert warmup is not None
+    return Options(
+        policy=resolve_policy(policy, owner),
+        engine=_choice(owner, "engine", engine, ENGINES),
+        warmup_steps=warmup,
+        allow=tuple(parse_allow(r) for r in rules),
+        max_syncs_per_step=_count(owner, "max_syncs_per_step", max_syncs_per_step, True),
+        memory=_flag(owner, "memory", memory),
+        max_growth_per_step=parse_bytes(max_growth_per_step, owner=owner),
+        memory_every=_stride(owner, memory_every),
+        memory_children=_flag(owner, "memory_children", memory_children),
+        out=parse_out(out, owner=owner),
+    )
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+_BYTES_FORMS = (
+    "an int number of bytes (>= 0) or a string like '512KB', '1MB', '1.5MiB', '2GB' "
+    "(B, KB/MB/GB = 1000^n, KiB/MiB/GiB = 1024^n)"
+)
+
+
+def parse_bytes(value: object, *, owner: str = "watch", name: str = "max_growth_per_step") -> int:
+    """Parse a size in bytes: an int, or a number with a unit.
+
+    Args:
+        value: ``int`` bytes, or a string such as ``"512KB"``, ``"1MB"`` or
+            ``"1.5MiB"``; units are case-insensitive, ``KB``/``MB``/``GB`` are
+            powers of 1000 and ``KiB``/``MiB``/``GiB`` powers of 1024.
+        owner: The function named in an error message.
+        name: The argument named in an error message.
+
+    Returns:
+        The size in bytes.
+
+    Raises:
+        BarrierGuardError: For a negative number, a float, a bool, an unknown
+            unit, or anything else; the message names the value and the forms.
+
+    Example:
+        >>> parse_bytes("1.5MiB"), parse_bytes("512KB"), parse_bytes(2048)
+        (1572864, 512000, 2048)
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        match = _BYTES_RE.match(value)
+        if match is not None and match.group(2).lower() in _UNITS:
+            return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    raise BarrierGuardError(
+        f"{owner}({name}={value!r}) is not a valid size: expected {_BYTES_FORMS}"
+    )
+
+
+def parse_out(value: object, *, owner: str = "watch", name: str = "out") -> str | None:
+    """Validate a report path: ``None`` (no file), or a non-empty path.
+
+    A path may hold ``{rank}``, replaced by each rank's number; without it, a
+    run of several ranks writes ``<stem>.rank<N><suffix>`` (see
+    ``barrierguard.session.ranks.rank_path``).
+
+    Raises:
+        BarrierGuardError: For anything else; the message names the value.
+
+    Example:
+        >>> parse_out("reports/bg-{rank}.json")
+        'reports/bg-{rank}.json'
+    """
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value)
+        if isinstance(text, str) and text.strip():
+            return text
+    raise BarrierGuardError(
+        f"{owner}({name}={value!r}) is not valid: expected None or a file path such as "
+        "'report.json' (each rank of a distributed run writes report.rank<N>.json) or "
+        "'report-{rank}.json'"
+    )
+
+
+def _flag(owner: str, name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected True or False")
+
+
+def _stride(owner: str, value: object) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise BarrierGuardError(
+        f"{owner}(memory_every={value!r}) is not valid: expected None (adaptive sampling) "
+        "or an int >= 1 (sample every N steps)"
+    )
+
+
+# The keyword options every entry point takes (watch() and the callbacks), and
+# those of the framework adapters' end-of-run report (make_report_options).
+GUARD_OPTIONS = (
+    "policy",
+    "engine",
+    "warmup_steps",
+    "allow",
+    "max_syncs_per_step",
+    "memory",
+    "max_growth_per_step",
+    "memory_every",
+    "memory_children",
+)
+REPORT_OPTIONS = ("print_report", "save_report", "rank_reports", "merge_ranks")
+
+
+def unknown_options(owner: str, unknown: Iterable[str], accepted: Iterable[str]) -> TypeError:
+    """A TypeError for unknown keyword arguments, naming the accepted ones."""
+    names = sorted(unknown)
+    accepted = sorted(accepted)
+    hints = [difflib.get_close_matches(n, accepted, n=1) for n in names]
+    parts = [
+        f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "")
+        for n, h in zip(names, hints, strict=True)
+    ]
+    return TypeError(
+        f"{owner}() got unknown keyword argument(s) {', '.join(parts)}; "
+        f"accepted: {', '.join(accepted)}"
+    )
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """Where a framework adapter puts its report at the end of a run."""
+
+    print_report: bool
+    save_report: bool | str | os.PathLike[str]
+    rank_reports: bool | str | os.PathLike[str]
+    merge_ranks: bool
+
+
+def make_report_options(
+    owner: str,
+    where: str,
+    *,
+    print_report: object,
+    save_report: object,
+    rank_reports: object,
+    merge_ranks: object,
+) -> ReportOptions:
+    """Validate an adapter's report options (``where``: the folder ``True`` means).
+
+    Raises:
+        BarrierGuardError: For a value of the wrong type, a malformed path, or
+            ``merge_ranks=False`` with no per-rank files to merge later.
+    """
+    for name, value in (("print_report", print_report), ("merge_ranks", merge_ranks)):
+        if not isinstance(value, bool):
+            raise BarrierGuardError(
+                f"{owner}({name}={value!r}) is not valid: expected True or False"
+            )
+    if not isinstance(save_report, (bool, str, os.PathLike)):
+        raise BarrierGuardError(
+            f"{owner}(save_report={save_report!r}) is not valid: expected True "
+            f"(barrierguard_report.json in {where}), False, or a file path"
+        )
+    if not isinstance(rank_reports, (bool, str, os.PathLike)):
+        raise BarrierGuardError(
+            f"{owner}(rank_reports={rank_reports!r}) is not valid: expected True (each rank "
+            f"writes barrierguard_report.rank{{rank}}.json in {where}), False, or a file path"
+        )
+    if not isinstance(rank_reports, bool):
+        parse_out(rank_reports, owner=owner, name="rank_reports")
+    if not merge_ranks and rank_reports is False:
+        raise BarrierGuardError(
+            f"{owner}(merge_ranks=False) keeps each rank's report in its own process only: "
+            f"also pass rank_reports=True (each rank writes barrierguard_report.rank{{rank}}.json "
+            f"in {where}) or a path, and join the files with barrierguard merge"
+        )
+    return ReportOptions(
+        print_report=bool(print_report),
+        save_report=save_report,
+        rank_reports=rank_reports,
+        merge_ranks=bool(merge_ranks),
+    )

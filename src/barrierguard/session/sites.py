@@ -1,0 +1,138 @@
+"""One site's counters while a guard runs, and how the site reads in a report or a message.
+
+A site is one (file, line, kind, origin). The guard keeps a :class:`SiteStats`
+per site on its hot path; :func:`site_record` turns it into the report's
+:class:`~barrierguard.Site`, :func:`message` into the text of a policy warning
+or error, and :func:`fix` chooses its fix: a framework mechanism's when the
+sync is a known framework sync, else the fix of its kind.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+
+from barrierguard.detect import frameworks
+from barrierguard.detect.frames import Location
+from barrierguard.detect.kinds import fix_for
+from barrierguard.report.records import Site
+
+__all__ = ["SiteStats", "cause", "code_at", "fix", "message", "site_record"]
+
+
+class SiteStats:
+    """Mutable counters of one site while the guard runs."""
+
+    __slots__ = (
+        "allowed",
+        "blocking",
+        "count",
+        "events",
+        "last_ident",
+        "loc",
+        "mechanisms",
+        "phases",
+        "ranges",
+        "setup_count",
+        "setup_stall",
+        "stall",
+        "stall_count",
+        "step_count",
+        "threads",
+    )
+
+    def __init__(self, loc: Location, allowed: bool, blocking: bool) -> None:
+        self.loc = loc
+        self.allowed = allowed
+        self.blocking = blocking
+        self.count = 0
+        self.events = 0
+        self.setup_count = 0
+        self.step_count = 0
+        self.ranges: list[list[int]] = []
+        self.threads: dict[str, None] = {}
+        self.last_ident = 0
+        self.stall = 0.0
+        self.stall_count = 0
+        self.setup_stall = 0.0
+        self.phases: dict[str, int] = {}
+        self.mechanisms: dict[str, int] = {}
+
+
+def code_at(file: str, line: int) -> str:
+    """The source text of ``file``'s ``line``, stripped."""
+    return linecache.getline(file, line).strip()
+
+
+def cause(mechanisms: dict[str, int]) -> str:
+    """Why a framework sync syncs: its most frequent known mechanism's reason, or ``""``."""
+    for name, _ in sorted(mechanisms.items(), key=lambda kv: -kv[1]):
+        known = frameworks.mechanism(name)
+        if known is not None:
+            return known.why
+    return ""
+
+
+def fix(loc: Location, mechanisms: dict[str, int]) -> str:
+    """The fix of a site: its framework mechanisms' when known, else its kind's."""
+    known = frameworks.describe(mechanisms.items()) if mechanisms else None
+    if known is not None:
+        return known
+    if loc.framework_file is not None and loc.origin.startswith("framework:"):
+        where = f"{os.path.basename(loc.framework_file)}:{loc.framework_line}"
+        return (
+            f"a sync inside {loc.origin.split(':', 1)[1]} ({where}, {loc.framework_function}) "
+            "that barrierguard's framework table does not know: look for a setting of that "
+            f"function; if the call is yours: {fix_for(loc.kind, loc.detail)}"
+        )
+    return fix_for(loc.kind, loc.detail)
+
+
+def message(stats: SiteStats, step: int, reason: str) -> str:
+    """The text of a policy warning or error for a sync at ``stats``'s site."""
+    loc = stats.loc
+    kind = loc.kind + (f" ({loc.detail})" if loc.detail else "")
+    where = f"{loc.file}:{loc.line}"
+    inside = (
+        f" inside {os.path.basename(loc.framework_file)}:{loc.framework_line}"
+        if loc.framework_file
+        else ""
+    )
+    return (
+        f"{kind} sync at {where} in step {step} [{loc.origin}{inside}]: "
+        f"{code_at(loc.file, loc.line)!r} - {reason}. Fix: {fix(loc, stats.mechanisms)}. "
+        f"To accept it: allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
+    )
+
+
+def site_record(stats: SiteStats, measured: int) -> Site:
+    """The report's record of one site, ``measured`` steps after warm-up."""
+    loc = stats.loc
+    return Site(
+        file=loc.file,
+        line=loc.line,
+        function=loc.function,
+        code=code_at(loc.file, loc.line),
+        kind=loc.kind,
+        detail=loc.detail,
+        origin=loc.origin,
+        count=stats.count,
+        setup_count=stats.setup_count,
+        step_count=stats.step_count,
+        per_step=stats.step_count / measured if measured else 0.0,
+        steps=tuple((a, b) for a, b in stats.ranges),
+        stall_s=stats.stall if stats.stall_count else None,
+        stall_count=stats.stall_count,
+        setup_stall_s=stats.setup_stall if stats.setup_stall else None,
+        threads=tuple(stats.threads),
+        allowed=stats.allowed,
+        blocking=stats.blocking,
+        fix=fix(loc, stats.mechanisms),
+        framework_file=loc.framework_file,
+        framework_line=loc.framework_line,
+        framework_function=loc.framework_function,
+        phases=tuple(stats.phases.items()),
+        mechanisms=tuple(stats.mechanisms.items()),
+        cause=cause(stats.mechanisms),
+        events=stats.events,
+    )

@@ -1,0 +1,250 @@
+"""Per-step timing on a GPU: host time, device time, run-ahead, and the saving.
+
+At every step boundary the host's clock is read and one CUDA event (from a
+recycled pool) is recorded on the current stream. Events are polled with
+``query()`` — never waited on — so nothing here synchronizes:
+
+* **run-ahead** at a step end is the number of earlier step-end events the
+  device has not reached yet: how many steps of queued work the host is ahead;
+* **device time** of a step is the time between two consecutive step-end
+  events on the device, read once both are complete. It equals the device's
+  busy time only when the device never idled in between, i.e. when the host was
+  ahead; otherwise it is unknown (and at least the step's stall);
+* the **saving** if the syncs were removed is, per step, the stall that the
+  overlap could hide: ``min(stall, wall - max(host busy, device))`` where the
+  device time is known, else at most ``min(stall, host busy)`` — never more than
+  the overlap available, ``min(host, device)``.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from barrierguard.report.records import Timeline
+
+__all__ = ["PERIOD", "WINDOW", "StepTimeline", "summarize"]
+
+# Steps are timed in windows: WINDOW consecutive steps every PERIOD steps of the
+# guard. Recording and polling events costs microseconds a step, too much
+# for a launch-bound loop; a window keeps per-step resolution for run-ahead.
+WINDOW = 16
+PERIOD = 256
+
+
+class _CudaEvent:
+    """A timing event recorded on the stream that was current at start.
+
+    Calls the C methods directly: ``torch.cuda.Event.record()`` looks up the
+    current stream in Python on every call, which a per-step probe cannot pay.
+    """
+
+    __slots__ = ("_event", "_query", "_record", "_stream")
+
+    def __init__(self, stream: Any) -> None:
+        import torch
+
+        event_type: Any = torch.cuda.Event
+        self._event = event_type(enable_timing=True)
+        base: Any = torch._C._CudaEventBase
+        self._record = base.record
+        self._query = base.query
+        self._stream = stream
+
+    def record(self) -> None:
+        self._record(self._event, self._stream)
+
+    def query(self) -> bool:
+        return bool(self._query(self._event))
+
+    def elapsed_time(self, other: _CudaEvent) -> float:
+        return float(self._event.elapsed_time(other._event))
+
+
+def _cuda_events() -> Callable[[], Any]:
+    import torch
+
+    stream = torch.cuda.current_stream()
+    return lambda: _CudaEvent(stream)
+
+
+class StepTimeline:
+    """Host time, device time and run-ahead per step (a guard's step listener).
+
+    Args:
+        clock: Seconds, monotonic (tests pass a fake one).
+        make_event: Creates an event with ``record()``, ``query()`` and
+            ``elapsed_time(other)`` in milliseconds (tests pass fakes).
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        make_event: Callable[[], Any] | None = None,
+        window: int = WINDOW,
+        period: int = PERIOD,
+    ) -> None:
+        self._window = max(1, window)
+        self._period = max(self._window, period)
+        self._origin = 0
+        self._started = False
+        self._clock = clock
+        self._make_event = make_event
+        self._cuda_default = make_event is None
+        self._pool: list[Any] = []
+        self._pending: collections.deque[tuple[int, Any]] = collections.deque()
+        self._done: tuple[int, Any] | None = None
+        self._t_prev: float | None = None
+        self.steps: list[int] = []
+        self.host_s: list[float] = []
+        self.ahead: list[int] = []
+        self.device_s: dict[int, float] = {}
+        self._ahead_at: dict[int, int] = {}
+
+    def _record(self, step: int) -> None:
+        if self._make_event is None:
+            # Events go on the stream current when timing starts: the loop's.
+            self._make_event = _cuda_events()
+        event = self._pool.pop() if self._pool else self._make_event()
+        event.record()
+        self._pending.append((step, event))
+
+    def start(self, step: int) -> None:
+        """Begin timing at boundary ``step`` (the guard started or restarted)."""
+        self._t_prev = self._clock()
+        if not self._started:
+            # Windows follow the guard's own step count, also across restarts.
+            self._origin, self._started = step, True
+        self._done = None
+        self._pending.clear()
+        self._pool.clear()
+        if self._make_event is not None and self._cuda_default:
+            self._make_event = None  # a restart picks up the stream current now
+        self._record(step)
+
+    def _retire(self) -> None:
+        pending = self._pending
+        while pending and pending[0][1].query():
+            step, event = pending.popleft()
+            done = self._done
+            # The device was busy all along only if the host was ahead when
+            # this step began.
+            if done is not None and done[0] == step - 1 and self._ahead_at.pop(step - 1, 0) >= 1:
+                self.device_s[step] = done[1].elapsed_time(event) / 1e3
+            if done is not None:
+                self._pool.append(done[1])
+            self._done = (step, event)
+
+    def on_step(self, step: int) -> None:
+        """At each step end: host time, retire reached events, measure run-ahead.
+
+        Only steps inside a window (``window`` steps every ``period``) are
+        timed; any other step costs a modulo and a comparison.
+        """
+        phase = (step - self._origin) % self._period
+        if phase >= self._window:
+            if phase == self._period - 1:
+                self._t_prev = self._clock()  # the next step opens a window
+            return
+        now = self._clock()
+        if self._t_prev is None:
+            self._t_prev = now
+            return
+        host = now - self._t_prev
+        self._retire()
+        ahead = len(self._pending)
+        self._ahead_at[step] = ahead
+        self._record(step)
+        self.steps.append(step)
+        self.host_s.append(host)
+        self.ahead.append(ahead)
+        # Time our own work out of the next step.
+        self._t_prev = self._clock()
+
+    @property
+    def sampling(self) -> str:
+        """How steps were chosen for timing, in words."""
+        return f"{self._window} consecutive steps every {self._period}"
+
+    def stop(self) -> None:
+        """Stop timing: read what has completed; pending events are dropped unread."""
+        self._retire()
+        self._pending.clear()
+        self._t_prev = None
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def summarize(
+    steps: Sequence[int],
+    host_s: Sequence[float],
+    ahead: Sequence[int],
+    device_s: dict[int, float],
+    step_stall: Sequence[float],
+    warmup: int,
+    sampling: str = "",
+) -> Timeline:
+    """The timeline of the measured steps, the saving, and a verdict in words.
+
+    Example:
+        >>> t = summarize([1, 2], [0.002, 0.002], [0, 0], {}, [0.0, 0.001, 0.001], 0)
+        >>> round(t.saving_s, 4), t.serialized
+        (0.002, True)
+    """
+    rows = [
+        (s, h, a, device_s.get(s), step_stall[s] if s < len(step_stall) else 0.0)
+        for s, h, a in zip(steps, host_s, ahead, strict=True)
+        if s > warmup
+    ]
+    saving = 0.0
+    for _, wall, _, device, stall in rows:
+        if stall <= 0:
+            continue
+        busy = max(0.0, wall - stall)
+        if device is None:
+            saving += min(stall, busy)
+        else:
+            saving += max(0.0, min(stall, wall - max(busy, device), busy, device))
+    total = sum(r[1] for r in rows)
+    stall_total = sum(r[4] for r in rows)
+    if not rows:
+        return Timeline(summary="no measured step was timed")
+    median_ahead = statistics.median(r[2] for r in rows)
+    per_step = total / len(rows)
+    stall_per = stall_total / len(rows)
+    serialized = median_ahead == 0 and stall_total > 0.05 * total
+    if serialized:
+        summary = (
+            f"serialized by its barriers: the host is never ahead of the device "
+            f"(median run-ahead 0 steps) and waits {_ms(stall_per)} of each "
+            f"{_ms(per_step)} step in syncs; removing them could save about "
+            f"{_ms(saving / len(rows))} per step ({saving / total:.0%} of the run)"
+        )
+    elif median_ahead >= 1:
+        summary = (
+            f"the host runs {median_ahead:g} step(s) ahead of the device: the queue stays "
+            f"full and the device sets the pace; syncs cost {_ms(stall_per)} per step"
+        )
+    else:
+        summary = (
+            f"the device keeps up with the host (median run-ahead 0 steps, "
+            f"{_ms(stall_per)} per step waiting in syncs): the host sets the pace"
+        )
+    return Timeline(
+        steps=tuple(r[0] for r in rows),
+        host_s=tuple(r[1] for r in rows),
+        stall_s=tuple(r[4] for r in rows),
+        device_s=tuple(r[3] for r in rows),
+        ahead=tuple(r[2] for r in rows),
+        saving_s=saving,
+        saving_fraction=saving / total if total > 0 else 0.0,
+        serialized=serialized,
+        summary=summary,
+        sampling=sampling,
+    )

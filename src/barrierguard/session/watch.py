@@ -1,0 +1,109 @@
+"""``watch()``: the one entry point that builds a guard from keyword options."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from barrierguard._errors import BarrierGuardError
+from barrierguard.session.guard import Guard
+from barrierguard.session.options import GUARD_OPTIONS, make_options, unknown_options
+
+__all__ = ["watch"]
+
+
+_WATCH_OPTIONS = (*GUARD_OPTIONS, "out")
+
+
+def watch(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    policy: str | None = None,
+    engine: str = "auto",
+    warmup_steps: int = 0,
+    allow: Iterable[str] | str = (),
+    max_syncs_per_step: int | None = None,
+    memory: bool = True,
+    max_growth_per_step: int | str = "1MB",
+    memory_every: int | None = None,
+    memory_children: bool = False,
+    out: str | os.PathLike[str] | None = None,
+    **unknown: Any,
+) -> Any:
+    """Watch a block of training code for host-device synchronizations.
+
+    Args:
+        func: When given (``@watch`` without brackets), the function to watch.
+        policy: ``"record"`` (silent), ``"warn"`` (one
+            :class:`~barrierguard.SyncWarning` per new site) or ``"error"``
+            (raise :class:`~barrierguard.SyncError` at the first site not
+            allowed). Default: ``$BARRIERGUARD_POLICY``, else ``"warn"``.
+        engine: ``"auto"`` (``"cuda"`` when CUDA is available, else
+            ``"audit"``), ``"cuda"`` or ``"audit"`` (on a CPU, the lines that
+            would sync on a GPU; see docs/audit.md).
+        warmup_steps: Steps after the first that also count as setup.
+        allow: Allow rules: a kind (``"item"``), an origin
+            (``"framework:lightning"``), or ``"path/file.py:LINE"`` with LINE
+            ``*``, ``N`` or ``N-M``.
+        max_syncs_per_step: A budget of syncs per step that are not allowed by
+            a rule; ``None`` means none.
+        memory: Sample host and device memory at step boundaries and give a
+            growth verdict (the report's ``memory`` section). Sampling is
+            adaptive, kept under 0.25 % of the step time, and never syncs.
+        max_growth_per_step: Growth per step, sustained until the end, above
+            which memory counts as leaking: bytes as an int, or a string such as
+            ``"512KB"``, ``"1MB"``, ``"1.5MiB"``. The policy applies: ``"warn"``
+            issues one :class:`~barrierguard.MemoryGrowthWarning`, ``"error"``
+            raises :class:`~barrierguard.MemoryGrowthError`.
+        memory_every: Sample every N steps instead of adaptively.
+        memory_children: Also sample the RSS of child processes (DataLoader
+            workers).
+        out: Save the report as JSON to this path at every ``stop()``,
+            atomically. In a run of several ranks (a process group, or
+            ``$WORLD_SIZE`` > 1) each rank writes its own file:
+            ``report.json`` becomes ``report.rank<N>.json``, or put ``{rank}``
+            in the path; ``barrierguard merge`` joins them
+            (docs/distributed.md).
+
+    Returns:
+        A :class:`Guard` (use it with ``with``, as a decorator, or with
+        ``start()``/``stop()``), or the wrapped ``func``.
+
+    Raises:
+        BarrierGuardError: For an unknown policy or engine, a malformed allow
+            rule, a bad count, a size ``max_growth_per_step`` cannot parse, or
+            an ``out`` that is not a path.
+        TypeError: For an unknown keyword argument.
+
+    Example:
+        >>> import barrierguard, torch
+        >>> with barrierguard.watch(policy="record") as guard:
+        ...     loss = torch.ones(()) * 3
+        >>> guard.report.policy
+        'record'
+    """
+    if unknown:
+        raise unknown_options("watch", unknown, _WATCH_OPTIONS)
+    options = make_options(
+        policy=policy,
+        engine=engine,
+        warmup_steps=warmup_steps,
+        allow=allow,
+        max_syncs_per_step=max_syncs_per_step,
+        memory=memory,
+        max_growth_per_step=max_growth_per_step,
+        memory_every=memory_every,
+        memory_children=memory_children,
+        out=out,
+    )
+    guard = Guard(options)
+    if func is not None:
+        if not callable(func):
+            raise BarrierGuardError(
+                f"watch({func!r}): the only positional argument is a function to decorate; "
+                "pass options by keyword, e.g. watch(policy='error')"
+            )
+        return guard(func)
+    return guard

@@ -1,0 +1,70 @@
+"""The overhead benchmarks of watch(), memory sampling and the audit run on CPU with tiny
+settings (smoke tests, no timing claims); the GPU-only ones refuse a CPU machine.
+``bench_metrics.py`` has its own tests (test_bench_metrics.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(autouse=True)
+def _bench_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+
+
+def _run(main: Any, argv: list[str], tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / "out.json"
+    main([*argv, "--out", str(out)])
+    data: dict[str, Any] = json.loads(out.read_text())
+    assert data["machine"]["device"] == "cpu"
+    return data
+
+
+def test_core_times_every_variant_against_bare(tmp_path: Path) -> None:
+    import bench_core
+
+    argv = ["--device", "cpu", "--layers", "1", "--width", "32", "--steps", "2", "--pairs", "3"]
+    ov = _run(bench_core.main, argv, tmp_path)["overhead"]
+    assert set(ov["ratio_median"]) == {"watch", "watch_no_memory"}
+    assert all(len(rs) == 3 and all(r > 0 for r in rs) for rs in ov["ratios"].values())
+    assert ov["start_stop_us"] > 0
+
+
+def test_memory_times_the_probes_and_the_sampler(tmp_path: Path) -> None:
+    import bench_memory
+
+    argv = ["--device", "cpu", "--layers", "1", "--width", "32", "--steps", "2", "--pairs", "3"]
+    data = _run(bench_memory.main, [*argv, "--calls", "5"], tmp_path)
+    assert "psutil Process.memory_info().rss" in data["probe_us"]
+    assert data["sample"]["us_per_sample"] > 0
+    assert set(data["overhead"]["ratio_median"]) == {
+        "watch_no_memory",
+        "watch_memory",
+        "watch_memory_every_step",
+    }
+    assert data["no_sync"] == {"checked": False, "why": "needs CUDA"}
+
+
+def test_audit_times_a_step_with_no_sync(tmp_path: Path) -> None:
+    import bench_audit
+
+    argv = ["--steps", "2", "--pairs", "3", "--batch", "8", "--configs", "32x1", "--threads", "0"]
+    data = _run(bench_audit.main, argv, tmp_path)
+    (run,) = data["runs"]
+    assert set(run["ratio_median"]) == {"audit", "noop_mode"}
+    assert data["headline_ratio"] == run["ratio_median"]["audit"]
+
+
+def test_pageable_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench_pageable
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        bench_pageable.main([])

@@ -1,0 +1,129 @@
+"""The command line: run, demo, exit codes and errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from barrierguard.cli.main import main
+
+FAKE = str(Path(__file__).with_name("_fake_cuda.py").parent)
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_run_passes_argv_and_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script(
+        tmp_path,
+        """
+        import sys
+        print("args", sys.argv[1:], __name__)
+        sys.exit(4)
+        """,
+    )
+    code = main(["run", "--policy", "record", str(script), "--lr", "3e-4"])
+    out, err = capsys.readouterr()
+    assert code == 4
+    assert "args ['--lr', '3e-4'] __main__" in out
+    assert "barrierguard report" in err
+
+
+def test_run_writes_json(tmp_path: Path) -> None:
+    script = _script(tmp_path, "x = 1\n")
+    out = tmp_path / "r.json"
+    assert main(["run", "--policy", "record", "--out", str(out), str(script)]) == 0
+    assert json.loads(out.read_text())["schema"] == "barrierguard.report/1"
+
+
+def test_run_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pkg = tmp_path / "mytrain.py"
+    pkg.write_text("import sys\nprint('module', sys.argv[1:])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["run", "--policy", "record", "-m", "mytrain", "--epochs", "1"]) == 0
+    assert "module ['--epochs', '1']" in capsys.readouterr().out
+
+
+def test_script_exception_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script(tmp_path, "raise ValueError('bad data')\n")
+    assert main(["run", "--policy", "record", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert "ValueError: bad data" in err and "barrierguard report" in err
+
+
+def test_error_policy_violation_exits_3(
+    tmp_path: Path,
+    fake_cuda: object,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.syspath_prepend(FAKE)
+    script = _script(
+        tmp_path,
+        """
+        import torch
+        from _fake_cuda import FakeTensor
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        FakeTensor().item()
+        """,
+    )
+    code = main(["run", "--policy", "error", "--engine", "cuda", str(script)])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "SyncError" in err and "train.py:8" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["run", "missing.py"], "can't open script 'missing.py': no such file"),
+        (["run", "-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
+        (["run"], "expected a script"),
+        (["run", "--policy", "loud", __file__], "not a valid policy"),
+        (["run", "--allow", "bogus", __file__], "allow rule 'bogus' is malformed"),
+        (["demo", "--device", "tpu"], "demo --device 'tpu': expected auto, cpu or cuda"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--steps", "3", "--policy", "record"]) == 0
+    assert "barrierguard report" in capsys.readouterr().err
+
+
+def test_demo_defaults_to_the_record_policy(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("BARRIERGUARD_POLICY", raising=False)
+    assert main(["demo", "--steps", "3"]) == 0
+    assert "policy record" in capsys.readouterr().err
+
+
+def test_python_dash_m(tmp_path: Path) -> None:
+    script = _script(tmp_path, "print('hello')\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "barrierguard", "run", "--policy", "record", str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "hello"

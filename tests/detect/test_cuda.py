@@ -1,0 +1,280 @@
+"""The CUDA engine's hook, run on CPU through the fake in ``_fake_cuda``."""
+
+from __future__ import annotations
+
+import io
+import threading
+import traceback
+import warnings
+
+import pytest
+import torch
+
+import barrierguard
+from _fake_cuda import FakeMode, FakeTensor, unique
+
+HERE = __file__
+
+
+def _sites(guard: barrierguard.Guard) -> dict[tuple[int, str], barrierguard.Site]:
+    return {(s.line, s.kind): s for s in guard.report.sites if s.file == HERE}
+
+
+def _line(marker: str) -> int:
+    with open(HERE) as fh:
+        for i, text in enumerate(fh, 1):
+            if text.rstrip().endswith(marker) and "_line(" not in text:
+                return i
+    raise AssertionError(marker)
+
+
+def test_arms_warn_mode_and_restores_it(fake_cuda: FakeMode) -> None:
+    fake_cuda.mode = 0
+    with barrierguard.watch(engine="cuda", policy="record"):
+        assert fake_cuda.mode == 1
+    assert fake_cuda.history == ["warn", 0]
+
+
+def test_kinds_are_read_from_the_user_line(fake_cuda: FakeMode) -> None:
+    t = FakeTensor(2.0)
+    sink = io.StringIO()
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        t.item()  # L-item
+        t.tolist()  # L-tolist
+        t.cpu()  # L-cpu
+        if t:  # L-bool
+            pass
+        int(t)  # L-int
+        float(t)  # L-float
+        text = f"{t:.2f}"  # L-format
+        t[0]  # L-index
+        t[0] = 1.0  # L-setindex
+        print(t, file=sink)  # L-print
+        unique(t)  # L-unique
+        t.backward()  # L-backward
+        del text
+    found = {(line, kind) for (line, kind) in _sites(guard)}
+    expected = {
+        (_line("# L-item"), "item"),
+        (_line("# L-tolist"), "tolist"),
+        (_line("# L-cpu"), "copy"),
+        (_line("# L-bool"), "bool"),
+        (_line("# L-int"), "int"),
+        (_line("# L-float"), "float"),
+        (_line("# L-format"), "format"),
+        (_line("# L-index"), "index"),
+        (_line("# L-setindex"), "index"),
+        (_line("# L-print"), "print"),
+        (_line("# L-unique"), "unique"),
+        (_line("# L-backward"), "backward"),
+    }
+    assert found == expected
+    site = _sites(guard)[(_line("# L-item"), "item")]
+    assert site.function == "test_kinds_are_read_from_the_user_line"
+    assert site.code == "t.item()  # L-item"
+    assert site.origin == "user"
+    assert site.fix.startswith("keep the value on the device")
+    assert _sites(guard)[(_line("# L-cpu"), "copy")].detail == "d2h"
+
+
+def test_sync_warnings_are_swallowed_and_others_pass(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with barrierguard.watch(engine="cuda", policy="record") as guard:
+            guard.step()
+            t.item()
+            warnings.warn("unrelated", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["unrelated"]
+
+
+def test_counts_steps_and_rate(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        t.item()  # setup: before the first step
+        for _ in range(4):
+            guard.step()
+            for _ in range(2):
+                t.item()
+    sites = [s for s in guard.report.sites if s.kind == "item"]
+    setup = next(s for s in sites if s.setup_count)
+    hot = next(s for s in sites if s.step_count)
+    assert (setup.setup_count, setup.step_count) == (1, 0)
+    assert hot.step_count == 8 and hot.per_step == 2.0
+    assert hot.steps == ((1, 4),)
+    assert guard.report.step_syncs == 8
+
+
+def test_warn_policy_one_warning_per_site_at_user_line(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with pytest.warns(barrierguard.SyncWarning) as caught:  # noqa: SIM117
+        with barrierguard.watch(engine="cuda", policy="warn") as guard:
+            guard.step()
+            for _ in range(3):
+                t.item()  # W-site
+    ours = [w for w in caught if w.category is barrierguard.SyncWarning]
+    assert len(ours) == 1
+    assert ours[0].filename == HERE and ours[0].lineno == _line("# W-site")
+    message = str(ours[0].message)
+    assert "item sync" in message and "Fix:" in message and "allow=['item']" in message
+
+
+def test_error_policy_raises_from_the_user_line(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with pytest.raises(barrierguard.SyncError) as info:  # noqa: SIM117
+        with barrierguard.watch(engine="cuda", policy="error") as guard:
+            guard.step()
+            t.item()  # E-site
+    frames = [f for f in traceback.extract_tb(info.value.__traceback__) if f.filename == HERE]
+    assert frames[-1].lineno == _line("# E-site")
+    assert info.value.site is not None and info.value.site["line"] == _line("# E-site")
+    assert guard.report.violations[0].reason == "not allowed"
+    assert fake_cuda.mode == 0
+
+
+@pytest.mark.parametrize(
+    ("allow", "ok"),
+    [
+        (["item"], True),
+        (["tolist"], False),
+        (["user"], True),
+        (["framework:lightning"], False),
+        (["detect/test_cuda.py:*"], True),
+        (["other.py:*"], False),
+    ],
+)
+def test_allow_rules_under_error_policy(fake_cuda: FakeMode, allow: list[str], ok: bool) -> None:
+    t = FakeTensor()
+    guard = barrierguard.watch(engine="cuda", policy="error", allow=allow)
+    try:
+        with guard:
+            guard.step()
+            t.item()
+    except barrierguard.SyncError:
+        assert not ok
+    else:
+        assert ok
+        assert guard.report.sites[0].allowed
+
+
+def test_budget_per_step(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with barrierguard.watch(engine="cuda", policy="error", max_syncs_per_step=2) as guard:
+        for _ in range(3):
+            guard.step()
+            t.item()
+            t.tolist()
+    assert guard.report.ok
+    with pytest.raises(barrierguard.SyncError, match="3 syncs in step 2, budget 2"):  # noqa: SIM117
+        with barrierguard.watch(engine="cuda", policy="error", max_syncs_per_step=2) as guard:
+            guard.step()
+            t.item()
+            guard.step()
+            t.item()
+            t.item()
+            t.item()
+
+
+def test_warmup_steps_are_setup(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with barrierguard.watch(engine="cuda", policy="error", warmup_steps=2) as guard:
+        for _ in range(2):
+            guard.step()
+            t.item()
+    assert guard.report.ok and guard.report.measured_steps == 0
+    assert guard.report.sites[0].setup_count == 2
+
+
+def test_other_thread_recorded_with_name_and_error_deferred(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+
+    def worker() -> None:
+        t.item()
+
+    guard = barrierguard.watch(engine="cuda", policy="error")
+    guard.start()
+    guard.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", barrierguard.SyncWarning)
+        th = threading.Thread(target=worker, name="logger-thread")
+        th.start()
+        th.join()
+    with pytest.raises(barrierguard.SyncError):
+        guard.stop()
+    site = guard.report.sites[0]
+    assert site.threads == ("logger-thread",) and site.function == "worker"
+    assert guard.report.violations[0].thread == "logger-thread"
+
+
+def test_internal_fault_is_reported_not_raised(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from barrierguard.detect import cuda as cuda_engine
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(cuda_engine, "locate", broken)
+    t = FakeTensor(3.0)
+    with barrierguard.watch(engine="cuda", policy="error") as guard:
+        guard.step()
+        assert t.item() == 3.0
+    assert any("internal error" in n and "boom" in n for n in guard.report.notes)
+
+
+@pytest.mark.parametrize("exc_type", [RuntimeError, KeyboardInterrupt])
+def test_everything_restored_after_exception(fake_cuda: FakeMode, exc_type: type) -> None:
+    saved = (torch.Tensor.__dict__.get("to"), torch.cuda.synchronize, warnings.showwarning)
+    with pytest.raises(exc_type), barrierguard.watch(engine="cuda", policy="record"):
+        assert "to" in torch.Tensor.__dict__
+        raise exc_type("interrupted")
+    assert (torch.Tensor.__dict__.get("to"), torch.cuda.synchronize, warnings.showwarning) == saved
+    assert fake_cuda.mode == 0
+
+
+def test_nested_guards_both_record_and_engine_installed_once(fake_cuda: FakeMode) -> None:
+    t = FakeTensor()
+    with barrierguard.watch(engine="cuda", policy="record") as outer:
+        outer.step()
+        t.item()
+        with barrierguard.watch(engine="cuda", policy="record") as inner:
+            inner.step()
+            t.tolist()
+        assert fake_cuda.mode == 1
+    assert fake_cuda.history == ["warn", 0]
+    assert {s.kind for s in outer.report.sites} == {"item", "tolist"}
+    assert {s.kind for s in inner.report.sites} == {"tolist"}
+
+
+def test_synchronize_calls_are_recorded(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        torch.cuda.synchronize()  # S-site
+    site = guard.report.sites[0]
+    assert (site.kind, site.detail, site.line) == ("synchronize", "device", _line("# S-site"))
+
+
+def test_watch_never_changes_results(fake_cuda: FakeMode) -> None:
+    def train() -> list[float]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        out = []
+        for _ in range(10):
+            x = torch.randn(32, 8).to("cpu", non_blocking=True)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        return out
+
+    bare = train()
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        watched = train()
+    assert watched == bare
+    assert guard.report.steps == 10

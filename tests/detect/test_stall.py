@@ -1,0 +1,137 @@
+"""Stall time per site: taken around the call, since the warning comes after the wait."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import barrierguard
+from _fake_cuda import FakeClock, FakeMode, blocking_item
+from barrierguard.detect import cuda as cuda_engine
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(cuda_engine, "_clock", fake)
+    return fake
+
+
+def test_stall_is_the_time_inside_the_call(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.Tensor, "item", blocking_item(clock, 0.020))
+    x = torch.ones(())
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        for _ in range(3):
+            x.item()
+            clock.advance(0.5)  # host work between syncs is not stall
+            guard.step()
+    site = next(s for s in guard.report.sites if s.kind == "item")
+    assert site.stall_count == 3
+    assert site.stall_s == pytest.approx(0.060)
+
+
+def test_host_tensor_reads_are_not_timed(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # item() on a host tensor cannot wait for the device: the wrapper skips the
+    # clock (optimizers call it for every parameter, every step).
+    monkeypatch.setattr(cuda_engine, "_on_device", lambda tensor: tensor.is_cuda)
+    monkeypatch.setattr(torch.Tensor, "item", blocking_item(clock, 0.020))
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        torch.ones(()).item()  # the fake still 'syncs': it is recorded, untimed
+        guard.step()
+    site = next(s for s in guard.report.sites if s.kind == "item")
+    assert site.count == 1
+    assert site.stall_count == 0
+
+
+def test_nested_syncs_are_counted_once(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # format() calls item() inside: only the outermost call keeps time, and a
+    # second sync inside it counts from the end of the first.
+    monkeypatch.setattr(torch.Tensor, "item", blocking_item(clock, 0.010))
+    x = torch.ones(())
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        f"{x:.2f}"  # Tensor.__format__ -> item(): one sync of 10 ms
+    sites = [s for s in guard.report.sites if s.step_count]
+    assert len(sites) == 1 and sites[0].kind == "format"
+    assert sites[0].stall_s == pytest.approx(0.010)
+
+
+def test_untimed_sync_has_no_stall(fake_cuda: FakeMode, clock: FakeClock) -> None:
+    from _fake_cuda import FakeTensor
+
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        FakeTensor().item()  # not a torch call: nothing timed its entry
+    site = guard.report.sites[0]
+    assert site.stall_s is None and site.stall_count == 0
+
+
+def test_sites_rank_by_stall(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.Tensor, "item", blocking_item(clock, 0.050))
+    from _fake_cuda import FakeTensor
+
+    x = torch.ones(())
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        for _ in range(5):
+            FakeTensor().tolist()  # frequent but untimed
+        x.item()  # rare but slow
+    ranked = guard.report.ranked()
+    assert ranked[0].kind == "item"
+    assert "stalled 50.00 ms in all" in str(guard.report)
+
+
+def test_indexing_is_timed_once_it_has_synced(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _fake_cuda import blocking_getitem
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", blocking_getitem(clock, 0.005))
+    x = torch.ones(4)
+    mask = torch.ones(4, dtype=torch.bool)
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        assert "__getitem__" in torch.Tensor.__dict__
+        wrapped_before = torch.Tensor.__getitem__
+        for _ in range(3):
+            x[mask]  # I-site
+        assert torch.Tensor.__getitem__ is not wrapped_before  # timed from now on
+    site = next(s for s in guard.report.sites if s.kind == "index")
+    assert site.count == 3 and site.stall_count == 2
+    assert site.stall_s == pytest.approx(0.010)
+
+
+def test_one_call_that_syncs_many_times_is_one_occurrence(
+    fake_cuda: FakeMode,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # print(t) synchronizes about ten times inside torch's formatting: the user
+    # wrote one barrier, whose stall is the whole wait (here 5 ms, then host work).
+    from _fake_cuda import syncing_repr
+
+    monkeypatch.setattr(torch.Tensor, "__repr__", syncing_repr(clock, 0.005, 10))
+    x = torch.ones(())
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        for _ in range(2):
+            print(x)
+            guard.step()
+    (site,) = [s for s in guard.report.sites if s.step_count]
+    assert site.kind == "print"
+    assert site.count == 2 and site.step_count == 2 and site.per_step == pytest.approx(2 / 3)
+    assert site.events == 20
+    assert site.stall_count == 2 and site.stall_s == pytest.approx(0.010)
+    assert site.to_dict()["events"] == 20
+    assert "stalled 10.00 ms in all, 5.000 ms per occurrence" in str(guard.report)

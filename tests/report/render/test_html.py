@@ -1,0 +1,132 @@
+"""The HTML report: self-contained, escaped, with its table and charts."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from _html_sample import sample_memory, sample_report
+
+from barrierguard import Report
+from barrierguard.report.render.html import render
+
+
+def test_page_is_self_contained() -> None:
+    page = render(sample_report(), memory=sample_memory())
+    for needle in ("<link", " src=", "href=", "@import", "url(", "https://", "//cdn"):
+        assert needle not in page
+    # The one URL is the SVG namespace, which names, never fetches.
+    assert set(re.findall(r"http://[^\"']+", page)) == {"http://www.w3.org/2000/svg"}
+
+
+def test_code_and_fixes_are_escaped() -> None:
+    page = render(sample_report())
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "fix: &lt;b&gt;no&lt;/b&gt;" in page
+    assert page.count("<script>") == 1  # only our own sorting script
+
+
+def test_table_rows_are_ranked_with_sort_keys() -> None:
+    report = sample_report()
+    page = render(report)
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", page.split("<tbody>")[1])
+    assert len(rows) == len(report.sites)
+    codes = [re.search(r"<code>(.*?)</code>", r).group(1) for r in rows]  # type: ignore[union-attr]
+    assert codes[0] == "if (pred &gt; 0.9).any():"  # ranked by stall time first
+    assert 'data-sort="81"' in rows[0]
+    assert "inside module.py:512 (log)" in page
+    assert "[allowed]" in page
+
+
+def test_syncs_chart_has_a_bar_per_step() -> None:
+    report = sample_report(steps=40)
+    page = render(report)
+    bars = re.findall(r'<rect class="bar"[^>]*data-step="(\d+)" data-syncs="(\d+)"', page)
+    assert [int(s) for s, _ in bars] == list(range(41))
+    assert [int(n) for _, n in bars] == list(report.syncs_per_step)
+    assert '<div class="empty" id="no-memory">no memory samples in this report</div>' in page
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [
+        None,
+        {},
+        {"steps": [], "series": {"a": []}},
+        {"steps": [0, 1], "series": {"a": [1.0]}},  # lengths differ
+        {"steps": "abc", "series": {}},
+        {"steps": [0, 1], "series": {"a": ["x", "y"]}},
+    ],
+)
+def test_memory_chart_falls_back_on_missing_or_bad_data(memory: Any) -> None:
+    assert "no memory samples in this report" in render(sample_report(), memory=memory)
+
+
+def test_memory_chart_from_argument() -> None:
+    page = render(sample_report(), memory=sample_memory())
+    assert re.findall(r'data-series="([a-z_]+)"', page) == ["device_allocated", "host_rss"]
+    assert "leak suspected" in page
+    assert "GiB" in page
+
+
+@dataclass(frozen=True)
+class _ReportWithMemory(Report):
+    memory: Any = None
+
+
+def test_memory_chart_from_the_report_field() -> None:
+    base = sample_report()
+    report = _ReportWithMemory(
+        **{**{f: getattr(base, f) for f in base.__dataclass_fields__}, "memory": sample_memory()}
+    )
+    assert 'id="memory-chart"' in render(report)
+
+
+@pytest.mark.parametrize(
+    ("report", "status"),
+    [
+        (Report(engine="none", detection=False, policy="warn"), "no detection"),
+        (Report(engine="cuda", detection=True, policy="warn"), "policy kept"),
+        (sample_report(), "1 violation"),
+    ],
+)
+def test_status_badge(report: Report, status: str) -> None:
+    page = render(report)
+    assert f'id="status">{status}</span>' in page
+
+
+def test_empty_reports_say_so() -> None:
+    assert "no detection ran" in render(Report(engine="none", detection=False, policy="warn"))
+    found = render(Report(engine="cuda", detection=True, policy="warn"))
+    assert "no synchronization found" in found
+    assert "no per-step series" in found
+
+
+def test_ranks_table_marks_the_gating_site() -> None:
+    from _ranks_sample import merged_report
+
+    page = render(merged_report(3))
+    ranks = page.split('<table id="ranks">')[1].split("</table>")[0]
+    rows = re.findall(r'<tr data-rank="(\d+)">(.*?)</tr>', ranks)
+    assert [r for r, _ in rows] == ["0", "1", "2"]
+    cells = [re.findall(r'<td class="num">(.*?)</td>', row) for _, row in rows]
+    assert cells[0][:5] == ["0", "10", "1.00", "4.00", "14.00"]
+    assert cells[0][5] == "8.00"  # the median of the device times known
+    assert cells[1][6].startswith("4.00 <span")  # rank 1 waits for rank 0's line
+    assert "(40% of its step)" in cells[1][6]
+    assert cells[0][6] == "0.00"
+    gating = page.split('id="gating">')[1].split("</div>")[0]
+    assert "<code>train.py:42</code>" in gating and "rank 0 only" in gating
+    assert "4.00 ms per step" in gating
+    assert "&lt;{loss.item()}&gt;" in gating  # escaped
+    sites = page.split("<tbody>")[2]
+    assert '<tr class="gating">' in sites
+    assert "[rank-asymmetric: rank 0 only, gating site]" in sites
+
+
+def test_no_ranks_section_for_one_process() -> None:
+    page = render(sample_report())
+    assert 'id="ranks"' not in page and 'id="gating"' not in page

@@ -1,0 +1,159 @@
+"""The ratchet: baselines, matching by code not line, and the check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from _fake_cuda import FakeMode
+from _gate_helpers import LOOP, run_loop
+from barrierguard import BarrierGuardError, Report, Site
+from barrierguard.report.baseline import (
+    BASELINE_SCHEMA,
+    Baseline,
+    compare,
+    make_baseline,
+    normalize_code,
+    site_key,
+)
+
+
+def _site(**kw: object) -> Site:
+    base: dict[str, object] = {
+        "file": "/repo/pkg/train.py",
+        "line": 10,
+        "function": "train",
+        "code": "loss.item()",
+        "kind": "item",
+        "origin": "user",
+        "count": 4,
+        "step_count": 4,
+        "per_step": 1.0,
+    }
+    base.update(kw)
+    return Site(**base)  # type: ignore[arg-type]
+
+
+def _report(*sites: Site) -> Report:
+    return Report(engine="cuda", detection=True, policy="record", sites=sites)
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("loss.item()", "loss.item()"),
+        ("  loss.item()   # log it", "loss.item()"),
+        ("x  =   loss.item()", "x = loss.item()"),
+        ("print(f'{loss:.2f} # not a comment')", "print(f'{loss:.2f} # not a comment')"),
+        ("d['#'] = t.item()  # real", "d['#'] = t.item()"),
+        ("foo(a,", "foo(a,"),  # a line cut from a longer statement
+        ('"""open docstring', '"""open docstring'),
+    ],
+)
+def test_normalize_code(code: str, expected: str) -> None:
+    assert normalize_code(code) == expected
+
+
+@pytest.mark.parametrize(
+    ("file", "root", "expected"),
+    [
+        ("/repo/pkg/train.py", "/repo", "pkg/train.py"),
+        ("/repo/pkg/train.py", "/repo/pkg", "train.py"),
+        ("/elsewhere/lib/train.py", "/repo", "train.py"),
+        ("/repository/train.py", "/repo", "train.py"),  # a prefix is not a parent
+    ],
+)
+def test_site_key_file_is_relative_to_root_else_basename(
+    file: str, root: str, expected: str
+) -> None:
+    assert site_key(_site(file=file), root) == (expected, "train", "loss.item()", "item")
+
+
+def test_line_numbers_do_not_matter_code_does() -> None:
+    base = make_baseline(_report(_site(line=10)), root="/repo")
+    assert not [f for f in compare(base, _report(_site(line=99)), root="/repo") if f.fails]
+    found = compare(base, _report(_site(line=10, code="loss.tolist()")), root="/repo")
+    assert [f.change for f in found] == ["new", "gone"]
+
+
+@pytest.mark.parametrize(
+    ("now", "change"),
+    [
+        (_site(kind="float"), "new"),
+        (_site(function="validate"), "new"),
+        (_site(file="/repo/pkg/other.py"), "new"),
+        (_site(per_step=1.5), "grew"),
+        (_site(per_step=1.0 + 1e-12), None),  # float noise is no regression
+        (_site(per_step=0.5), None),
+        (_site(allowed=True, kind="float"), None),  # an allowed site never fails
+        (_site(blocking=False, kind="async_d2h"), None),  # a race, not a barrier
+    ],
+)
+def test_compare_changes(now: Site, change: str | None) -> None:
+    base = make_baseline(_report(_site()), root="/repo")
+    found = [f for f in compare(base, _report(now), root="/repo") if f.fails]
+    assert [f.change for f in found] == ([change] if change else [])
+
+
+def test_a_second_identical_line_is_more() -> None:
+    base = make_baseline(_report(_site(line=10)), root="/repo")
+    found = compare(base, _report(_site(line=10), _site(line=12)), root="/repo")
+    assert [f.change for f in found] == ["more"]
+    assert "2 lines now, 1 in the baseline" in found[0].describe()
+
+
+def test_tolerance_admits_small_growth() -> None:
+    base = make_baseline(_report(_site(per_step=1.0)), root="/repo")
+    grown = _report(_site(per_step=1.2))
+    assert [f.change for f in compare(base, grown, root="/repo")] == ["grew"]
+    assert compare(base, grown, root="/repo", tolerance=0.25) == []
+    with pytest.raises(BarrierGuardError, match=r"tolerance=-1 is not valid"):
+        compare(base, grown, tolerance=-1)
+
+
+def test_baseline_round_trips(tmp_path: Path) -> None:
+    base = make_baseline(_report(_site(), _site(kind="float", code="float(x)")), root="/repo")
+    path = tmp_path / "b.json"
+    base.save(path)
+    assert Baseline.load(path) == base
+    assert json.loads(path.read_text())["schema"] == BASELINE_SCHEMA
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"schema": "barrierguard.baseline/9", "sites": []}', "schema 'barrierguard.baseline/9'"),
+        ('{"sites": []}', "schema None is not supported"),
+        ('{"schema": "barrierguard.report/1"}', "this is a report"),
+        ('{"schema": "barrierguard.baseline/1", "sites": {}}', "'sites' must be a list"),
+        ('{"schema": "barrierguard.baseline/1", "sites": [{"file": "a.py"}]}', "sites[0]"),
+        ('{"schema": "barrierguard.baseline/1", "sites": [7]}', "sites[0]"),
+    ],
+)
+def test_bad_baseline_files_name_file_and_problem(
+    tmp_path: Path, content: str, problem: str
+) -> None:
+    path = tmp_path / "bad-baseline.json"
+    path.write_text(content)
+    with pytest.raises(BarrierGuardError) as info:
+        Baseline.load(path)
+    assert str(info.value).startswith(str(path))
+    assert problem in str(info.value)
+
+
+def test_missing_baseline_file(tmp_path: Path) -> None:
+    with pytest.raises(BarrierGuardError, match="no such baseline file"):
+        Baseline.load(tmp_path / "nope.json")
+
+
+def test_real_run_baseline_keys_by_code(fake_cuda: FakeMode, tmp_path: Path) -> None:
+    report = run_loop(tmp_path / "v1", LOOP)
+    base = make_baseline(report, root=str(tmp_path / "v1"))
+    assert [(e.file, e.function, e.code, e.kind, e.line) for e in base.entries] == [
+        ("train.py", "train", "value = loss.item()", "item", 7)
+    ]
+    assert base.entries[0].per_step == pytest.approx(0.75)
