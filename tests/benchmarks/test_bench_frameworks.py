@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from barrierguard import Report, Site
+from barrierguard.report.measures import Timeline
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,3 +39,44 @@ def test_loop_cases_run_and_find_their_syncs(tmp_path: Path) -> None:
     assert cases["clip_grad"]["removed"] == ["clip_grad_nonfinite"]
     assert cases["torchmetrics"]["syncs_per_step_after"] == {}
     assert "| case " in proc.stdout
+    assert cases["torchmetrics"]["predicted_saving_ms"] is None  # the audit times nothing
+    assert cases["torchmetrics"]["stall_ms"] == 0.0
+
+
+def _site(kind: str, mechanism: str, stall: float) -> Site:
+    return Site(
+        file="train.py",
+        line=1,
+        function="main",
+        code="",
+        kind=kind,
+        origin="user",
+        count=10,
+        step_count=10,
+        stall_s=stall,
+        mechanisms=((mechanism, 10),),
+    )
+
+
+def test_the_prediction_is_the_timelines_saving_shared_by_stall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_frameworks
+
+    report = Report(
+        engine="cuda",
+        detection=True,
+        policy="record",
+        sites=(_site("bool", "loss_nan_filter", 0.003), _site("item", "hf_logging", 0.001)),
+        timeline=Timeline(steps=(1, 2, 3, 4), saving_s=0.008),
+    )
+    # 2 ms saving per timed step; the removed site holds 3/4 of the stall.
+    got = bench_frameworks._report_saving_ms(report, {"loss_nan_filter"})
+    assert got == pytest.approx(1.5)
+    assert bench_frameworks._report_saving_ms(report, {"nothing"}) == 0.0
+    assert bench_frameworks._stall_ms(report, {"loss_nan_filter"}) == pytest.approx(
+        3.0
+    )  # per measured step: none here
+    no_timeline = Report(engine="audit", detection=True, policy="record")
+    assert bench_frameworks._report_saving_ms(no_timeline, {"loss_nan_filter"}) is None
