@@ -45,8 +45,8 @@ Reproduce:
 
     (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
     of the suite and keeps the printed tables in ``alternatives.txt``.) The
-    committed ``h200/alternatives.json`` also has a ``lightning`` section: it was
-    measured by this script before those rows moved to ``bench_lightning_shapes.py``.
+    committed ``h200/alternatives.json`` is a run at 2c45661, after the Lightning
+    rows moved to ``bench_lightning_shapes.py``: it has no ``lightning`` section.
 
     CPU smoke run (seconds; the ratios mean nothing there)::
 

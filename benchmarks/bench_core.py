@@ -24,8 +24,8 @@ Reproduce:
 
     (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
     of the suite and keeps the printed tables in ``core.txt``.) The committed
-    ``h200/core.json`` also has a ``pageable_nonblocking`` section: it was
-    measured by this script before that question moved to ``bench_pageable.py``.
+    ``h200/core.json`` is a run at 2c45661, after the pageable-copy question
+    moved to ``bench_pageable.py``: it has no ``pageable_nonblocking`` section.
 
     CPU smoke run (the per-step rounds only, audit engine)::
 

@@ -33,9 +33,9 @@ Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning_costs.py \
         --out benchmarks/results/h200/lightning_costs.json | tee benchmarks/results/h200/lightning_costs.txt
 
-    GPU only (it times the CUDA engine), about 30 s. The committed run named the
-    mechanism with ``mechanism_of`` in the callback, inside the sync handler;
-    that work is now ``frameworks.annotate`` inside the guard's ``_record``.
+    GPU only (it times the CUDA engine), about 30 s. The committed run is at
+    2c45661, where ``frameworks.annotate`` inside the guard's ``_record`` names
+    the mechanism (the run before timed ``mechanism_of`` in the sync handler).
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning_shapes.py --out benchmarks/results/h200/lightning_shapes.json
 
     (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
-    of the suite.) Not yet run on its own: the committed figures are the
-    ``lightning`` section of ``h200/alternatives.json``, measured the same way
-    (5 pairs of 100-step fits) when these rows were part of ``bench_alternatives.py``.
+    of the suite.) The committed ``h200/lightning_shapes.json`` is this script's
+    own run at 2c45661; ``h200/alternatives.json`` no longer has the ``lightning``
+    section these rows had when they were part of ``bench_alternatives.py``.
 
     CPU smoke run (audit engine; the ratios mean nothing there)::
 

@@ -16,9 +16,8 @@ Design:
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_pageable.py --out benchmarks/results/h200/pageable.json
 
-    Not yet run on its own: the committed figures are the ``pageable_nonblocking``
-    section of ``h200/core.json``, measured by ``bench_core.py`` (same code)
-    before this question moved here. GPU only.
+    The committed ``h200/pageable.json`` is this script's own run at 2c45661;
+    ``run_all.sh`` runs it with the rest of the suite. GPU only.
 """
 
 from __future__ import annotations
