@@ -30,11 +30,10 @@ from barrierguard.session.options import (
     make_report_options,
     unknown_options,
 )
+from barrierguard.session.ranks import RANK_REPORT_NAME, REPORT_NAME
 
 __all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "HFBarrierGuardCallback"]
 
-REPORT_NAME = "barrierguard_report.json"
-RANK_REPORT_NAME = "barrierguard_report.rank{rank}.json"
 
 _OPTIONS = (*GUARD_OPTIONS, *REPORT_OPTIONS)
 
@@ -109,12 +108,7 @@ class HFBarrierGuardCallback(TrainerCallback):
         if self._final is not None and (self._guard is None or not self._guard.is_running):
             return self._final
         if self._guard is None:
-            return Report(
-                engine="none",
-                detection=False,
-                policy=self._options.policy,
-                notes=("the callback has not run yet",),
-            )
+            return ranks.not_run_report(self._options.policy)
         return self._guard.report
 
     # -- the Trainer's events ------------------------------------------------------
@@ -143,7 +137,7 @@ class HFBarrierGuardCallback(TrainerCallback):
         finally:
             self._final, self.rank_report_path, self.report_path = ranks.publish(
                 guard.report,
-                rank_file=None if self.rank_reports is False else self._rank_path(args),
+                rank_file=self._rank_path(args),
                 merged_file=self._path(args) if self.merge_ranks else None,
                 merge_ranks=self.merge_ranks,
                 print_report=self.print_report,
@@ -151,13 +145,11 @@ class HFBarrierGuardCallback(TrainerCallback):
             )
 
     def _path(self, args: Any) -> str | None:
-        if self.save_report is False:
-            return None
-        if self.save_report is not True:
-            return os.fspath(self.save_report)
-        return os.path.join(str(getattr(args, "output_dir", None) or "."), REPORT_NAME)
+        return ranks.report_file(self.save_report, lambda: _output_dir(args), REPORT_NAME)
 
-    def _rank_path(self, args: Any) -> str:
-        if not isinstance(self.rank_reports, bool):
-            return os.fspath(self.rank_reports)
-        return os.path.join(str(getattr(args, "output_dir", None) or "."), RANK_REPORT_NAME)
+    def _rank_path(self, args: Any) -> str | None:
+        return ranks.report_file(self.rank_reports, lambda: _output_dir(args), RANK_REPORT_NAME)
+
+
+def _output_dir(args: Any) -> str:
+    return str(getattr(args, "output_dir", None) or ".")

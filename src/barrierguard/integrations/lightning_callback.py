@@ -34,11 +34,10 @@ from barrierguard.session.options import (
     make_report_options,
     unknown_options,
 )
+from barrierguard.session.ranks import RANK_REPORT_NAME, REPORT_NAME
 
 __all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "BarrierGuardCallback"]
 
-REPORT_NAME = "barrierguard_report.json"
-RANK_REPORT_NAME = "barrierguard_report.rank{rank}.json"
 
 _OPTIONS = (*GUARD_OPTIONS, *REPORT_OPTIONS, "log_figures")
 
@@ -127,12 +126,7 @@ class BarrierGuardCallback(pl.Callback):
 
     def _local_report(self) -> Report:
         if self._guard is None:
-            current = Report(
-                engine="none",
-                detection=False,
-                policy=self._options.policy,
-                notes=("the callback has not run yet",),
-            )
+            current = ranks.not_run_report(self._options.policy)
         else:
             current = self._guard.report
         current = replace(current, epochs=tuple(self._epochs))
@@ -256,7 +250,7 @@ class BarrierGuardCallback(pl.Callback):
             local = self._local_report()
             self._final, self.rank_report_path, self.report_path = ranks.publish(
                 local,
-                rank_file=None if self.rank_reports is False else self._rank_path(trainer),
+                rank_file=self._rank_path(trainer),
                 merged_file=self._path(trainer) if self.merge_ranks else None,
                 merge_ranks=self.merge_ranks,
                 print_report=self.print_report,
@@ -264,19 +258,18 @@ class BarrierGuardCallback(pl.Callback):
             )
 
     def _path(self, trainer: pl.Trainer) -> str | None:
-        if self.save_report is False:
-            return None
-        if self.save_report is not True:
-            return os.fspath(self.save_report)
         # trainer.log_dir is a collective under DDP: every rank asks.
-        log_dir = trainer.log_dir or trainer.default_root_dir
-        return os.path.join(log_dir, REPORT_NAME)
+        return ranks.report_file(
+            self.save_report,
+            lambda: trainer.log_dir or trainer.default_root_dir,
+            REPORT_NAME,
+        )
 
-    def _rank_path(self, trainer: pl.Trainer) -> str:
-        if self.rank_reports is not True and self.rank_reports is not False:
-            return os.fspath(self.rank_reports)
+    def _rank_path(self, trainer: pl.Trainer) -> str | None:
         # Not trainer.log_dir: a collective under DDP, which per-rank files avoid.
-        return os.path.join(trainer.default_root_dir, RANK_REPORT_NAME)
+        return ranks.report_file(
+            self.rank_reports, lambda: trainer.default_root_dir, RANK_REPORT_NAME
+        )
 
     # -- checkpoints ------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

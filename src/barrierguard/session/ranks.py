@@ -26,11 +26,15 @@ from barrierguard.report.records import Report
 
 __all__ = [
     "RANK_PLACEHOLDER",
+    "RANK_REPORT_NAME",
+    "REPORT_NAME",
     "barrier",
     "current_rank",
     "merge",
+    "not_run_report",
     "publish",
     "rank_path",
+    "report_file",
     "save",
     "world_size",
 ]
@@ -172,6 +176,43 @@ def merge(local: Report) -> Report | None:
             f"merging the ranks' reports failed ({type(exc).__name__}: {exc}); this is one rank's"
         )
         return replace(local, notes=(*local.notes, note))
+
+
+# The framework adapters' default file names, inside their run's directory.
+REPORT_NAME = "barrierguard_report.json"
+RANK_REPORT_NAME = "barrierguard_report.rank{rank}.json"
+
+
+def report_file(
+    setting: bool | str | os.PathLike[str], directory: Callable[[], str], name: str
+) -> str | None:
+    """Where an adapter's ``save_report``/``rank_reports`` setting writes.
+
+    ``False``: nowhere; a path: that path; ``True``: ``name`` inside
+    ``directory()``, which is called only then (a framework's log directory
+    can be a collective to ask for).
+
+    Example:
+        >>> report_file(True, lambda: "out", REPORT_NAME)
+        'out/barrierguard_report.json'
+        >>> report_file(False, lambda: "out", REPORT_NAME) is None
+        True
+    """
+    if setting is False:
+        return None
+    if setting is not True:
+        return os.fspath(setting)
+    return os.path.join(directory(), name)
+
+
+def not_run_report(policy: str) -> Report:
+    """The report of an adapter whose guard has not started yet."""
+    return Report(
+        engine="none",
+        detection=False,
+        policy=policy,
+        notes=("the callback has not run yet",),
+    )
 
 
 def publish(
