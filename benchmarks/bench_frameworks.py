@@ -36,6 +36,7 @@ Reproduce:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import subprocess
@@ -47,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import median, table, write
+from _common import busy_wait, median, sleep_cycles_per_ms, table, write
 from torch import nn
 
 import barrierguard
@@ -126,8 +127,9 @@ class Loop:
         device_ms: float = 0.0,
     ) -> None:
         self.case, self.hinted, self.device = case, hinted, device
-        self.host_s = host_ms / 1e3
-        self.sleep_cycles = sleep_cycles(device_ms) if device == "cuda" else 0
+        self.host_ms = host_ms
+        on_gpu = device == "cuda" and device_ms > 0
+        self.sleep_cycles = int(device_ms * _cycles_per_ms()) if on_gpu else 0
         width, depth, batch = (32, 1, 8) if smoke else (2048, 4, 512)
         torch.manual_seed(0)
         layers: list[nn.Module] = []
@@ -174,10 +176,8 @@ class Loop:
         self.steps += 1
         if self.case == "torch_save" and self.steps % self.save_every == 0:
             self._save()
-        if self.host_s:
-            end = time.perf_counter() + self.host_s  # the step's other host work
-            while time.perf_counter() < end:
-                pass
+        if self.host_ms:
+            busy_wait(self.host_ms)  # the step's other host work
 
     def _save(self) -> None:
         state = self.model.state_dict()
@@ -210,23 +210,10 @@ class Loop:
         self.save_path.unlink(missing_ok=True)
 
 
-_CYCLES_PER_MS: list[float] = []
-
-
-def sleep_cycles(ms: float) -> int:
-    """The ``torch.cuda._sleep`` argument that keeps the device busy about ``ms``."""
-    if ms <= 0:
-        return 0
-    if not _CYCLES_PER_MS:
-        probe = 2_000_000
-        torch.cuda._sleep(probe)  # warm-up
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(probe)
-        end.record()
-        end.synchronize()
-        _CYCLES_PER_MS.append(probe / start.elapsed_time(end))
-    return int(ms * _CYCLES_PER_MS[0])
+@functools.cache
+def _cycles_per_ms() -> float:
+    """``torch.cuda._sleep`` cycles per ms on this GPU, measured once."""
+    return sleep_cycles_per_ms(probe=2_000_000, samples=1)
 
 
 def count_loop(case: str, hinted: bool, device: str, args: argparse.Namespace) -> Any:
