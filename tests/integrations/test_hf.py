@@ -12,14 +12,7 @@ import barrierguard
 from barrierguard import BarrierGuardError, Report
 
 transformers = pytest.importorskip("transformers")
-from _hf_helpers import trainer  # noqa: E402  (needs transformers)
-
-# The settings the report's hints name for the syncs of a default fit.
-HINTED = {
-    "use_cache": True,
-    "logging_nan_inf_filter": False,
-    "accelerator_config": {"non_blocking": True},
-}
+from _hf_helpers import HINTED, trainer  # noqa: E402  (needs transformers)
 
 
 def _mechanisms(report: Report) -> dict[str, int]:

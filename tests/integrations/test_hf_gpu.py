@@ -18,16 +18,10 @@ from _runif import run_if
 from barrierguard import Report
 
 transformers = pytest.importorskip("transformers")
-from _hf_helpers import trainer  # noqa: E402  (needs transformers)
+from _hf_helpers import HINTED, trainer  # noqa: E402  (needs transformers)
 
 # A GPU fit with the Trainer's own defaults (pinned loader, blocking batch copy).
 ON_GPU = {"use_cpu": False, "dataloader_pin_memory": True}
-# The settings the report's hints name.
-HINTED = {
-    "use_cache": True,
-    "logging_nan_inf_filter": False,
-    "accelerator_config": {"non_blocking": True},
-}
 STEPS = 8
 
 
