@@ -29,6 +29,10 @@ Design:
     * ``item``: ``running[k] += value.item()`` for each of the 8 metrics;
     * ``buffer``: ``MetricBuffer.update(...)`` every step (weighted means, sum,
       max, min, last, count: more work than 8 plain means), ``compute()`` at the end;
+    * ``refs_floor``: not a logger but a floor: it keeps references to the 8
+      tensors and sums them with one ``torch.stack`` every ``FLUSH_EVERY`` steps,
+      with none of the checks, weights, reductions or version counters that make
+      ``MetricBuffer`` correct; what ``buffer`` costs beyond it is their price;
     * ``tm_mean``: 8 torchmetrics ``MeanMetric()`` (default ``nan_strategy``,
       ``"warn"``), ``update(value)`` each;
     * ``tm_mean_disable``: the same with ``nan_strategy="disable"``;
@@ -46,7 +50,15 @@ Design:
     updates: ``time.perf_counter`` around the 8 updates of every step (no
     synchronize inside; for a row that syncs it includes the wait), summed over
     the timed blocks and divided by their steps, so ``MetricBuffer``'s fold
-    every 64 steps is in it.
+    every ``FLUSH_EVERY`` steps is in it (the fold inside ``compute()`` is in the
+    ``end ms`` column, and in the block's time).
+
+    Pace: which side sets the pace of the ``nothing`` row. The host's time per
+    step is the block's time until its last step is queued; the device's (the
+    balanced loop only) is the step's kernels queued back to back, timed with
+    CUDA events. Where the host is slower, the step pays every microsecond of
+    host time that logging adds; where the device is slower, logging's host
+    time hides behind it, up to the difference.
 
     Lightning: a real ``Trainer.fit`` of ``bench_lightning``'s host-bound MLP
     (AdamW, bf16-mixed on a GPU, pinned DataLoader; no progress bar, logger,
@@ -75,7 +87,8 @@ Design:
     ``optimizer.step()``, where Lightning runs ``training_step``.
 
     Output: a table per loop (ms per step, ratio to ``nothing``, host us per
-    step in the 8 updates, syncs per step, at the end and in setup, and where),
+    step in the 8 updates, ms of the end-of-epoch reduction, syncs per step, at
+    the end and in setup, and where) with the balanced loop's pace,
     the probes, the fits, and the goals. The JSON keeps this script's earlier
     top-level keys (``times_s``, ``median_s``, ``ms_per_step``,
     ``item_over_buffer``, ``buffer_over_nothing``) for the balanced loop's
@@ -88,7 +101,7 @@ Reproduce:
 
     (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
     of the suite and keeps the printed tables in ``metrics.txt``.) Expected to
-    take 2-3 minutes on the H200 at the defaults; the script prints its elapsed
+    take 4-5 minutes on the H200 at the defaults; the script prints its elapsed
     time.
 
     CPU smoke run (seconds; the times mean nothing there, the audit engine counts)::
@@ -133,6 +146,7 @@ from _common import (
 
 import barrierguard
 from barrierguard import MetricBuffer
+from barrierguard.metrics.buffer import FLUSH_EVERY
 
 SPECS: dict[str, Any] = {
     "loss": ("mean", "weighted"),
@@ -151,6 +165,10 @@ ROWS: dict[str, str] = {
     "nothing": "computes the 8 metrics and drops them",
     "item": "running[k] += value.item() for each metric",
     "buffer": "MetricBuffer.update(...) every step, compute() at the end",
+    "refs_floor": (
+        "a floor, not a logger: keeps references to the 8 tensors, one torch.stack and a "
+        "column sum every FLUSH_EVERY steps; no checks, weights or version counters"
+    ),
     "tm_mean": "8 torchmetrics MeanMetric() (default nan_strategy='warn')",
     "tm_mean_disable": "8 MeanMetric(nan_strategy='disable')",
     "tm_collection": "the 8 MeanMetric() in a MetricCollection, updated per member",
@@ -219,6 +237,11 @@ class DeviceWork:
             for _ in range(self.cpu_reps):
                 self.cpu_a @ self.cpu_a
 
+    def step(self, i: int) -> dict[str, torch.Tensor]:
+        """The device part of a balanced step: the work, then the metrics."""
+        self.compute()
+        return self.metrics(i)
+
     def metrics(self, i: int) -> dict[str, torch.Tensor]:
         """The 8 metric values of step ``i``: three small kernels, eight 0-d views."""
         out = torch.tanh(self.weight @ (self.x * (1.0 + 1e-3 * (i % 7))))
@@ -233,8 +256,7 @@ def balanced_loop(work: DeviceWork, host_ms: float) -> Loop:
 
     def step(i: int) -> dict[str, torch.Tensor]:
         busy_wait(host_ms)
-        work.compute()
-        return work.metrics(i)
+        return work.step(i)
 
     return step
 
@@ -299,6 +321,42 @@ class BufferLogger(Logger):
 
     def reset(self) -> None:
         self.buf.reset()
+
+
+class FloorLogger(Logger):
+    """The least a logger that keeps device values, without a kernel per step, can do.
+
+    ``MetricBuffer``'s fast path with everything that makes it correct taken out:
+    no metadata checks, no version counters (a value changed in place is summed
+    changed), no weights or per-metric reductions. What ``MetricBuffer`` costs
+    beyond this row is the price of those.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.refs: list[torch.Tensor] = []
+        self.total: torch.Tensor | None = None
+        self.steps = 0
+
+    def log(self, metrics: dict[str, torch.Tensor], n: int) -> None:
+        self.refs.extend(metrics.values())
+        self.steps += 1
+        if self.steps == FLUSH_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self.refs:
+            part = torch.stack(self.refs).view(-1, len(NAMES)).sum(0)
+            self.total = part if self.total is None else self.total + part
+            self.refs, self.steps = [], 0
+
+    def finish(self) -> dict[str, float]:
+        self._fold()
+        if self.total is None:
+            return {}
+        return dict(zip(NAMES, self.total.tolist(), strict=True))
 
 
 class MeanMetricLogger(Logger):
@@ -379,6 +437,8 @@ def make_logger(name: str, device: torch.device) -> Logger:
         return ItemLogger()
     if name == "buffer":
         return BufferLogger()
+    if name == "refs_floor":
+        return FloorLogger()
     if name in TM_ROWS:
         return MeanMetricLogger(
             device,
@@ -420,9 +480,18 @@ def run_block(step: Loop, logger: Logger, steps: int) -> tuple[float, float, flo
 
 
 def time_loop(
-    step: Loop, device: torch.device, rows: Sequence[str], args: argparse.Namespace
+    step: Loop,
+    device: torch.device,
+    rows: Sequence[str],
+    args: argparse.Namespace,
+    device_step: Loop | None = None,
 ) -> dict[str, Any]:
-    """Paired rounds of every row on one loop, after a warm-up block each."""
+    """Paired rounds of every row on one loop, after a warm-up block each.
+
+    With ``device_step`` (the step's device work alone) the record's ``pace`` also
+    has the device's time per step, beside the host's: whichever is longer sets
+    the pace of the ``nothing`` row.
+    """
     loggers = {name: make_logger(name, device) for name in rows}
     for name in rows:
         run_block(step, loggers[name], args.warmup)
@@ -438,6 +507,13 @@ def time_loop(
     rounds = paired_rounds(list(rows), run, args.repeats)
     summary = paired_summary(rounds, rows, args.steps, base="nothing")
     times = {name: [r[name] for r in rounds] for name in rows}
+    # The host's time per step: until the last step of a block is queued, before its
+    # finish() and final sync (the host never waits on the device in the nothing row).
+    host_ms = (
+        median([t - tail for t, tail in zip(times["nothing"], finish["nothing"], strict=True)])
+        * 1e3
+        / args.steps
+    )
     median_s = {name: median(ts) for name, ts in times.items()}
     update_us = {name: sum(s) / (len(s) * args.steps) * 1e6 for name, s in spent.items()}
     return {
@@ -450,7 +526,35 @@ def time_loop(
         "update_us": update_us,
         "update_us_per_metric": {k: v / len(NAMES) for k, v in update_us.items()},
         "finish_ms": {name: median(ts) * 1e3 for name, ts in finish.items()},
+        "pace": {
+            "host_ms_per_step": host_ms,
+            "device_ms_per_step": None
+            if device_step is None or device.type != "cuda"
+            else device_pace(device_step, args.steps),
+        },
     }
+
+
+def device_pace(device_step: Loop, steps: int, repeats: int = 3) -> float:
+    """The device's ms per step: the step's kernels alone, queued back to back.
+
+    The median of ``repeats`` blocks of ``steps`` steps, timed with CUDA events
+    after a warm-up block; with no host work between them the device never idles.
+    """
+    ms = []
+    for i in range(steps):
+        device_step(i)
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(steps):
+            device_step(i)
+        end.record()
+        end.synchronize()
+        ms.append(start.elapsed_time(end) / steps)
+    return median(ms)
 
 
 # -- counting syncs -----------------------------------------------------------------
@@ -807,6 +911,14 @@ def print_original(loop: dict[str, Any]) -> None:
 
 def print_loop(name: str, loop: dict[str, Any], config: dict[str, Any]) -> None:
     print(f"\n## {name} loop: {config}\n")
+    pace = loop.get("pace", {})
+    if pace.get("device_ms_per_step") is not None:
+        host, dev = pace["host_ms_per_step"], pace["device_ms_per_step"]
+        side = "the host" if host > dev else "the device"
+        print(
+            f"pace of the nothing row: host {host:.3f} ms/step, device {dev:.3f} ms/step: "
+            f"{side} sets the pace by {abs(host - dev) * 1e3:.0f} us\n"
+        )
     rows = []
     for row in loop["times_s"]:
         rows.append(
@@ -935,7 +1047,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke test")
     parser.add_argument("--loops", default="balanced,launch", help="balanced, launch or both")
     parser.add_argument("--steps", type=int, default=500, help="steps per timed block")
-    parser.add_argument("--repeats", type=int, default=7, help="paired rounds per loop")
+    parser.add_argument("--repeats", type=int, default=15, help="paired rounds per loop")
     parser.add_argument("--warmup", type=int, default=20, help="steps per row first")
     parser.add_argument("--host-ms", type=float, default=1.0, help="balanced: host preparation")
     parser.add_argument("--device-ms", type=float, default=1.0, help="balanced: device compute")
@@ -1051,10 +1163,12 @@ def measure(
     # 1. Build the loops (the sleep kernel and the launch-bound MLP are calibrated here).
     work = DeviceWork(device, args.device_ms)
     steps: dict[str, Loop] = {}
+    device_steps: dict[str, Loop] = {}
     configs: dict[str, dict[str, Any]] = {}
     for name in args.loops:
         if name == "balanced":
             steps[name] = balanced_loop(work, args.host_ms)
+            device_steps[name] = work.step
             configs[name] = {"host_ms": args.host_ms, "device_ms": args.device_ms}
         else:
             built = attempt("launch loop setup", functools.partial(launch_loop, work, args))
@@ -1067,7 +1181,8 @@ def measure(
         print(f"timing the {name} loop: {len(ROWS)} rows", flush=True)
         t0 = time.perf_counter()
         timing = attempt(
-            f"{name} loop timing", functools.partial(time_loop, step, device, list(ROWS), args)
+            f"{name} loop timing",
+            functools.partial(time_loop, step, device, list(ROWS), args, device_steps.get(name)),
         )
         if timing is not None:
             loops[name] = {"config": configs[name], **timing}

@@ -663,3 +663,47 @@ def test_parameters_are_copied_when_logged() -> None:
         with torch.no_grad():
             scale.add_(1.0)  # the optimizer's in-place step
     assert buf.compute()["scale"] == 3.0
+
+
+def test_later_steps_of_one_element_in_any_shape_fold_in() -> None:
+    buf = MetricBuffer({"loss": "mean", "best": "min"})
+    buf.update(loss=torch.tensor(1.0), best=torch.tensor(3.0))
+    buf.update(loss=torch.tensor(2.0), best=torch.tensor(4.0))  # the plan's first step
+    buf.update(loss=torch.ones(1, 1) * 3.0, best=torch.tensor([0.5]))  # checked at the fold
+    buf.update(loss=torch.tensor(6.0, dtype=torch.float64), best=torch.tensor(2, dtype=torch.int8))
+    assert _pending(buf) == 6
+    assert buf.compute() == {"loss": 3.0, "best": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("bad", "fragment"),
+    [
+        (torch.ones(3), r"loss=<tensor of shape \(3,\) on cpu>\) is not a single value"),
+        (torch.tensor(1 + 2j), r"loss=<complex tensor>\) is not a real value"),
+        (torch.tensor(1.0, device="meta"), r"loss=<tensor of shape \(\) on meta>\) is on another"),
+    ],
+    ids=["many-elements", "complex", "other-device"],
+)
+def test_a_later_step_that_does_not_fit_is_an_error_at_the_fold(
+    bad: torch.Tensor, fragment: str
+) -> None:
+    buf = MetricBuffer({"loss": "mean", "acc": "mean"})
+    buf.update(loss=torch.tensor(1.0), acc=torch.tensor(0.5))
+    buf.update(loss=torch.tensor(1.0), acc=torch.tensor(0.5))  # the plan's first step
+    buf.update(loss=bad, acc=torch.tensor(0.5))  # queued: only type and requires_grad read
+    buf.update(loss=torch.tensor(1.0), acc=torch.tensor(0.5))
+    with pytest.raises(BarrierGuardError, match=fragment) as err:
+        buf.compute()
+    assert "found when the last 3 steps were folded in" in str(err.value)
+    # The steps of that fold are dropped; the buffer goes on from the state before them.
+    assert _pending(buf) == 0
+    buf.update(loss=torch.tensor(4.0), acc=torch.tensor(1.5))
+    assert buf.compute() == {"loss": 2.5, "acc": 1.0}
+
+
+def test_the_first_step_of_a_set_of_names_is_checked_when_logged() -> None:
+    buf = MetricBuffer({"loss": "mean"})
+    buf.update(loss=torch.tensor(1.0))  # claims the device
+    with pytest.raises(BarrierGuardError, match=r"not a single value"):
+        buf.update(loss=torch.ones(2))  # builds the plan: every check runs now
+    assert _pending(buf) == 0

@@ -38,6 +38,7 @@ from barrierguard.metrics.spec import (
     check_torchmetric,
     describe,
     is_number,
+    other_device,
     parse_spec,
     quote_all,
     same_device,
@@ -215,7 +216,9 @@ class MetricBuffer:
         items = kwargs if values is None else {**values, **kwargs}
         n_tensor: torch.Tensor | None = None
         n_float = 1.0
-        if n is not None:
+        if type(n) is int or type(n) is float:
+            n_float = float(n)
+        elif n is not None:
             if isinstance(n, torch.Tensor):
                 if n.numel() != 1:
                     raise BarrierGuardError(
@@ -397,11 +400,7 @@ class MetricBuffer:
         ):
             self._device = device
         elif not same_device(device, self._device):
-            raise BarrierGuardError(
-                f"MetricBuffer.update({name}={describe(tensor)}) is on another device than "
-                f"the buffer: expected a tensor on {self._device} (the device of the "
-                f"buffer's state), or a Python number"
-            )
+            raise other_device(name, tensor, self._device)
 
     def _adopt(self, tensor: torch.Tensor) -> torch.Tensor:
         if self._device is None:
@@ -448,14 +447,18 @@ class MetricBuffer:
     ) -> bool:
         """The fast path: queue one step without any device work.
 
-        Only metadata is read here (type, shape, device, dtype, requires_grad);
-        anything unusual returns ``False`` before any state changes, leaving every
-        check (and error) to the slow path.
+        Only metadata is read here. The first step of a set of names reads all of
+        it (type, shape, device, dtype, requires_grad); later steps read only the
+        type and ``requires_grad``, and the fold's one stack checks the rest for
+        all pending steps at once. Anything unusual returns ``False`` before any
+        state changes, leaving every check (and error) to the slow path.
         """
         if not items:
             return True
-        found = self._plans.get(tuple(items), _UNPLANNED)
-        plan = self._plan_for(items) if found is _UNPLANNED else found
+        plan = self._plans.get(tuple(items), _UNPLANNED)
+        first = plan is _UNPLANNED
+        if first:
+            plan = self._plan_for(items)
         if not isinstance(plan, Plan):
             return False
         for name in plan.numbers:
@@ -467,8 +470,10 @@ class MetricBuffer:
         mark = len(pending)
         for name in plan.order:
             v = items[name]
-            if type(v) is not torch.Tensor or (
-                v.dim() or v.requires_grad or v.device != device or v.dtype in _COMPLEX
+            if (
+                type(v) is not torch.Tensor
+                or v.requires_grad
+                or (first and (v.dim() or v.device != device or v.dtype in _COMPLEX))
             ):
                 admitted = admit(v, device)
                 if admitted is None:

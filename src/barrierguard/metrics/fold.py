@@ -12,26 +12,41 @@ here reads a device value back.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import torch
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.metrics.slots import F64, Plan, Slot
-from barrierguard.metrics.spec import SUM_KINDS, describe
+from barrierguard.metrics.spec import (
+    SUM_KINDS,
+    describe,
+    not_real,
+    not_single_value,
+    other_device,
+)
 
 __all__ = ["flush", "update_cat", "update_number", "update_tensor", "update_torchmetric"]
+
+_VERSION: Final = operator.attrgetter("_version")
 
 
 def flush(plan: Plan, nan: str) -> None:
     """Fold the pending steps of ``plan`` into its block: one stack, a few reductions.
 
+    After the first step of a plan, :meth:`MetricBuffer.update
+    <barrierguard.MetricBuffer.update>` checks only each value's type and
+    ``requires_grad``; the stack checks the rest at once (one element, real,
+    on the plan's device), and a value that fails is explained here.
     The plan is left with no pending steps, whether or not this raises.
 
     Raises:
         BarrierGuardError: A pending tensor was changed in place after it was
-            logged (its version counter moved), so its logged value is lost.
+            logged (its version counter moved), so its logged value is lost; or a
+            pending tensor has more than one element, is complex, or is on
+            another device than the plan.
     """
     steps = plan.steps
     if not steps:
@@ -39,33 +54,60 @@ def flush(plan: Plan, nan: str) -> None:
     values, versions = plan.pending, plan.versions
     weights, wversions, runs = plan.weights, plan.wversions, plan.runs
     plan.clear()
-    if [v._version for v in values] != versions:
+    if list(map(_VERSION, values)) != versions:
         i = next(i for i, v in enumerate(values) if v._version != versions[i])
         raise BarrierGuardError(
             f"MetricBuffer.update({plan.column(i)}=<tensor>) was changed in place "
             f"after it was logged: expected logged tensors to keep their value "
             f"until they are folded in (log a copy, e.g. value.detach().clone())"
         )
-    if [n._version for n in weights] != wversions:
+    if list(map(_VERSION, weights)) != wversions:
         raise BarrierGuardError(
             "MetricBuffer.update(n=<tensor>) was changed in place after it was logged: "
             "expected logged tensors to keep their value until they are folded in "
             "(pass a copy)"
         )
     with torch.no_grad():
-        _fold(plan, values, weights, runs, steps, nan)
+        _fold(plan, _stack(plan, values, steps), weights, runs, steps, nan)
+
+
+def _stack(plan: Plan, values: list[torch.Tensor], steps: int) -> torch.Tensor:
+    """The ``(steps, metrics)`` block of the pending values: the one stack."""
+    try:
+        block: torch.Tensor | None = torch.stack(values)
+    except RuntimeError:  # shapes or devices differ
+        block = None
+    if block is None or block.dim() != 1 or block.device != plan.device or block.is_complex():
+        # Rare: a value of one element in another shape is reshaped; any other
+        # value that does not fit gets the error update() gives it on a first step.
+        block = torch.stack([_fit(plan, i, v, steps) for i, v in enumerate(values)])
+    return block.view(steps, len(plan.order))
+
+
+def _fit(plan: Plan, index: int, value: torch.Tensor, steps: int) -> torch.Tensor:
+    """Pending value ``index`` as a 0-d tensor, or the error that explains why it cannot be."""
+    name = plan.column(index)
+    if value.device != plan.device:
+        error = other_device(name, value, plan.device)
+    elif value.numel() != 1:
+        error = not_single_value(name, value, plan.reductions[index % len(plan.order)])
+    elif value.is_complex():
+        error = not_real(name)
+    else:
+        return value.reshape(())
+    # Found at the fold, not in the update() that logged it: say so.
+    raise BarrierGuardError(f"{error} (found when the last {steps} steps were folded in)")
 
 
 def _fold(
     plan: Plan,
-    values: list[torch.Tensor],
+    block: torch.Tensor,
     weights: list[torch.Tensor],
     runs: list[list[Any]],
     steps: int,
     nan: str,
 ) -> None:
     """The device work of a flush, over the ``(steps, metrics)`` block of values."""
-    block = torch.stack(values).view(steps, len(plan.order))  # the one stack
     if block.dtype != F64:
         block = block.to(F64)
     s_w, s_u, s_min, s_max, s_last = plan.sizes
@@ -157,16 +199,9 @@ def update_tensor(
         BarrierGuardError: ``x`` has more than one element or is complex.
     """
     if x.numel() != 1:
-        raise BarrierGuardError(
-            f"MetricBuffer.update({name}={describe(x)}) is not a single value for "
-            f"reduction {slot.reduction!r}: expected a tensor with one element or a "
-            f"Python number (use reduction 'cat' to keep whole tensors)"
-        )
+        raise not_single_value(name, x, slot.reduction)
     if x.is_complex():
-        raise BarrierGuardError(
-            f"MetricBuffer.update({name}=<complex tensor>) is not a real value: "
-            f"expected a real (float, int or bool) tensor"
-        )
+        raise not_real(name)
     x = x.reshape(())
     a, w, bad = slot.device_row(device)
     red = slot.reduction

@@ -20,7 +20,7 @@ __all__ = ["F64", "FLUSH_EVERY", "Plan", "Slot", "admit"]
 
 F64: Final = torch.float64
 """The dtype of every running state."""
-FLUSH_EVERY: Final = 64
+FLUSH_EVERY: Final = 256
 """Steps of device values a set of names keeps pending before they are folded in."""
 
 
@@ -143,6 +143,7 @@ class Plan:
         "numbers",
         "order",
         "pending",
+        "reductions",
         "runs",
         "sizes",
         "steps",
@@ -162,6 +163,7 @@ class Plan:
 
         names = sorted(slots, key=lambda name: _GROUP_ORDER.index(group(slots[name])))
         self.order = tuple(names)
+        self.reductions = tuple(slots[name].reduction for name in names)
         self.numbers = numbers
         self.device = device
         self.sizes = [sum(group(slots[n]) == g for n in names) for g in _GROUP_ORDER]

@@ -26,6 +26,9 @@ __all__ = [
     "check_torchmetric",
     "describe",
     "is_number",
+    "not_real",
+    "not_single_value",
+    "other_device",
     "parse_spec",
     "quote_all",
     "same_device",
@@ -51,6 +54,32 @@ def describe(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"<tensor of shape {tuple(value.shape)} on {value.device}>"
     return repr(value)
+
+
+def not_single_value(name: str, value: torch.Tensor, reduction: str) -> BarrierGuardError:
+    """The error for a tensor of more than one element logged to a running reduction."""
+    return BarrierGuardError(
+        f"MetricBuffer.update({name}={describe(value)}) is not a single value for "
+        f"reduction {reduction!r}: expected a tensor with one element or a "
+        f"Python number (use reduction 'cat' to keep whole tensors)"
+    )
+
+
+def not_real(name: str) -> BarrierGuardError:
+    """The error for a complex tensor logged to a running reduction."""
+    return BarrierGuardError(
+        f"MetricBuffer.update({name}=<complex tensor>) is not a real value: "
+        f"expected a real (float, int or bool) tensor"
+    )
+
+
+def other_device(name: str, value: torch.Tensor, device: torch.device | None) -> BarrierGuardError:
+    """The error for a tensor logged on another device than the buffer's state."""
+    return BarrierGuardError(
+        f"MetricBuffer.update({name}={describe(value)}) is on another device than "
+        f"the buffer: expected a tensor on {device} (the device of the "
+        f"buffer's state), or a Python number"
+    )
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
