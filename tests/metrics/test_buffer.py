@@ -707,3 +707,17 @@ def test_the_first_step_of_a_set_of_names_is_checked_when_logged() -> None:
     with pytest.raises(BarrierGuardError, match=r"not a single value"):
         buf.update(loss=torch.ones(2))  # builds the plan: every check runs now
     assert _pending(buf) == 0
+
+
+def test_later_steps_keep_no_graph_of_values_that_require_grad() -> None:
+    weight = torch.nn.Parameter(torch.tensor(2.0))
+    buf = MetricBuffer({"loss": "mean", "w": "last"})
+    for step in range(4):
+        loss = weight * float(step)  # a non-leaf that requires grad
+        buf.update(loss=loss, w=weight)
+        with torch.no_grad():
+            weight.add_(1.0)  # the optimizer's in-place step, after the value was logged
+    plans = {id(p): p for p in buf._plans.values() if p is not None}
+    pending = [t for p in plans.values() for t in p.pending]
+    assert pending and not any(t.requires_grad or t.grad_fn is not None for t in pending)
+    assert buf.compute() == {"loss": (0 * 2 + 1 * 3 + 2 * 4 + 3 * 5) / 4, "w": 5.0}

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 # The vocabulary keeps its documented home here (barrierguard.metrics.buffer.FLUSH_EVERY).
 __all__ = ["FLUSH_EVERY", "NAN_POLICIES", "REDUCTIONS", "WEIGHTABLE", "MetricBuffer"]
 
-_COMPLEX: Final = frozenset({torch.complex32, torch.complex64, torch.complex128})
+_TENSOR: Final = torch.Tensor
 _UNPLANNED: Final = object()
 _MAX_PLAN_REBUILDS: Final = 3
 
@@ -448,10 +448,10 @@ class MetricBuffer:
         """The fast path: queue one step without any device work.
 
         Only metadata is read here. The first step of a set of names reads all of
-        it (type, shape, device, dtype, requires_grad); later steps read only the
-        type and ``requires_grad``, and the fold's one stack checks the rest for
-        all pending steps at once. Anything unusual returns ``False`` before any
-        state changes, leaving every check (and error) to the slow path.
+        it (type, number of elements, device, dtype, requires_grad); later steps
+        read only the type and ``requires_grad``, and the fold's one stack checks
+        the rest for all pending steps at once. Anything unusual returns ``False``
+        before any state changes, leaving every check (and error) to the slow path.
         """
         if not items:
             return True
@@ -468,20 +468,21 @@ class MetricBuffer:
         device = plan.device
         pending, versions = plan.pending, plan.versions
         mark = len(pending)
+        queue, version = pending.append, versions.append
         for name in plan.order:
             v = items[name]
-            if (
-                type(v) is not torch.Tensor
-                or v.requires_grad
-                or (first and (v.dim() or v.device != device or v.dtype in _COMPLEX))
-            ):
-                admitted = admit(v, device)
+            if first or type(v) is not _TENSOR:
+                admitted = admit(v, device)  # every check; None: not a fit for the plan
                 if admitted is None:
                     del pending[mark:], versions[mark:]
                     return False
                 v = admitted
-            pending.append(v)
-            versions.append(v._version)
+            elif v.requires_grad:
+                # A view that keeps no graph; a leaf (a parameter the optimizer changes
+                # in place before the fold) is copied.
+                v = v.detach().clone() if v.is_leaf else v.detach()
+            queue(v)
+            version(v._version)
         if plan.sizes[0]:
             weight: float | None = n_float
             if n_tensor is not None:
