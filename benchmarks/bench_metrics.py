@@ -104,6 +104,16 @@ Reproduce:
     take 4-5 minutes on the H200 at the defaults; the script prints its elapsed
     time.
 
+    The balanced loop with the device's side longer (the printed pace says which
+    side set it; about 2 minutes)::
+
+        PYTHONPATH=src python benchmarks/bench_metrics.py --loops balanced --device-ms 1.15 \\
+            --fits 0 --out benchmarks/results/h200/metrics_device_ms_1.15.json
+
+    ``benchmarks/results/h200/metrics_a39d41b.json`` and
+    ``benchmarks/results/h200/metrics_a39d41b_device_ms_1.15.json`` are these two
+    commands run at commit ``a39d41b``, on another lease of an H200.
+
     CPU smoke run (seconds; the times mean nothing there, the audit engine counts)::
 
         PYTHONPATH=src python benchmarks/bench_metrics.py --device cpu --quick
