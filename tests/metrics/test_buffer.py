@@ -721,3 +721,28 @@ def test_later_steps_keep_no_graph_of_values_that_require_grad() -> None:
     pending = [t for p in plans.values() for t in p.pending]
     assert pending and not any(t.requires_grad or t.grad_fn is not None for t in pending)
     assert buf.compute() == {"loss": (0 * 2 + 1 * 3 + 2 * 4 + 3 * 5) / 4, "w": 5.0}
+
+
+@pytest.mark.parametrize("float_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_integer_columns_keep_their_values_beside_narrow_floats(float_dtype: torch.dtype) -> None:
+    count = 2**24 + 1 if float_dtype == torch.float32 else 3001  # not exact in float_dtype
+    buf = MetricBuffer({"loss": "mean", "tokens": "sum", "best": "max"})
+    steps = FLUSH_EVERY + 5  # one fold inside the loop, one in compute()
+    for _ in range(steps):
+        buf.update(
+            loss=torch.tensor(0.5, dtype=float_dtype),
+            tokens=torch.tensor(count),
+            best=torch.tensor(count, dtype=torch.int32),
+        )
+    assert buf.compute() == {"loss": 0.5, "tokens": float(count * steps), "best": float(count)}
+
+
+def test_stacks_lossily_names_the_mixes_that_round() -> None:
+    from barrierguard.metrics.slots import stacks_lossily
+
+    assert stacks_lossily({torch.bfloat16, torch.int64})
+    assert stacks_lossily({torch.float32, torch.int32})
+    assert not stacks_lossily({torch.float32, torch.bfloat16, torch.bool})
+    assert not stacks_lossily({torch.float64, torch.int64})
+    assert not stacks_lossily({torch.int64, torch.int32})
+    assert not stacks_lossily({torch.float32})

@@ -28,7 +28,7 @@ from barrierguard.metrics.fold import (
     update_torchmetric,
 )
 from barrierguard.metrics.readback import read_back
-from barrierguard.metrics.slots import FLUSH_EVERY, Plan, Slot, admit
+from barrierguard.metrics.slots import FLUSH_EVERY, Plan, Slot, admit, stacks_lossily
 from barrierguard.metrics.spec import (
     NAN_POLICIES,
     REDUCTIONS,
@@ -483,6 +483,8 @@ class MetricBuffer:
                 v = v.detach().clone() if v.is_leaf else v.detach()
             queue(v)
             version(v._version)
+        if first:
+            plan.by_column = stacks_lossily({v.dtype for v in pending[mark:]})
         if plan.sizes[0]:
             weight: float | None = n_float
             if n_tensor is not None:

@@ -73,15 +73,31 @@ def flush(plan: Plan, nan: str) -> None:
 
 def _stack(plan: Plan, values: list[torch.Tensor], steps: int) -> torch.Tensor:
     """The ``(steps, metrics)`` block of the pending values: the one stack."""
+    k = len(plan.order)
     try:
-        block: torch.Tensor | None = torch.stack(values)
+        block: torch.Tensor | None = _stack_block(plan, values, k)
     except RuntimeError:  # shapes or devices differ
         block = None
-    if block is None or block.dim() != 1 or block.device != plan.device or block.is_complex():
+    if (
+        block is None
+        or block.shape != (steps, k)
+        or block.device != plan.device
+        or block.is_complex()
+    ):
         # Rare: a value of one element in another shape is reshaped; any other
         # value that does not fit gets the error update() gives it on a first step.
-        block = torch.stack([_fit(plan, i, v, steps) for i, v in enumerate(values)])
-    return block.view(steps, len(plan.order))
+        fit = [_fit(plan, i, v, steps) for i, v in enumerate(values)]
+        block = _stack_block(plan, fit, k)
+    return block
+
+
+def _stack_block(plan: Plan, values: list[torch.Tensor], k: int) -> torch.Tensor:
+    if plan.by_column:
+        # Integer columns beside floats below float64: a stack per column keeps each
+        # column's dtype until its conversion to float64.
+        return torch.stack([torch.stack(values[j::k]).to(F64) for j in range(k)], dim=1)
+    flat = torch.stack(values)
+    return flat.view(-1, k) if flat.dim() == 1 else flat
 
 
 def _fit(plan: Plan, index: int, value: torch.Tensor, steps: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ metadata-only check that a logged value can be queued in a plan.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, Final
@@ -16,7 +17,7 @@ import torch
 
 from barrierguard.metrics.spec import SUM_KINDS, ReductionSpec
 
-__all__ = ["F64", "FLUSH_EVERY", "Plan", "Slot", "admit"]
+__all__ = ["F64", "FLUSH_EVERY", "Plan", "Slot", "admit", "stacks_lossily"]
 
 F64: Final = torch.float64
 """The dtype of every running state."""
@@ -135,6 +136,7 @@ class Plan:
     __slots__ = (
         "a",
         "bad",
+        "by_column",
         "device",
         "groups",
         "host_unit",
@@ -187,6 +189,8 @@ class Plan:
         self.host_weighted = [slots[n] for n in names if group(slots[n]) == "weighted"]
         self.host_unit = [slots[n] for n in names if group(slots[n]) != "weighted"]
         self.lasts = [slots[n] for n in names if slots[n].reduction == "last"]
+        # Set from the first step's dtypes: stack column by column (see stacks_lossily).
+        self.by_column = False
         self.clear()
 
     def clear(self) -> None:
@@ -222,3 +226,20 @@ def admit(value: object, device: torch.device) -> torch.Tensor | None:
     if value.dim():
         value = value.reshape(())
     return value
+
+
+def stacks_lossily(dtypes: set[torch.dtype]) -> bool:
+    """Whether one ``torch.stack`` of values of these dtypes would round some of them.
+
+    Type promotion takes an integer and a float below float64 to that float: an
+    int64 token count stacked with a bfloat16 loss becomes bfloat16 (3001 reads
+    3008). Floats promote to the widest, which keeps every value.
+    """
+    if len(dtypes) < 2:
+        return False
+    promoted = functools.reduce(torch.promote_types, dtypes)
+    return (
+        promoted.is_floating_point
+        and promoted != F64
+        and any(not d.is_floating_point and d != torch.bool for d in dtypes)
+    )
