@@ -90,3 +90,21 @@ def test_two_nccl_ranks_match_one_process(tmp_path: Path) -> None:
     want = reference(torch.device("cpu"))
     got = run_world(2, "nccl", tmp_path / "rank0.json", timeout_s=180.0)
     assert_same(got, want, world=2)
+
+
+@run_if(min_cuda_gpus=1)
+def test_integer_counts_beside_a_bfloat16_loss_stay_exact_without_a_sync() -> None:
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    loss = torch.full((), 0.5, device=device, dtype=torch.bfloat16)
+    tokens = torch.full((), 3001, device=device, dtype=torch.long)
+    buf = MetricBuffer({"loss": "mean", "tokens": "sum"})
+    steps = 600  # two folds inside the loop and one in compute()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(steps):
+            buf.update(loss=loss, tokens=tokens)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    assert buf.compute() == {"loss": 0.5, "tokens": 3001.0 * steps}
