@@ -8,7 +8,7 @@ with one device-to-host transfer in :meth:`MetricBuffer.compute`.
 This module owns the public class and the state it holds: the slots, the device,
 the plans of the fast path with their pending steps, and the per-step control
 flow of :meth:`MetricBuffer.update`. The arithmetic is in the sibling modules.
-It stays some 520 lines, about 210 of them the public docstrings: moving the
+It stays some 530 lines, about 215 of them the public docstrings: moving the
 fast path's planning out would put an attribute lookup on every ``update``.
 """
 
@@ -78,7 +78,10 @@ class MetricBuffer:
     are folded in with host arithmetic. A logged tensor must therefore keep its
     value until it is folded in: one changed in place earlier raises
     :class:`BarrierGuardError` at the fold (tensors that require grad are
-    detached; leaves that require grad, such as parameters, are copied).
+    detached; leaves that require grad, such as parameters, are copied). After
+    the first step of a set of names, ``update`` reads only each tensor's type
+    and ``requires_grad``; the fold's stack checks the rest (one element, real,
+    on the buffer's device) and raises for a value that does not fit.
 
     Args:
         reductions: Metric name to reduction spec, e.g.
@@ -199,10 +202,11 @@ class MetricBuffer:
 
         Raises:
             BarrierGuardError: An unknown name when ``default=None``; a tensor with
-                more than one element for a running reduction; a tensor on another
-                device than the buffer's; a value that is not a number or tensor; a
-                tensor logged earlier was changed in place before this call folded
-                it in.
+                more than one element for a running reduction, a complex tensor or
+                a tensor on another device than the buffer's (for a set of names
+                logged before, raised by the call that folds its step in); a value
+                that is not a number or tensor; a tensor logged earlier was changed
+                in place before this call folded it in.
 
         Example:
             >>> import torch
