@@ -83,8 +83,7 @@ Design:
     probes show the torchmetrics mechanisms no timed row has: a Python float
     given to ``MeanMetric.update``, and ``MetricCollection.update`` with
     ``compute_groups`` on and off. On a machine without CUDA the audit engine
-    counts instead (it says so), and it does not look inside
-    ``optimizer.step()``, where Lightning runs ``training_step``.
+    counts instead (it says so): it reasons which lines would sync on a GPU.
 
     Output: a table per loop (ms per step, ratio to ``nothing``, host us per
     step in the 8 updates, ms of the end-of-epoch reduction, syncs per step, at
@@ -1163,9 +1162,8 @@ def measure(
         + (
             ""
             if engine == "cuda"
-            else " (no CUDA here: the audit engine stands in; it does not look inside "
-            "optimizer.step(), where Lightning runs training_step, and it flags Lightning's "
-            "blocking CPU batch copies)"
+            else " (no CUDA here: the audit engine stands in, and tells which lines would "
+            "sync on a GPU)"
         ),
         flush=True,
     )
