@@ -154,10 +154,11 @@ def test_timing_adds_no_sync() -> None:
         finally:
             torch.cuda.set_sync_debug_mode("warn")
     assert guard.report.timeline is not None
-    # The first window: the steps that end inside it (the start is its first boundary).
+    # The first window: the steps that end inside it (the start is its first boundary),
+    # less the interval up to the first boundary, which was counted as step 0 (setup).
     from barrierguard.session.timeline import WINDOW
 
-    assert len(guard.report.timeline.steps) == WINDOW - 1
+    assert len(guard.report.timeline.steps) == WINDOW - 2
 
 
 def test_print_behind_a_5ms_kernel_is_one_occurrence_with_the_whole_wait(

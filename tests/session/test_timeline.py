@@ -77,13 +77,14 @@ def test_pipelined_loop_runs_ahead_and_measures_the_device() -> None:
         ((0.002,) * 4, (0.001,) * 4, {}, 0.004),  # balanced, serialized: save the stall
         ((0.002,) * 4, (0.0,) * 4, {}, 0.0),  # no sync: nothing to save
         ((0.002,) * 4, (0.0015,) * 4, {}, 0.002),  # capped by host busy time
-        ((0.002,) * 4, (0.001,) * 4, dict.fromkeys(range(1, 5), 0.0018), 0.0008),
+        ((0.002,) * 4, (0.001,) * 4, dict.fromkeys(range(2, 6), 0.0018), 0.0008),
     ],
 )
 def test_saving_never_exceeds_the_overlap(
     host: tuple[float, ...], stall: tuple[float, ...], device: dict[int, float], saving: float
 ) -> None:
-    t = summarize([1, 2, 3, 4], host, [0, 0, 0, 0], device, [0.0, *stall], 0)
+    # The interval that ends at boundary s was counted as step s - 1.
+    t = summarize([2, 3, 4, 5], host, [0, 0, 0, 0], device, [0.0, *stall], 0)
     assert t.saving_s == pytest.approx(saving)
     assert t.serialized is (sum(stall) > 0)
     if t.serialized:
@@ -91,9 +92,18 @@ def test_saving_never_exceeds_the_overlap(
 
 
 def test_warmup_steps_are_left_out() -> None:
-    t = summarize([1, 2, 3], [0.01, 0.002, 0.002], [0, 0, 0], {}, [0.0, 0.01, 0.001, 0.001], 1)
-    assert t.steps == (2, 3)
+    host = [0.01, 0.01, 0.002, 0.002]
+    t = summarize([1, 2, 3, 4], host, [0, 0, 0, 0], {}, [0.0, 0.0, 0.001, 0.001, 0.05], 1)
+    assert t.steps == (3, 4)  # the intervals counted as steps 2 and 3, past the warm-up
     assert t.saving_s == pytest.approx(0.002)
+
+
+def test_each_interval_takes_the_stall_counted_in_it() -> None:
+    # Boundary s ends the interval whose syncs were counted as step s - 1: the 9 ms
+    # stall of step 1 belongs to the 10 ms interval that ends at boundary 2.
+    t = summarize([2, 3], [0.010, 0.002], [0, 0], {}, [0.0, 0.009, 0.0], 0)
+    assert t.stall_s == (0.009, 0.0)
+    assert t.saving_s == pytest.approx(0.001)  # capped by that interval's 1 ms of host work
 
 
 def test_host_ahead_is_said_in_words() -> None:
@@ -111,7 +121,8 @@ def test_guard_reports_the_timeline(fake_cuda: FakeMode, monkeypatch: pytest.Mon
             clock.advance(0.001)
             guard.step()
     timeline = guard.report.timeline
-    assert timeline is not None and timeline.steps == (1, 2, 3)
+    # The interval up to the first boundary was counted as step 0, setup.
+    assert timeline is not None and timeline.steps == (2, 3)
     again = barrierguard.Report.from_dict(guard.report.to_dict()).timeline
     assert again == timeline
     assert "timing:" in str(guard.report)
@@ -134,3 +145,23 @@ def test_only_steps_in_a_window_are_timed() -> None:
     assert tl.steps == [1, 2, 10, 11, 12, 20, 21, 22]
     assert tl.host_s == pytest.approx([0.001] * len(tl.steps))
     assert device.recorded == 1 + len(tl.steps)
+
+
+def test_the_first_window_reports_its_steps_past_setup(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from barrierguard.session.timeline import WINDOW
+
+    clock, device = FakeClock(), FakeDevice()
+    monkeypatch.setattr(
+        _guard, "_make_timeline", lambda: StepTimeline(clock=clock, make_event=device.event)
+    )
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        for _ in range(50):
+            clock.advance(0.001)
+            device.reach(device.recorded, clock.now)
+            guard.step()
+    timeline = guard.report.timeline
+    # Boundaries 1 .. WINDOW - 1 end inside the first window; the interval up to
+    # boundary 1 was counted as step 0, setup.
+    assert timeline is not None and timeline.steps == tuple(range(2, WINDOW))

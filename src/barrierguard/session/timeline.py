@@ -192,15 +192,20 @@ def summarize(
 ) -> Timeline:
     """The timeline of the measured steps, the saving, and a verdict in words.
 
+    ``steps[i]`` is the boundary that ended the interval timed in ``host_s[i]``;
+    syncs in that interval were counted while the guard's step was one less,
+    so its stall is ``step_stall[steps[i] - 1]``, and it is measured (not
+    setup) when that step is past ``warmup``.
+
     Example:
-        >>> t = summarize([1, 2], [0.002, 0.002], [0, 0], {}, [0.0, 0.001, 0.001], 0)
+        >>> t = summarize([2, 3], [0.002, 0.002], [0, 0], {}, [0.0, 0.001, 0.001], 0)
         >>> round(t.saving_s, 4), t.serialized
         (0.002, True)
     """
     rows = [
-        (s, h, a, device_s.get(s), step_stall[s] if s < len(step_stall) else 0.0)
+        (s, h, a, device_s.get(s), step_stall[s - 1] if s - 1 < len(step_stall) else 0.0)
         for s, h, a in zip(steps, host_s, ahead, strict=True)
-        if s > warmup
+        if s - 1 > warmup
     ]
     saving = 0.0
     for _, wall, _, device, stall in rows:
