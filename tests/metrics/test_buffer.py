@@ -746,3 +746,13 @@ def test_stacks_lossily_names_the_mixes_that_round() -> None:
     assert not stacks_lossily({torch.float64, torch.int64})
     assert not stacks_lossily({torch.int64, torch.int32})
     assert not stacks_lossily({torch.float32})
+
+
+def test_steps_are_checked_when_logged_until_one_passes() -> None:
+    buf = MetricBuffer({"loss": "mean"})
+    buf.update(loss=torch.tensor(1.0))  # claims the device
+    for bad in (torch.ones(2), torch.ones(3)):
+        with pytest.raises(BarrierGuardError, match=r"not a single value"):
+            buf.update(loss=bad)  # the plan has no checked step yet: raised at the call
+    buf.update(loss=torch.tensor(3.0))
+    assert buf.compute() == {"loss": 2.0}

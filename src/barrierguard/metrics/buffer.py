@@ -451,20 +451,21 @@ class MetricBuffer:
     ) -> bool:
         """The fast path: queue one step without any device work.
 
-        Only metadata is read here. The first step of a set of names reads all of
-        it (type, number of elements, device, dtype, requires_grad); later steps
-        read only the type and ``requires_grad``, and the fold's one stack checks
-        the rest for all pending steps at once. Anything unusual returns ``False``
-        before any state changes, leaving every check (and error) to the slow path.
+        Only metadata is read here. The steps of a set of names read all of it
+        (type, number of elements, device, dtype, requires_grad) until one
+        passes; later steps read only the type and ``requires_grad``, and the
+        fold's one stack checks the rest for all pending steps at once. Anything
+        unusual returns ``False`` before any state changes, leaving every check
+        (and error) to the slow path.
         """
         if not items:
             return True
         plan = self._plans.get(tuple(items), _UNPLANNED)
-        first = plan is _UNPLANNED
-        if first:
+        if plan is _UNPLANNED:
             plan = self._plan_for(items)
         if not isinstance(plan, Plan):
             return False
+        first = not plan.checked  # until one step has passed every check
         for name in plan.numbers:
             x = items[name]
             if type(x) is not float and type(x) is not int and not is_number(x):
@@ -487,8 +488,6 @@ class MetricBuffer:
                 v = v.detach().clone() if v.is_leaf else v.detach()
             queue(v)
             version(v._version)
-        if first:
-            plan.by_column = stacks_lossily({v.dtype for v in pending[mark:]})
         if plan.sizes[0]:
             weight: float | None = n_float
             if n_tensor is not None:
@@ -508,6 +507,9 @@ class MetricBuffer:
         plan.steps += 1
         if plan.steps == 1:
             self._pending[id(plan)] = plan
+        if first:
+            plan.by_column = stacks_lossily({v.dtype for v in pending[mark:]})
+            plan.checked = True
         for name in plan.numbers:
             slot = self._slots[name]
             if slot.reduction == "last" and slot.plan is not None and slot.plan.steps:

@@ -137,6 +137,7 @@ class Plan:
         "a",
         "bad",
         "by_column",
+        "checked",
         "device",
         "groups",
         "host_unit",
@@ -189,7 +190,9 @@ class Plan:
         self.host_weighted = [slots[n] for n in names if group(slots[n]) == "weighted"]
         self.host_unit = [slots[n] for n in names if group(slots[n]) != "weighted"]
         self.lasts = [slots[n] for n in names if slots[n].reduction == "last"]
-        # Set from the first step's dtypes: stack column by column (see stacks_lossily).
+        # Whether a step passed every check, and from its dtypes, whether to stack
+        # column by column (see stacks_lossily).
+        self.checked = False
         self.by_column = False
         self.clear()
 
