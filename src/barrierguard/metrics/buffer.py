@@ -28,7 +28,14 @@ from barrierguard.metrics.fold import (
     update_torchmetric,
 )
 from barrierguard.metrics.readback import read_back
-from barrierguard.metrics.slots import FLUSH_EVERY, Plan, Slot, admit, stacks_lossily
+from barrierguard.metrics.slots import (
+    FLUSH_EVERY,
+    Plan,
+    Slot,
+    admit,
+    detached,
+    stacks_lossily,
+)
 from barrierguard.metrics.spec import (
     NAN_POLICIES,
     REDUCTIONS,
@@ -483,9 +490,7 @@ class MetricBuffer:
                     return False
                 v = admitted
             elif v.requires_grad:
-                # A view that keeps no graph; a leaf (a parameter the optimizer changes
-                # in place before the fold) is copied.
-                v = v.detach().clone() if v.is_leaf else v.detach()
+                v = detached(v)
             queue(v)
             version(v._version)
         if plan.sizes[0]:

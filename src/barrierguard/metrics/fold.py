@@ -19,7 +19,7 @@ from typing import Any, Final
 import torch
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.metrics.slots import F64, Plan, Slot
+from barrierguard.metrics.slots import F64, Plan, Slot, admit
 from barrierguard.metrics.spec import (
     SUM_KINDS,
     describe,
@@ -102,15 +102,16 @@ def _stack_block(plan: Plan, values: list[torch.Tensor], k: int) -> torch.Tensor
 
 def _fit(plan: Plan, index: int, value: torch.Tensor, steps: int) -> torch.Tensor:
     """Pending value ``index`` as a 0-d tensor, or the error that explains why it cannot be."""
+    fit = admit(value, plan.device)  # the fast path's own test of a value
+    if fit is not None:
+        return fit
     name = plan.column(index)
     if value.device != plan.device:
         error = other_device(name, value, plan.device)
     elif value.numel() != 1:
         error = not_single_value(name, value, plan.reductions[index % len(plan.order)])
-    elif value.is_complex():
-        error = not_real(name)
     else:
-        return value.reshape(())
+        error = not_real(name)
     # Found at the fold, not in the update() that logged it: say so.
     raise BarrierGuardError(f"{error} (found when the last {steps} steps were folded in)")
 

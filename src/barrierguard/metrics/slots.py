@@ -17,7 +17,7 @@ import torch
 
 from barrierguard.metrics.spec import SUM_KINDS, ReductionSpec
 
-__all__ = ["F64", "FLUSH_EVERY", "Plan", "Slot", "admit", "stacks_lossily"]
+__all__ = ["F64", "FLUSH_EVERY", "Plan", "Slot", "admit", "detached", "stacks_lossily"]
 
 F64: Final = torch.float64
 """The dtype of every running state."""
@@ -222,13 +222,20 @@ def admit(value: object, device: torch.device) -> torch.Tensor | None:
         # Includes "cuda" vs "cuda:0": the slow path claims the device or explains.
         return None
     if value.requires_grad:
-        # A leaf that requires grad is most likely a parameter that the optimizer
-        # changes in place before the flush: keep a copy of its value. Any other
-        # value keeps no graph alive once detached (a view, no kernel).
-        value = value.detach().clone() if value.is_leaf else value.detach()
+        value = detached(value)
     if value.dim():
         value = value.reshape(())
     return value
+
+
+def detached(value: torch.Tensor) -> torch.Tensor:
+    """A value that requires grad, as it can wait for the fold.
+
+    A leaf is most likely a parameter that the optimizer changes in place before
+    the fold: its value is copied. Any other value keeps no graph alive once
+    detached (a view, no kernel).
+    """
+    return value.detach().clone() if value.is_leaf else value.detach()
 
 
 def stacks_lossily(dtypes: set[torch.dtype]) -> bool:
