@@ -111,11 +111,20 @@ def test_host_ahead_is_said_in_words() -> None:
     assert not t.serialized and "2 step(s) ahead" in t.summary
 
 
-def test_guard_reports_the_timeline(fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def guard_timeline(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FakeClock, FakeDevice]:
+    """The guard's timeline runs on a fake clock and fake device events."""
     clock, device = FakeClock(), FakeDevice()
     monkeypatch.setattr(
         _guard, "_make_timeline", lambda: StepTimeline(clock=clock, make_event=device.event)
     )
+    return clock, device
+
+
+def test_guard_reports_the_timeline(guard_timeline: tuple[FakeClock, FakeDevice]) -> None:
+    clock, _ = guard_timeline
     with barrierguard.watch(engine="cuda", policy="record") as guard:
         for _ in range(3):
             clock.advance(0.001)
@@ -148,14 +157,11 @@ def test_only_steps_in_a_window_are_timed() -> None:
 
 
 def test_the_first_window_reports_its_steps_past_setup(
-    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+    guard_timeline: tuple[FakeClock, FakeDevice],
 ) -> None:
     from barrierguard.session.timeline import WINDOW
 
-    clock, device = FakeClock(), FakeDevice()
-    monkeypatch.setattr(
-        _guard, "_make_timeline", lambda: StepTimeline(clock=clock, make_event=device.event)
-    )
+    clock, device = guard_timeline
     with barrierguard.watch(engine="cuda", policy="record") as guard:
         for _ in range(50):
             clock.advance(0.001)
