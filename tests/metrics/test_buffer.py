@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import math
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import barrierguard
 from barrierguard import MetricBuffer
 from barrierguard._errors import BarrierGuardError
 from barrierguard.metrics.buffer import FLUSH_EVERY, NAN_POLICIES, REDUCTIONS, WEIGHTABLE
+from barrierguard.metrics.slots import HOLD_BYTES
 
 # Same reason: the first meta-device stack imports sympy, which adds a warnings filter.
 with contextlib.suppress(RuntimeError):
@@ -652,6 +655,81 @@ def test_tensor_changed_in_place_before_the_flush_is_an_error() -> None:
     buf.update(total=running)
     running.add_(5.0)  # the logged value is lost: say so instead of summing 5
     with pytest.raises(BarrierGuardError, match=r"total=<tensor>\) was changed in place"):
+        buf.compute()
+
+
+def _steady(buf: MetricBuffer) -> list[Any]:
+    """The plans whose later steps update() queues itself."""
+    return [p for p in buf._plans.values() if p is not None and p.steady]
+
+
+@pytest.mark.parametrize("kind", ["view", "detached-view", "weight", "first-step"])
+def test_views_into_large_tensors_do_not_keep_them_alive(kind: str) -> None:
+    buf = MetricBuffer({"first": ("mean", "weighted"), "loss": "mean"})
+    if kind != "first-step":
+        buf.update(first=torch.tensor(0.0), loss=torch.tensor(0.0))  # claims the device
+        buf.update(first=torch.tensor(0.0), loss=torch.tensor(0.0))  # the plan's first step
+    bases = []
+    for step in range(6):
+        big = torch.full((64, 64), float(step))  # 16 KiB, over HOLD_BYTES
+        bases.append(weakref.ref(big))
+        first = big[1, 2] if kind != "detached-view" else big[1, 2].detach()
+        n: Any = big[0, 0] + 1 if kind != "weight" else big[0, :1]
+        buf.update(first=first, loss=big.sum() / big.numel(), n=n)
+        del big, first, n
+    gc.collect()
+    assert [ref() for ref in bases] == [None] * 6
+    plans = [p for p in buf._plans.values() if p is not None]
+    held = [t for p in plans for t in [*p.pending, *p.weights]]
+    assert held  # still pending, but as copies: a detached view shares its base's storage
+    assert max(t.untyped_storage().nbytes() for t in held) <= HOLD_BYTES
+    out = buf.compute()
+    weights = list(range(6)) if kind == "weight" else [s + 1 for s in range(6)]
+    skip = 0 if kind == "first-step" else 2  # two steps of 0.0, weight 1
+    want = sum(s * w for s, w in zip(range(6), weights, strict=True)) / (sum(weights) + skip)
+    assert out["first"] == pytest.approx(want)
+    assert out["loss"] == pytest.approx(15 / (6 + skip))
+
+
+def test_small_views_and_fresh_values_are_held_not_copied() -> None:
+    buf = MetricBuffer({"a": "mean", "b": "max", "loss": "mean"})
+    for _ in range(3):
+        row = torch.arange(3.0)  # 12 bytes: a view into it keeps little alive
+        a, b = row.unbind(0)[:2]
+        loss = (row * 2).sum()
+        buf.update(a=a, b=b, loss=loss)
+    (plan,) = _steady(buf)
+    assert {id(t) for t in plan.pending[-3:]} == {id(a), id(b), id(loss)}
+    assert buf.compute() == {"a": 0.0, "b": 1.0, "loss": 6.0}
+
+
+def test_a_number_for_a_name_logged_as_a_tensor_leaves_the_hot_path() -> None:
+    buf = MetricBuffer({"loss": "mean", "lr": "last"})
+    for step in range(3):
+        buf.update(loss=torch.tensor(float(step)), lr=torch.tensor(0.1))
+    assert _steady(buf)
+    buf.update(loss=1.5, lr=torch.tensor(0.2))  # a Python number: the slow path folds it
+    buf.update(loss=torch.tensor(4.5), lr=torch.tensor(0.3))
+    out = buf.compute()
+    assert out["loss"] == pytest.approx((0 + 1 + 2 + 1.5 + 4.5) / 5)
+    assert out["lr"] == pytest.approx(0.3)
+
+
+def test_a_pending_value_that_is_not_a_tensor_is_an_error_at_the_fold() -> None:
+    class LooksLikeATensor:
+        """Has what the hot path reads of a tensor, and nothing else."""
+
+        _version = 0
+        requires_grad = False
+
+        def untyped_storage(self) -> torch.UntypedStorage:
+            return torch.UntypedStorage(4)
+
+    buf = MetricBuffer({"loss": "mean"})
+    for _ in range(2):
+        buf.update(loss=torch.tensor(1.0))
+    buf.update(loss=LooksLikeATensor())
+    with pytest.raises(BarrierGuardError, match=r"loss=<.*LooksLikeATensor.*is not a valid value"):
         buf.compute()
 
 

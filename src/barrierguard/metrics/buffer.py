@@ -33,8 +33,7 @@ from barrierguard.metrics.slots import (
     Plan,
     Slot,
     admit,
-    detached,
-    stacks_lossily,
+    holdable,
 )
 from barrierguard.metrics.spec import (
     NAN_POLICIES,
@@ -84,11 +83,14 @@ class MetricBuffer:
     into the state with one ``torch.stack`` and a few reductions. Python numbers
     are folded in with host arithmetic. A logged tensor must therefore keep its
     value until it is folded in: one changed in place earlier raises
-    :class:`BarrierGuardError` at the fold (tensors that require grad are
-    detached; leaves that require grad, such as parameters, are copied). After
-    the first step of a set of names, ``update`` reads only each tensor's type
-    and ``requires_grad``; the fold's stack checks the rest (one element, real,
-    on the buffer's device) and raises for a value that does not fit.
+    :class:`BarrierGuardError` at the fold. Tensors that require grad are
+    detached. Two kinds are copied, one element with one kernel: leaves that
+    require grad, such as parameters, and views into a storage larger than
+    :data:`~barrierguard.metrics.slots.HOLD_BYTES` (``logits[0, 0]`` would
+    otherwise keep ``logits`` alive). After the first step of a set of names,
+    ``update`` reads only each tensor's version counter, ``requires_grad`` and
+    storage size; the fold's stack checks the rest (one element, real, on the
+    buffer's device) and raises for a value that does not fit.
 
     Args:
         reductions: Metric name to reduction spec, e.g.
@@ -224,7 +226,20 @@ class MetricBuffer:
             >>> buf.compute()["loss"]
             2.5
         """
-        items = kwargs if values is None else {**values, **kwargs}
+        items = kwargs if values is None else {**values, **kwargs} if kwargs else values
+        # The hot path: a set of names logged before, tensors only, a Python weight.
+        plan = self._plans.get(tuple(items))
+        if (
+            plan is not None
+            and plan.steady
+            and (n is None or type(n) is int or type(n) is float)
+            and plan.queue(items, 1.0 if n is None else float(n))
+        ):
+            if plan.steps == 1:
+                self._pending[id(plan)] = plan
+            if plan.steps >= FLUSH_EVERY:
+                self._flush(plan)
+            return
         n_tensor: torch.Tensor | None = None
         n_float = 1.0
         if type(n) is int or type(n) is float:
@@ -459,11 +474,15 @@ class MetricBuffer:
         """The fast path: queue one step without any device work.
 
         Only metadata is read here. The steps of a set of names read all of it
-        (type, number of elements, device, dtype, requires_grad) until one
-        passes; later steps read only the type and ``requires_grad``, and the
-        fold's one stack checks the rest for all pending steps at once. Anything
-        unusual returns ``False`` before any state changes, leaving every check
-        (and error) to the slow path.
+        (type, number of elements, device, dtype, requires_grad, storage size)
+        until one passes; later steps read only the type, ``requires_grad`` and
+        storage size (see :func:`~barrierguard.metrics.slots.holdable`), and
+        the fold's one stack checks the rest for all pending steps at once.
+        :meth:`update` queues the later steps of a plan of tensors with a
+        Python weight itself (:meth:`Plan.queue
+        <barrierguard.metrics.slots.Plan.queue>`). Anything unusual returns
+        ``False`` before any state changes, leaving every check (and error) to
+        the slow path.
         """
         if not items:
             return True
@@ -489,8 +508,12 @@ class MetricBuffer:
                     del pending[mark:], versions[mark:]
                     return False
                 v = admitted
-            elif v.requires_grad:
-                v = detached(v)
+            else:
+                try:
+                    v = holdable(v)
+                except RuntimeError:  # no storage: the slow path folds it now
+                    del pending[mark:], versions[mark:]
+                    return False
             queue(v)
             version(v._version)
         if plan.sizes[0]:
@@ -499,8 +522,11 @@ class MetricBuffer:
                 if n_tensor.device != device:
                     del pending[mark:], versions[mark:]
                     return False
-                if n_tensor.requires_grad:
-                    n_tensor = n_tensor.detach()
+                try:
+                    n_tensor = holdable(n_tensor)
+                except RuntimeError:  # no storage: the slow path folds it now
+                    del pending[mark:], versions[mark:]
+                    return False
                 plan.weights.append(n_tensor)
                 plan.wversions.append(n_tensor._version)
                 weight = None
@@ -513,8 +539,7 @@ class MetricBuffer:
         if plan.steps == 1:
             self._pending[id(plan)] = plan
         if first:
-            plan.by_column = stacks_lossily({v.dtype for v in pending[mark:]})
-            plan.checked = True
+            plan.check({v.dtype for v in pending[mark:]})
         for name in plan.numbers:
             slot = self._slots[name]
             if slot.reduction == "last" and slot.plan is not None and slot.plan.steps:

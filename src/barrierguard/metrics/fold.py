@@ -4,9 +4,9 @@ Owns the arithmetic of every running reduction under every NaN policy, in its
 two forms: per value, for the slow path of :meth:`MetricBuffer.update
 <barrierguard.MetricBuffer.update>` (:func:`update_tensor`, :func:`update_number`,
 :func:`update_cat`), and per block of pending steps, for the fast path
-(:func:`flush`, which checks that no pending tensor changed and folds a whole
-:class:`~barrierguard.metrics.slots.Plan` in with one ``torch.stack``). Nothing
-here reads a device value back.
+(:func:`flush`, which folds a whole :class:`~barrierguard.metrics.slots.Plan`
+in with one ``torch.stack``, after checking that no pending tensor changed).
+Nothing here reads a device value back.
 """
 
 from __future__ import annotations
@@ -54,6 +54,20 @@ def flush(plan: Plan, nan: str) -> None:
     values, versions = plan.pending, plan.versions
     weights, wversions, runs = plan.weights, plan.wversions, plan.runs
     plan.clear()
+    with torch.no_grad():
+        # The stack first: the version counters it leaves in the cache are then cheap.
+        block = _stack(plan, values, steps)
+        _check_versions(plan, values, versions)
+        if list(map(_VERSION, weights)) != wversions:
+            raise BarrierGuardError(
+                "MetricBuffer.update(n=<tensor>) was changed in place after it was logged: "
+                "expected logged tensors to keep their value until they are folded in "
+                "(pass a copy)"
+            )
+        _fold(plan, block, weights, runs, steps, nan)
+
+
+def _check_versions(plan: Plan, values: list[torch.Tensor], versions: list[int]) -> None:
     if list(map(_VERSION, values)) != versions:
         i = next(i for i, v in enumerate(values) if v._version != versions[i])
         raise BarrierGuardError(
@@ -61,14 +75,6 @@ def flush(plan: Plan, nan: str) -> None:
             f"after it was logged: expected logged tensors to keep their value "
             f"until they are folded in (log a copy, e.g. value.detach().clone())"
         )
-    if list(map(_VERSION, weights)) != wversions:
-        raise BarrierGuardError(
-            "MetricBuffer.update(n=<tensor>) was changed in place after it was logged: "
-            "expected logged tensors to keep their value until they are folded in "
-            "(pass a copy)"
-        )
-    with torch.no_grad():
-        _fold(plan, _stack(plan, values, steps), weights, runs, steps, nan)
 
 
 def _stack(plan: Plan, values: list[torch.Tensor], steps: int) -> torch.Tensor:
@@ -76,7 +82,7 @@ def _stack(plan: Plan, values: list[torch.Tensor], steps: int) -> torch.Tensor:
     k = len(plan.order)
     try:
         block: torch.Tensor | None = _stack_block(plan, values, k)
-    except RuntimeError:  # shapes or devices differ
+    except (RuntimeError, TypeError):  # shapes or devices differ, or not a tensor
         block = None
     if (
         block is None
@@ -100,13 +106,18 @@ def _stack_block(plan: Plan, values: list[torch.Tensor], k: int) -> torch.Tensor
     return flat.view(-1, k) if flat.dim() == 1 else flat
 
 
-def _fit(plan: Plan, index: int, value: torch.Tensor, steps: int) -> torch.Tensor:
+def _fit(plan: Plan, index: int, value: object, steps: int) -> torch.Tensor:
     """Pending value ``index`` as a 0-d tensor, or the error that explains why it cannot be."""
     fit = admit(value, plan.device)  # the fast path's own test of a value
     if fit is not None:
         return fit
     name = plan.column(index)
-    if value.device != plan.device:
+    if not isinstance(value, torch.Tensor):
+        error = BarrierGuardError(
+            f"MetricBuffer.update({name}={value!r}) is not a valid value: expected a "
+            f"tensor or a Python number"
+        )
+    elif value.device != plan.device:
         error = other_device(name, value, plan.device)
     elif value.numel() != 1:
         error = not_single_value(name, value, plan.reductions[index % len(plan.order)])

@@ -2,27 +2,47 @@
 
 Owns :class:`Slot` (the running state of one metric, on the device and on the
 host), :class:`Plan` (the block of rows of one repeated set of names, and the
-steps it keeps pending until they are folded in) and :func:`admit`, the
-metadata-only check that a logged value can be queued in a plan.
+steps it keeps pending until they are folded in), :func:`admit`, the
+metadata-only check that a logged value can be queued in a plan, and
+:func:`holdable`, what a pending value may keep alive.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import torch
 
 from barrierguard.metrics.spec import SUM_KINDS, ReductionSpec
 
-__all__ = ["F64", "FLUSH_EVERY", "Plan", "Slot", "admit", "detached", "stacks_lossily"]
+__all__ = [
+    "F64",
+    "FLUSH_EVERY",
+    "HOLD_BYTES",
+    "Plan",
+    "Slot",
+    "admit",
+    "holdable",
+    "stacks_lossily",
+]
 
 F64: Final = torch.float64
 """The dtype of every running state."""
-FLUSH_EVERY: Final = 256
+FLUSH_EVERY: Final = 1024
 """Steps of device values a set of names keeps pending before they are folded in."""
+HOLD_BYTES: Final = 1024
+"""Largest storage a pending value may keep alive; a view into a larger one is copied.
+
+``logits[0, 0]`` is a view: keeping it would keep all of ``logits`` alive
+until the fold.
+"""
+
+_VERSION: Final = operator.attrgetter("_version")
+_REQUIRES_GRAD: Final = operator.attrgetter("requires_grad")
 
 
 class Slot:
@@ -131,6 +151,10 @@ class Plan:
     ``runs``/``weights``); :func:`barrierguard.metrics.fold.flush` folds up to
     :data:`FLUSH_EVERY` steps into the block at once. Names whose value was a
     Python number when the plan was built go to the host-side state directly.
+
+    Once a step of the plan has passed every check (``checked``), a plan of
+    tensors only (``steady``) queues later steps with :meth:`queue`, the hot
+    path of :meth:`MetricBuffer.update <barrierguard.MetricBuffer.update>`.
     """
 
     __slots__ = (
@@ -149,7 +173,9 @@ class Plan:
         "reductions",
         "runs",
         "sizes",
+        "steady",
         "steps",
+        "take",
         "versions",
         "w_unit",
         "weights",
@@ -166,6 +192,10 @@ class Plan:
 
         names = sorted(slots, key=lambda name: _GROUP_ORDER.index(group(slots[name])))
         self.order = tuple(names)
+        # The values of a step in plan order, picked at C speed.
+        self.take: Callable[[Mapping[str, Any]], tuple[Any, ...]] = (
+            operator.itemgetter(*names) if len(names) > 1 else _one(names[0])
+        )
         self.reductions = tuple(slots[name].reduction for name in names)
         self.numbers = numbers
         self.device = device
@@ -194,6 +224,7 @@ class Plan:
         # column by column (see stacks_lossily).
         self.checked = False
         self.by_column = False
+        self.steady = False
         self.clear()
 
     def clear(self) -> None:
@@ -209,9 +240,53 @@ class Plan:
         self.wversions: list[int] = []
         self.steps = 0
 
+    def check(self, dtypes: set[torch.dtype]) -> None:
+        """Record that a step with values of ``dtypes`` passed every check."""
+        self.by_column = stacks_lossily(dtypes)
+        self.checked = True
+        self.steady = not self.numbers
+
+    def queue(self, items: Mapping[str, Any], weight: float) -> bool:
+        """Queue one step of a steady plan; ``False``, with nothing queued, for a non-tensor.
+
+        Reads only each value's version counter, ``requires_grad`` and the size
+        of its storage; the fold's stack checks the rest. ``items`` must hold
+        the plan's names, ``weight`` is the step's Python weight.
+        """
+        values = self.take(items)
+        try:
+            versions = list(map(_VERSION, values))
+            fit = not any(map(_REQUIRES_GRAD, values)) and (
+                max([v.untyped_storage().nbytes() for v in values]) <= HOLD_BYTES
+            )
+        except (AttributeError, RuntimeError):  # not a tensor, or no storage: the caller's
+            return False
+        if not fit:
+            values = tuple(map(holdable, values))
+            versions = list(map(_VERSION, values))
+        self.pending.extend(values)
+        self.versions.extend(versions)
+        if self.sizes[0]:
+            runs = self.runs
+            if runs and runs[-1][0] == weight:
+                runs[-1][1] += 1
+            else:
+                runs.append([weight, 1])
+        self.steps += 1
+        return True
+
     def column(self, index: int) -> str:
         """Name of the metric of flat pending index ``index``."""
         return self.order[index % len(self.order)]
+
+
+def _one(name: str) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """``operator.itemgetter(name)``, but returning a tuple of one value."""
+
+    def take(items: Mapping[str, Any]) -> tuple[Any, ...]:
+        return (items[name],)
+
+    return take
 
 
 def admit(value: object, device: torch.device) -> torch.Tensor | None:
@@ -221,21 +296,38 @@ def admit(value: object, device: torch.device) -> torch.Tensor | None:
     if value.numel() != 1 or value.is_complex() or value.device != device:
         # Includes "cuda" vs "cuda:0": the slow path claims the device or explains.
         return None
-    if value.requires_grad:
-        value = detached(value)
+    try:
+        value = holdable(value)
+    except RuntimeError:  # no storage (a wrapper subclass): the slow path folds it now
+        return None
     if value.dim():
         value = value.reshape(())
     return value
 
 
-def detached(value: torch.Tensor) -> torch.Tensor:
-    """A value that requires grad, as it can wait for the fold.
+def holdable(value: torch.Tensor) -> torch.Tensor:
+    """``value`` as it can wait for the fold without keeping anything else alive.
 
-    A leaf is most likely a parameter that the optimizer changes in place before
-    the fold: its value is copied. Any other value keeps no graph alive once
-    detached (a view, no kernel).
+    * A view into a storage of more than :data:`HOLD_BYTES` is copied (one
+      element), or its base would stay alive until the fold.
+    * A leaf that requires grad is most likely a parameter that the optimizer
+      changes in place before the fold: it is copied too.
+    * Any other value that requires grad is detached (a view, no kernel), so
+      it keeps no graph alive.
+
+    Raises:
+        RuntimeError: ``value`` has no storage to measure.
+
+    Example:
+        >>> import torch
+        >>> logits = torch.zeros(64, 1000)
+        >>> held = holdable(logits[0, 0])
+        >>> held.untyped_storage().nbytes(), held.item()
+        (4, 0.0)
     """
-    return value.detach().clone() if value.is_leaf else value.detach()
+    if value.untyped_storage().nbytes() > HOLD_BYTES or (value.requires_grad and value.is_leaf):
+        return value.detach().clone()
+    return value.detach() if value.requires_grad else value
 
 
 def stacks_lossily(dtypes: set[torch.dtype]) -> bool:
