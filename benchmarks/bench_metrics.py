@@ -49,9 +49,11 @@ Design:
     median of each round's ratio to ``nothing`` (with its IQR). Host time of the
     updates: ``time.perf_counter`` around the 8 updates of every step (no
     synchronize inside; for a row that syncs it includes the wait), summed over
-    the timed blocks and divided by their steps, so ``MetricBuffer``'s fold
-    every ``FLUSH_EVERY`` steps is in it (the fold inside ``compute()`` is in the
-    ``end ms`` column, and in the block's time).
+    the timed blocks and divided by their steps. Deferred work is in it too:
+    after its last step, a row that defers work does it (``settle()``:
+    ``MetricBuffer`` folds its pending steps, the floor stacks its references)
+    under the same clock, apart from its ``compute()``'s transfer and wait,
+    which are in the ``end ms`` column; all of it is in the block's time.
 
     Pace: which side sets the pace of the ``nothing`` row. The host's time per
     step is the block's time until its last step is queued; the device's (the
@@ -293,6 +295,9 @@ class Logger:
     def log(self, metrics: dict[str, torch.Tensor], n: int) -> None:
         pass
 
+    def settle(self) -> None:
+        """Work deferred to the end of the block that is host time of logging."""
+
     def finish(self) -> dict[str, float]:
         return {}
 
@@ -325,6 +330,9 @@ class BufferLogger(Logger):
     def log(self, metrics: dict[str, torch.Tensor], n: int) -> None:
         self.buf.update(**metrics, n=n)
 
+    def settle(self) -> None:
+        self.buf._flush_all()  # the fold compute() begins with, timed apart from its transfer
+
     def finish(self) -> dict[str, float]:
         return self.buf.compute()
 
@@ -354,6 +362,9 @@ class FloorLogger(Logger):
         self.steps += 1
         if self.steps == FLUSH_EVERY:
             self._fold()
+
+    def settle(self) -> None:
+        self._fold()
 
     def _fold(self) -> None:
         if self.refs:
@@ -467,9 +478,10 @@ def make_logger(name: str, device: torch.device) -> Logger:
 def run_block(step: Loop, logger: Logger, steps: int) -> tuple[float, float, float]:
     """One block of ``steps`` steps, then ``finish()``, between two device syncs.
 
-    Returns the block's seconds, the host seconds spent inside the updates
-    (``perf_counter`` around each step's ``log``, no synchronize inside) and the
-    seconds from the last step to the end (``finish()`` and the final sync).
+    Returns the block's seconds, the host seconds spent logging (``perf_counter``
+    around each step's ``log`` and the ``settle()`` after the last, no synchronize
+    inside) and the seconds from the last step to the end (``settle()``,
+    ``finish()`` and the final sync).
     """
     logger.reset()
     clock = time.perf_counter
@@ -481,6 +493,9 @@ def run_block(step: Loop, logger: Logger, steps: int) -> tuple[float, float, flo
         t = clock()
         logger.log(metrics, BATCH)
         spent += clock() - t
+    t = clock()
+    logger.settle()
+    spent += clock() - t
     t1 = clock()
     logger.finish()
     sync()
