@@ -113,7 +113,11 @@ Reproduce:
 
     ``benchmarks/results/h200/metrics_a39d41b.json`` and
     ``benchmarks/results/h200/metrics_a39d41b_device_ms_1.15.json`` are these two
-    commands run at commit ``a39d41b``, on another lease of an H200.
+    commands run at commit ``a39d41b``, and
+    ``benchmarks/results/h200/metrics_56f8456.json`` and
+    ``benchmarks/results/h200/metrics_56f8456_device_ms_1.15.json`` at ``56f8456``,
+    on other leases of an H200; their host time leaves out the fold that
+    ``compute()`` begins with.
 
     CPU smoke run (seconds; the times mean nothing there, the audit engine counts)::
 
