@@ -31,6 +31,10 @@ Design:
 
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_frameworks.py --out benchmarks/results/h200/frameworks.json | tee benchmarks/results/h200/frameworks.txt
+
+    ``benchmarks/results/h200/frameworks_8c6694d.json`` (and ``.txt``) is the same
+    command run at commit ``8c6694d`` on another lease of an H200, before the
+    timeline paired each timed step with its own stalls.
 """
 
 from __future__ import annotations
