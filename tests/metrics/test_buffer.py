@@ -25,8 +25,13 @@ from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
 import barrierguard
 from barrierguard import MetricBuffer
 from barrierguard._errors import BarrierGuardError
-from barrierguard.metrics.buffer import FLUSH_EVERY, NAN_POLICIES, REDUCTIONS, WEIGHTABLE
-from barrierguard.metrics.slots import HOLD_BYTES
+from barrierguard.metrics.buffer import (
+    FLUSH_EVERY,
+    HOLD_BYTES,
+    NAN_POLICIES,
+    REDUCTIONS,
+    WEIGHTABLE,
+)
 
 # Same reason: the first meta-device stack imports sympy, which adds a warnings filter.
 with contextlib.suppress(RuntimeError):

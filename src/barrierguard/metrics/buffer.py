@@ -30,6 +30,7 @@ from barrierguard.metrics.fold import (
 from barrierguard.metrics.readback import read_back
 from barrierguard.metrics.slots import (
     FLUSH_EVERY,
+    HOLD_BYTES,
     Plan,
     Slot,
     admit,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 # The vocabulary keeps its documented home here (barrierguard.metrics.buffer.FLUSH_EVERY).
-__all__ = ["FLUSH_EVERY", "NAN_POLICIES", "REDUCTIONS", "WEIGHTABLE", "MetricBuffer"]
+__all__ = ["FLUSH_EVERY", "HOLD_BYTES", "NAN_POLICIES", "REDUCTIONS", "WEIGHTABLE", "MetricBuffer"]
 
 _TENSOR: Final = torch.Tensor
 _UNPLANNED: Final = object()
@@ -86,7 +87,7 @@ class MetricBuffer:
     :class:`BarrierGuardError` at the fold. Tensors that require grad are
     detached. Two kinds are copied, one element with one kernel: leaves that
     require grad, such as parameters, and views into a storage larger than
-    :data:`~barrierguard.metrics.slots.HOLD_BYTES` (``logits[0, 0]`` would
+    :data:`HOLD_BYTES` (``logits[0, 0]`` would
     otherwise keep ``logits`` alive). After the first step of a set of names,
     ``update`` reads only each tensor's version counter, ``requires_grad`` and
     storage size; the fold's stack checks the rest (one element, real, on the
