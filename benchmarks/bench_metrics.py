@@ -893,6 +893,13 @@ def goals(loops: dict[str, Any], fits: dict[str, Any] | None) -> dict[str, Any]:
             )
         if "ratio_median" in loop:
             entry["buffer_over_nothing"] = loop["ratio_median"]["buffer"]
+        if "update_us" in loop and "ms_per_step" in loop:
+            # The balanced goal in host time: where the host sets the pace, a logger's
+            # host time adds to the step in full, so 1% of the step is all it may spend.
+            entry["one_percent_us"] = loop["ms_per_step"]["nothing"] * 1e3 * (BALANCED_TARGET - 1)
+            entry["buffer_us"] = loop["update_us"]["buffer"]
+            if "refs_floor" in loop["update_us"]:
+                entry["floor_us"] = loop["update_us"]["refs_floor"]
         out["per_loop"][name] = entry
     ratios = [e.get("host_ratio") for e in out["per_loop"].values()]
     if ratios and all(r is not None for r in ratios):
@@ -1024,6 +1031,14 @@ def print_goals(g: dict[str, Any]) -> None:
             f"balanced: MetricBuffer / nothing = {ratio:.4f} per step, median of paired rounds "
             f"(goal <= {BALANCED_TARGET})"
         )
+        entry = g["per_loop"]["balanced"]
+        if "one_percent_us" in entry:
+            floor = f", refs_floor {entry['floor_us']:.1f} us" if "floor_us" in entry else ""
+            print(
+                f"balanced: host time a step: MetricBuffer {entry['buffer_us']:.1f} us{floor}; "
+                f"1% of the no-logging step is {entry['one_percent_us']:.1f} us (all a logger "
+                f"may spend where the host sets the pace)"
+            )
     if "lightning" in g:
         lt = g["lightning"]
         print(
