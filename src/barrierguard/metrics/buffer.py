@@ -531,11 +531,7 @@ class MetricBuffer:
                 plan.weights.append(n_tensor)
                 plan.wversions.append(n_tensor._version)
                 weight = None
-            runs = plan.runs
-            if runs and runs[-1][0] == weight:
-                runs[-1][1] += 1
-            else:
-                runs.append([weight, 1])
+            plan.add_weight(weight)
         plan.steps += 1
         if plan.steps == 1:
             self._pending[id(plan)] = plan

@@ -267,13 +267,17 @@ class Plan:
         self.pending.extend(values)
         self.versions.extend(versions)
         if self.sizes[0]:
-            runs = self.runs
-            if runs and runs[-1][0] == weight:
-                runs[-1][1] += 1
-            else:
-                runs.append([weight, 1])
+            self.add_weight(weight)
         self.steps += 1
         return True
+
+    def add_weight(self, weight: float | None) -> None:
+        """Count one step of ``weight`` in ``runs`` (``None``: the next tensor of ``weights``)."""
+        runs = self.runs
+        if runs and runs[-1][0] == weight:
+            runs[-1][1] += 1
+        else:
+            runs.append([weight, 1])
 
     def column(self, index: int) -> str:
         """Name of the metric of flat pending index ``index``."""
