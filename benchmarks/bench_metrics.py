@@ -111,13 +111,14 @@ Reproduce:
         PYTHONPATH=src python benchmarks/bench_metrics.py --loops balanced --device-ms 1.15 \\
             --fits 0 --out benchmarks/results/h200/metrics_device_ms_1.15.json
 
+    ``benchmarks/results/h200/metrics_693d1a3.json`` and
+    ``benchmarks/results/h200/metrics_693d1a3_device_ms_1.15.json`` are these two
+    commands run at commit ``693d1a3`` on another lease of an H200;
     ``benchmarks/results/h200/metrics_a39d41b.json`` and
-    ``benchmarks/results/h200/metrics_a39d41b_device_ms_1.15.json`` are these two
-    commands run at commit ``a39d41b``, and
+    ``benchmarks/results/h200/metrics_a39d41b_device_ms_1.15.json`` at ``a39d41b``, and
     ``benchmarks/results/h200/metrics_56f8456.json`` and
     ``benchmarks/results/h200/metrics_56f8456_device_ms_1.15.json`` at ``56f8456``,
-    on other leases of an H200; their host time leaves out the fold that
-    ``compute()`` begins with.
+    whose host time leaves out the fold that ``compute()`` begins with.
 
     CPU smoke run (seconds; the times mean nothing there, the audit engine counts)::
 
