@@ -24,8 +24,17 @@ Design:
       (default, hinted, hinted, default, ...); the time per step is the median
       over the rounds of each run's median. The two fits (Lightning, HF) run in
       fresh processes (``examples/lightning_fit.py``, ``examples/hf_fit.py``,
-      with ``--time``: a synchronize only at the ends of each timed window); the
-      four loops run in this process between two synchronizes per window.
+      with ``--time``: a synchronize only at the ends of each timed window),
+      ``--rounds`` rounds; the four loops run in this process between two
+      synchronizes per window, ``--loop-rounds`` rounds (they are short, and
+      this host's speed drifts between runs).
+    * What a loop's saving is made of: after the timing, one more window of
+      each variant runs with every host read of a tensor (``item``, ``bool``,
+      ``tolist``, ``float``, ``int``, ``cpu``, ...; the outermost call) timed
+      by a plain ``perf_counter`` wrapper, still without barrierguard: the
+      wait plus the read's own host work. The saving minus the drop in that
+      time is what the fix removed besides the wait (the ops that computed
+      the value read, and the run-to-run drift of the host).
     ``--smoke`` runs every case with tiny sizes (CPU: the audit engine counts,
     and the GPU-only GradScaler case is skipped); its numbers mean nothing.
 
@@ -40,6 +49,7 @@ Reproduce:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import re
@@ -47,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +250,61 @@ def time_loop(case: str, hinted: bool, device: str, args: argparse.Namespace) ->
     return median(windows)
 
 
+# Host reads of a tensor: each waits for the device when the tensor lives there.
+READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
+
+
+@contextlib.contextmanager
+def timed_reads(into: list[float]) -> Iterator[None]:
+    """Append the seconds of every outermost host read of a tensor to ``into``.
+
+    A plain ``perf_counter`` around each call (``print(t)`` calls ``item``
+    inside ``__format__``: only the outer call counts). The methods are
+    restored on exit, also after an exception.
+    """
+    clock = time.perf_counter
+    inside = [False]
+
+    def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if inside[0]:
+                return orig(*args, **kwargs)
+            inside[0] = True
+            t0 = clock()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                into.append(clock() - t0)
+                inside[0] = False
+
+        return timed
+
+    own = vars(torch.Tensor)
+    saved = {name: (getattr(torch.Tensor, name), name in own) for name in READS}
+    try:
+        for name, (orig, _) in saved.items():
+            setattr(torch.Tensor, name, wrap(orig))
+        yield
+    finally:
+        for name, (orig, was_own) in saved.items():
+            if was_own:
+                setattr(torch.Tensor, name, orig)
+            else:  # inherited from the C base class: leave it inherited
+                delattr(torch.Tensor, name)
+
+
+def read_loop(case: str, hinted: bool, device: str, args: argparse.Namespace) -> float:
+    """Milliseconds per step in host reads of tensors, one window, without barrierguard."""
+    loop = Loop(case, hinted, device, args.smoke, args.host_ms, args.device_ms)
+    loop.run(10)
+    spent: list[float] = []
+    with timed_reads(spent):
+        loop.run(args.loop_steps)
+    loop.close()
+    return sum(spent) / args.loop_steps * 1e3
+
+
 # -- reading the reports ----------------------------------------------------------------
 def _mechanisms(report: barrierguard.Report) -> dict[str, float]:
     """Syncs per measured step, by mechanism (or by kind for a site without one)."""
@@ -303,12 +368,18 @@ def run_case(case: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             return time_loop(case, hinted, device, args)
 
     times: dict[bool, list[float]] = {False: [], True: []}
-    for i in range(args.rounds):
+    for i in range(args.rounds if fit else args.loop_rounds):
         for hinted in (False, True) if i % 2 == 0 else (True, False):
             times[hinted].append(timer(hinted))
+    reads: dict[bool, float | None] = {False: None, True: None}
+    if not fit:
+        for hinted in (False, True):
+            reads[hinted] = read_loop(case, hinted, device, args)
     before, after = _mechanisms(reports[False]), _mechanisms(reports[True])
     gone = {m for m in before if m not in after}
     ms_before, ms_after = median(times[False]), median(times[True])
+    reads_before, reads_after = reads[False], reads[True]
+    read_drop = None if reads_before is None or reads_after is None else reads_before - reads_after
     return {
         "knob": KNOBS[case],
         "engine": reports[False].engine,
@@ -323,6 +394,9 @@ def run_case(case: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "ms_per_step_before": ms_before,
         "ms_per_step_after": ms_after,
         "measured_saving_ms": ms_before - ms_after,
+        "reads_ms_before": reads_before,
+        "reads_ms_after": reads_after,
+        "saving_besides_reads_ms": None if read_drop is None else ms_before - ms_after - read_drop,
         "times_ms": {"before": times[False], "after": times[True]},
         "fixes": sorted({s.fix for s in reports[False].sites if s.step_count and s.mechanisms}),
     }
@@ -331,7 +405,8 @@ def run_case(case: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--cases", nargs="*", default=list(KNOBS), choices=list(KNOBS))
-    ap.add_argument("--rounds", type=int, default=2, help="timing runs per variant")
+    ap.add_argument("--rounds", type=int, default=2, help="fits: timing runs per variant")
+    ap.add_argument("--loop-rounds", type=int, default=6, help="loops: timing runs per variant")
     ap.add_argument("--loop-steps", type=int, default=60, help="steps per timed loop window")
     ap.add_argument("--host-ms", type=float, default=1.0, help="loops: host work per step")
     ap.add_argument("--device-ms", type=float, default=1.0, help="loops: device work per step")
@@ -375,6 +450,21 @@ def main(argv: list[str] | None = None) -> int:
         "stall ms",
     ]
     print(table(header, rows))
+    parts = [
+        [
+            case,
+            f"{r['measured_saving_ms']:.3f}",
+            f"{r['reads_ms_before']:.3f}",
+            f"{r['reads_ms_after']:.3f}",
+            f"{r['saving_besides_reads_ms']:.3f}",
+        ]
+        for case, r in results.items()
+        if r["reads_ms_before"] is not None
+    ]
+    if parts:
+        print("\nloops: the saving against the time in host reads (no barrierguard)\n")
+        head = ["case", "saved ms", "reads ms before", "reads ms after", "saved besides reads ms"]
+        print(table(head, parts))
     for case, r in results.items():
         print(f"\n{case}: {r['knob']}")
         if r["timeline"]:

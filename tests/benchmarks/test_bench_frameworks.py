@@ -41,6 +41,34 @@ def test_loop_cases_run_and_find_their_syncs(tmp_path: Path) -> None:
     assert "| case " in proc.stdout
     assert cases["torchmetrics"]["predicted_saving_ms"] is None  # the audit times nothing
     assert cases["torchmetrics"]["stall_ms"] == 0.0
+    # The loops' host reads, timed without barrierguard: the default has 8 NaN checks more.
+    tm = cases["torchmetrics"]
+    assert tm["reads_ms_before"] > tm["reads_ms_after"] >= 0.0
+    assert tm["saving_besides_reads_ms"] == pytest.approx(
+        tm["measured_saving_ms"] - (tm["reads_ms_before"] - tm["reads_ms_after"])
+    )
+    assert "saved besides reads ms" in proc.stdout
+
+
+def test_timed_reads_times_the_outer_read_and_restores_the_methods(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_frameworks
+    import torch
+
+    originals = {name: getattr(torch.Tensor, name) for name in bench_frameworks.READS}
+    spent: list[float] = []
+    t = torch.tensor([1.5])
+    with pytest.raises(ZeroDivisionError), bench_frameworks.timed_reads(spent):
+        assert f"{t.item():.1f}" == "1.5"
+        assert bool(t) and float(t) == 1.5
+        format(t.sum(), ".1f")  # __format__ is not wrapped: its item() inside is the read
+        raise ZeroDivisionError
+    assert len(spent) == 4 and all(s >= 0.0 for s in spent)
+    for name, orig in originals.items():
+        assert getattr(torch.Tensor, name) is orig
+    assert "cpu" not in vars(torch.Tensor)  # inherited from the C base, and still only there
 
 
 def _site(kind: str, mechanism: str, stall: float) -> Site:
