@@ -41,9 +41,18 @@ Design:
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_frameworks.py --out benchmarks/results/h200/frameworks.json | tee benchmarks/results/h200/frameworks.txt
 
-    ``benchmarks/results/h200/frameworks_8c6694d.json`` (and ``.txt``) is the same
-    command run at commit ``8c6694d`` on another lease of an H200, before the
-    timeline paired each timed step with its own stalls.
+    The Lightning fit alone, with six rounds of fresh-process fits (its step time
+    moves by a third from one process to the next)::
+
+        PYTHONPATH=src python benchmarks/bench_frameworks.py --cases lightning --rounds 6 \
+            --out benchmarks/results/h200/frameworks_lightning_6_rounds.json
+
+    ``benchmarks/results/h200/frameworks_b11a520.json`` (and ``.txt``) is the
+    first command run at commit ``b11a520``, with two timing rounds for the loops
+    and no host reads timed, and
+    ``benchmarks/results/h200/frameworks_8c6694d.json`` at ``8c6694d``,
+    before the timeline paired each timed step with its own stalls; both on
+    other leases of an H200.
 """
 
 from __future__ import annotations
