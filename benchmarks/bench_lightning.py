@@ -47,6 +47,9 @@ Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning.py \\
         --out benchmarks/results/h200/lightning_blocks_mlp.json
 
+    ``benchmarks/results/h200/lightning_blocks_mlp_84500c4.json`` is the last
+    command run at commit ``84500c4``, on another lease.
+
     (The committed runs were started as ``--design blocks``, with ``--block-fits``
     for ``--fits``, when the script also had two older designs.) GPU: each
     transformer run takes 6-9 minutes, the MLP run 5.
