@@ -498,45 +498,39 @@ class MetricBuffer:
             if type(x) is not float and type(x) is not int and not is_number(x):
                 return False
         device = plan.device
-        pending, versions = plan.pending, plan.versions
-        mark = len(pending)
-        queue, version = pending.append, versions.append
-        for name in plan.order:
-            v = items[name]
-            if first or type(v) is not _TENSOR:
-                admitted = admit(v, device)  # every check; None: not a fit for the plan
-                if admitted is None:
-                    del pending[mark:], versions[mark:]
-                    return False
-                v = admitted
-            else:
-                try:
+        # The step's tensor weight, if its plan has weighted metrics to give it to.
+        n_held = n_tensor if plan.sizes[0] else None
+        if n_held is not None and n_held.device != device:
+            return False
+        # The step is built apart and queued whole: a value that does not fit leaves
+        # the plan as it was.
+        step: list[torch.Tensor] = []
+        try:
+            for name in plan.order:
+                v = items[name]
+                if first or type(v) is not _TENSOR:
+                    v = admit(v, device)  # every check; None: not a fit for the plan
+                    if v is None:
+                        return False
+                else:
                     v = holdable(v)
-                except RuntimeError:  # no storage: the slow path folds it now
-                    del pending[mark:], versions[mark:]
-                    return False
-            queue(v)
-            version(v._version)
+                step.append(v)
+            if n_held is not None:
+                n_held = n_tensor = holdable(n_held)
+        except RuntimeError:  # no storage: the slow path folds it now
+            return False
+        plan.pending.extend(step)
+        plan.versions.extend(v._version for v in step)
         if plan.sizes[0]:
-            weight: float | None = n_float
-            if n_tensor is not None:
-                if n_tensor.device != device:
-                    del pending[mark:], versions[mark:]
-                    return False
-                try:
-                    n_tensor = holdable(n_tensor)
-                except RuntimeError:  # no storage: the slow path folds it now
-                    del pending[mark:], versions[mark:]
-                    return False
-                plan.weights.append(n_tensor)
-                plan.wversions.append(n_tensor._version)
-                weight = None
-            plan.add_weight(weight)
+            if n_held is not None:
+                plan.weights.append(n_held)
+                plan.wversions.append(n_held._version)
+            plan.add_weight(n_float if n_held is None else None)
         plan.steps += 1
         if plan.steps == 1:
             self._pending[id(plan)] = plan
         if first:
-            plan.check({v.dtype for v in pending[mark:]})
+            plan.check({v.dtype for v in step})
         for name in plan.numbers:
             slot = self._slots[name]
             if slot.reduction == "last" and slot.plan is not None and slot.plan.steps:
