@@ -75,15 +75,61 @@ def test_error_policy_violation_exits_3(
         from _fake_cuda import FakeTensor
         model = torch.nn.Linear(2, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        model(torch.ones(1, 2)).sum().backward()
-        opt.step()
-        FakeTensor().item()
+        for _ in range(3):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+            FakeTensor().item()
         """,
     )
     code = main(["run", "--policy", "error", "--engine", "cuda", str(script)])
     err = capsys.readouterr().err
     assert code == 3
-    assert "SyncError" in err and "train.py:8" in err
+    assert "SyncError" in err and "train.py:9" in err
+
+
+# The plain loop the fix messages advise: the loss summed on the device, read once after.
+PLAIN_LOOP = """\
+import torch
+from torch import nn
+
+device = "cpu"
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+total = torch.zeros((), device=device)
+n = 0
+for i in range(5):
+    x = torch.randn(8, 4, device=device)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    total += loss.detach()
+    n += 1
+print("mean", (total / n).item())
+"""
+
+
+@pytest.mark.parametrize(("inside", "code"), [(False, 0), (True, 3)])
+def test_a_read_after_the_loop_passes_the_error_policy_one_inside_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], inside: bool, code: int
+) -> None:
+    source = PLAIN_LOOP
+    if inside:
+        source = source.replace("    n += 1\n", "    n += 1\n    last = loss.item()\n")
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    out = tmp_path / "r.json"
+    assert main(["run", "--policy", "error", "--out", str(out), str(script)]) == code
+    err = capsys.readouterr().err
+    report = json.loads(out.read_text())
+    if inside:
+        assert "SyncError: item sync at" in err and f"{script}:17 in step 2" in err
+        assert "last = loss.item()" in err
+    else:
+        read = next(s for s in report["sites"] if s["code"].startswith("print("))
+        assert read["phases"] == {"after-loop": 1} and read["step_count"] == 0
+        assert report["violations"] == [] and "SyncError" not in err
+        assert "after-loop 1" in err
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
 from barrierguard.report.records import MemoryReport, Report, Timeline, Violation
 from barrierguard.session import ranks
+from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
 from barrierguard.session.sites import SiteStats, message, site_record
 
@@ -44,8 +45,9 @@ _MAX_VIOLATIONS = 1000
 
 # Phases whose syncs are counted apart: outside the training steps' counts,
 # their per-step series and the policy (a Lightning validation batch is not a
-# training step, nor is the teardown after the last one).
-APART_PHASES = frozenset({"validate", "test", "predict", "teardown", "checkpoint"})
+# training step, nor is the teardown after the last one, nor what a plain loop
+# does after its last step: see ``loop_end``).
+APART_PHASES = frozenset({"validate", "test", "predict", "teardown", "checkpoint", AFTER_LOOP})
 
 
 def _thread_name(ident: int) -> str:
@@ -131,6 +133,11 @@ class Guard:
         self._violation_count = 0
         self._thread_names: dict[int, str] = {}
         self._deferred: list[SyncError] = []
+        # Syncs after the latest boundary of sites not yet seen in a closed
+        # step, and the errors of confirmed ones not yet raised (``loop_end``).
+        self._open = OpenStep()
+        self._due: dict[tuple[str, int, str, str, str, int], SyncError] = {}
+        self._loader_end = -1
         self._warned: set[tuple[str, int, str, str, str, int]] = set()
         self._faults: list[str] = []
         self._notes: list[str] = []
@@ -187,7 +194,11 @@ class Guard:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+            watch_loaders(self._on_loader_end)
         except BaseException:
+            if self._hook_handle is not None:
+                self._hook_handle.remove()
+                self._hook_handle = None
             hub.detach(self, name)
             raise
         self._running = True
@@ -257,6 +268,8 @@ class Guard:
                 self._hook_handle = None
         finally:
             hub.detach(self, self._engine_name)
+            unwatch_loaders(self._on_loader_end)
+            self._end_loop(act)
             memory_error = self._stop_memory(act)
             if self._timeline is not None:
                 try:
@@ -353,6 +366,7 @@ class Guard:
         self._step_syncs = 0
         self._steps += 1
         step = self._steps
+        late = self._close_step() if self._open or self._due else None
         for listener in self._step_listeners:
             try:
                 listener(step)
@@ -360,6 +374,54 @@ class Guard:
                 raise  # the error policy's verdict, raised from the step boundary
             except Exception as exc:
                 self._fault(exc)
+        if late is not None:
+            raise late
+
+    def _on_loader_end(self) -> None:
+        self._loader_end = self._steps
+
+    def _close_step(self) -> SyncError | None:
+        """A boundary closed the step: judge its held syncs (``loop_end``).
+
+        Returns the error of a site confirmed at the previous boundary that did
+        not fire again in the step since (so not raised at its line): due now.
+        """
+        opts = self._options
+        actions: list[Callable[[], None]] = []
+        with self._lock:
+            late = next(iter(self._due.values()), None)
+            self._due.clear()
+            for held in self._open.close():
+                stats = held.stats
+                key = stats.loc.key
+                for step, reason, thread, violation in held.pending:
+                    if opts.policy == "record" and not violation:
+                        continue
+                    first_time = key not in self._warned
+                    self._warned.add(key)
+                    if violation:
+                        self._violation_count += 1
+                        if len(self._violations) < _MAX_VIOLATIONS:
+                            self._violations.append((stats.loc, step, reason, thread))
+                    if opts.policy == "error" and violation:
+                        self._due[key] = SyncError(
+                            message(stats, step, reason),
+                            site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
+                        )
+                    elif opts.policy != "record" and first_time:
+                        actions.append(functools.partial(self._warn, stats, step, reason))
+        for act in actions:
+            act()
+        return late
+
+    def _end_loop(self, act: bool) -> None:
+        """At stop: what is still held followed the loop's last step."""
+        with self._lock:
+            self._open.finish(self._steps, self._per_step, self._step_stall)
+            due = next(iter(self._due.values()), None)
+            self._due.clear()
+        if act and due is not None and not self._deferred:
+            self._deferred.append(due)
 
     @property
     def steps(self) -> int:
@@ -432,6 +494,8 @@ class Guard:
                 stats.threads[self._thread_name(ident)] = None
             if mechanism is not None:
                 stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + 1
+            if phase is None and self._loader_end == step > 0 and not stats.in_loop:
+                phase = AFTER_LOOP  # after the epoch's data ran out
             if phase is not None:
                 stats.phases[phase] = stats.phases.get(phase, 0) + 1
                 if phase in APART_PHASES:
@@ -443,6 +507,9 @@ class Guard:
                 if stall is not None:
                     stats.setup_stall += stall
                 return None
+            held = not stats.in_loop
+            if held:
+                self._open.hold(stats, stall)
             stats.step_count += 1
             if stall is not None:
                 stats.stall += stall
@@ -456,6 +523,10 @@ class Guard:
             if not stats.blocking:
                 if opts.policy == "record" or loc.key in self._warned:
                     return None
+                if held:
+                    race = "not a barrier, but a race"
+                    self._open.pend(stats, step, race, self._thread_name(ident), False)
+                    return None
                 self._warned.add(loc.key)
                 return functools.partial(self._warn, stats, step, "not a barrier, but a race")
             if stats.allowed:
@@ -468,6 +539,9 @@ class Guard:
                 reason = "not allowed"
             else:
                 reason = f"{self._step_syncs} syncs in step {step}, budget {budget}"
+            if held:
+                self._open.pend(stats, step, reason, self._thread_name(ident), True)
+                return None
             self._violation_count += 1
             if len(self._violations) < _MAX_VIOLATIONS:
                 self._violations.append((loc, step, reason, self._thread_name(ident)))
@@ -477,6 +551,7 @@ class Guard:
             self._warned.add(loc.key)
             if opts.policy == "warn":
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
+            self._due.pop(loc.key, None)
             error = SyncError(
                 message(stats, step, reason),
                 site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
@@ -535,6 +610,13 @@ class Guard:
             notes.append(
                 "no step boundary was seen (no optimizer.step() and no guard.step()): every "
                 "sync counts as setup, and the policy never applied"
+            )
+        elif steps <= self._options.warmup_steps + 1:
+            notes.append(
+                f"{steps} step boundary(ies) and {self._options.warmup_steps} warm-up step(s): "
+                "what ran before the last boundary is setup or warm-up, what ran after it "
+                "follows the loop, so the policy judged no step; run at least "
+                f"{self._options.warmup_steps + 2} steps for a verdict"
             )
         elapsed = self._elapsed + (time.perf_counter() - self._started if self._running else 0.0)
         memory: MemoryReport | None = None

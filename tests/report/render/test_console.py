@@ -51,7 +51,7 @@ def test_console_table_exact() -> None:
         "  1  train.py:7  item  user    4      1.00   -         loss.item()",
         "       fix: keep it on the device",
         "",
-        "setup, warm-up, and phases counted apart (validation, checkpoints, teardown; never counted against the policy):",
+        "setup, warm-up, and phases counted apart (validation, checkpoints, teardown, after the loop; never counted against the policy):",
         "  #  where       kind      origin  count  /step  stall ms  code",
         "  1  train.py:3  copy/h2d  user    2      -      -         model.to(dev)",
     ]
