@@ -221,3 +221,60 @@ def test_unwritable_output_exits_2(
     capsys.readouterr()
     assert main(["baseline", str(today[0]), "-o", str(target)]) == 2
     assert str(target) in capsys.readouterr().err
+
+
+# A plain loop under `barrierguard run` (the audit engine): its only syncs are
+# setup copies of the model and one read after the loop.
+PLAIN = """\
+import torch
+from torch import nn
+
+device = "cpu"
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+total = torch.zeros((), device=device)
+for i in range(4):
+    loss = model(torch.randn(8, 4, device=device)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    total += loss.detach()
+print("mean", (total / 4).item())
+"""
+ONE_MORE_LAYER = PLAIN.replace(
+    "nn.Linear(8, 1)).to(device)", "nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)"
+)
+READ_IN_LOOP = ONE_MORE_LAYER.replace(
+    "    total += loss.detach()\n", "    total += loss.detach()\n    print(loss.item())\n"
+)
+
+
+def _run_plain(tmp_path: Path, version: str, source: str) -> Path:
+    folder = tmp_path / version
+    folder.mkdir()
+    (folder / "train.py").write_text(source)
+    out = folder / "r.json"
+    assert main(["run", "--policy", "record", "--out", str(out), str(folder / "train.py")]) == 0
+    return out
+
+
+def test_the_ratchet_passes_a_setup_edit_and_fails_a_read_in_the_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "baseline.json"
+    report = _run_plain(tmp_path, "v1", PLAIN)
+    assert main(["baseline", str(report), "-o", str(baseline), "--root", str(tmp_path / "v1")]) == 0
+    capsys.readouterr()
+
+    edited = _run_plain(tmp_path, "v2", ONE_MORE_LAYER)
+    code = main(["check", str(edited), "--baseline", str(baseline), "--root", str(tmp_path / "v2")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "info: edited: train.py:5 in <module>()" in out
+    assert "ok, nothing new" in out
+
+    dirty = _run_plain(tmp_path, "v3", READ_IN_LOOP)
+    code = main(["check", str(dirty), "--baseline", str(baseline), "--root", str(tmp_path / "v3")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "new site: train.py:14 in <module>(): 'print(loss.item())' [item]" in out
