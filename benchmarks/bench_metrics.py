@@ -614,6 +614,7 @@ def _sites(report: barrierguard.Report) -> list[dict[str, Any]]:
             "count": s.count,
             "setup_count": s.setup_count,
             "step_count": s.step_count,
+            "after_loop": dict(s.phases).get("after-loop", 0),
             "events": max(s.events, s.count),
         }
         for s in report.ranked()
@@ -633,7 +634,7 @@ def _sync_record(
         "engine": engine,
         "measured_steps": measured,
         "per_step": during.step_syncs / measured if measured else float("nan"),
-        "at_end": final.step_syncs - during.step_syncs,
+        "at_end": final.total_syncs - during.total_syncs,  # after the loop: counted apart
         "setup": _setup_syncs(final),
         "sites": _sites(final),
     }
