@@ -456,3 +456,47 @@ def test_a_read_after_the_loop_passes_one_inside_fails(pytester: pytest.Pytester
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*FAILED test_plain.py::test_read_inside_the_loop*"])
     assert f"test_plain.py:{_line(PLAIN, '# INSIDE')}" in result.stdout.str()
+
+
+# Seven watched tests with different steps and syncs, for the xdist run.
+MANY = """\
+import pytest
+import torch
+
+from _fake_cuda import FakeTensor
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_loop(n):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    t = FakeTensor()
+    t.item()  # setup
+    for _ in range(n + 1):
+        for _ in range(n % 3):
+            t.tolist()  # in the loop
+        opt.step()
+    t.item()  # after the loop
+"""
+
+
+def _summary(report: Report) -> tuple[object, ...]:
+    sites = sorted(
+        (s.code, s.count, s.setup_count, s.step_count, dict(s.phases).get("after-loop", 0))
+        for s in report.sites
+    )
+    return (report.steps, report.measured_steps, report.total_syncs, report.step_syncs, sites)
+
+
+def test_xdist_workers_make_the_serial_report(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(_fake_cuda=FAKE.read_text(), conftest=CONFTEST, test_many=MANY)
+    serial, parallel = pytester.path / "serial.json", pytester.path / "parallel.json"
+    args = (*PLUGIN, "-p", "xdist.plugin", "--barrierguard=record")
+    pytester.runpytest_subprocess(*args, f"--barrierguard-report={serial}").assert_outcomes(
+        passed=7
+    )
+    result = pytester.runpytest_subprocess(*args, "-n", "2", f"--barrierguard-report={parallel}")
+    result.assert_outcomes(passed=7)
+    assert "7 test(s) watched" in result.stdout.str()
+    one, two = Report.load(serial), Report.load(parallel)
+    assert _summary(one) == _summary(two)
+    assert one.steps == sum(n + 1 for n in range(1, 8))

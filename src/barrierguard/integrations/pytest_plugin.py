@@ -13,12 +13,17 @@ each new site gives one :class:`~barrierguard.SyncWarning` (pytest's warning
 summary shows them); ``record`` only counts. ``--barrierguard-report=FILE``
 writes the sites of all watched tests as one report for ``barrierguard check``.
 
+Under pytest-xdist each worker sends its tests' reports to the controller
+(``workeroutput``, read in ``pytest_testnodedown``, as pytest-cov does), which
+writes the one report file and the summary, as a serial run would.
+
 As everywhere in barrierguard, syncs before the first step (``optimizer.step()``
 or ``guard.step()``) are setup and never held against the policy.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -414,10 +419,48 @@ def _merge(outcomes: Sequence[_Outcome]) -> Report:
     )
 
 
+_XDIST_KEY = "barrierguard"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker: hand this worker's outcomes to the controller."""
+    config = session.config
+    state = config.stash.get(_STATE, None)
+    output = getattr(config, "workeroutput", None)
+    if state is None or output is None:
+        return
+    output[_XDIST_KEY] = json.dumps(
+        [
+            {"nodeid": o.nodeid, "failed": o.failed, "report": o.report.to_dict()}
+            for o in state.outcomes
+        ]
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the pytest-xdist controller: take in a finished worker's outcomes."""
+    state = node.config.stash.get(_STATE, None)
+    data = getattr(node, "workeroutput", {}).get(_XDIST_KEY)
+    if state is None or not data:
+        return
+    try:
+        for raw in json.loads(data):
+            report = Report.from_dict(raw["report"], source=f"worker {raw['nodeid']}")
+            state.outcomes.append(_Outcome(str(raw["nodeid"]), report, bool(raw["failed"])))
+    except (BarrierGuardError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(
+            pytest.PytestWarning(f"barrierguard: a worker's reports could not be read: {exc}"),
+            stacklevel=1,
+        )
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(_STATE, None)
     if state is None or not state.outcomes:
         return
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller sums up and writes the report
     outs = state.outcomes
     merged = _merge(outs)
     tr = terminalreporter
