@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from _gate_helpers import barrierguard_cli
 from barrierguard.cli import follow
 from barrierguard.cli.main import main
 
@@ -92,22 +93,8 @@ def test_run_follows_a_subprocess_of_the_same_script(tmp_path: Path) -> None:
         )
     )
     out = tmp_path / "r.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "barrierguard",
-            "run",
-            "--policy",
-            "record",
-            "--out",
-            str(out),
-            str(script),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = barrierguard_cli(
+        "run", "--policy", "record", "--out", str(out), str(script), cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.glob("r*.json")) == ["r.rank0.json", "r.rank1.json"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from _fake_cuda import FakeMode
-from _gate_helpers import LOOP, run_loop
+from _gate_helpers import LOOP, PLAIN_LOOP, READ_IN_LOOP, run_loop
 from barrierguard import Report
 from barrierguard.cli.main import main
 
@@ -223,29 +223,8 @@ def test_unwritable_output_exits_2(
     assert str(target) in capsys.readouterr().err
 
 
-# A plain loop under `barrierguard run` (the audit engine): its only syncs are
-# setup copies of the model and one read after the loop.
-PLAIN = """\
-import torch
-from torch import nn
-
-device = "cpu"
-model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-total = torch.zeros((), device=device)
-for i in range(4):
-    loss = model(torch.randn(8, 4, device=device)).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    total += loss.detach()
-print("mean", (total / 4).item())
-"""
-ONE_MORE_LAYER = PLAIN.replace(
+ONE_MORE_LAYER = PLAIN_LOOP.replace(
     "nn.Linear(8, 1)).to(device)", "nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)"
-)
-READ_IN_LOOP = ONE_MORE_LAYER.replace(
-    "    total += loss.detach()\n", "    total += loss.detach()\n    print(loss.item())\n"
 )
 
 
@@ -262,7 +241,7 @@ def test_the_ratchet_passes_a_setup_edit_and_fails_a_read_in_the_loop(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     baseline = tmp_path / "baseline.json"
-    report = _run_plain(tmp_path, "v1", PLAIN)
+    report = _run_plain(tmp_path, "v1", PLAIN_LOOP)
     assert main(["baseline", str(report), "-o", str(baseline), "--root", str(tmp_path / "v1")]) == 0
     capsys.readouterr()
 

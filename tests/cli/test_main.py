@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _gate_helpers import PLAIN_LOOP, READ_IN_LOOP
 from barrierguard.cli.main import main
 
 FAKE = str(Path(__file__).with_name("_fake_cuda.py").parent)
@@ -87,35 +88,11 @@ def test_error_policy_violation_exits_3(
     assert "SyncError" in err and "train.py:9" in err
 
 
-# The plain loop the fix messages advise: the loss summed on the device, read once after.
-PLAIN_LOOP = """\
-import torch
-from torch import nn
-
-device = "cpu"
-model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-total = torch.zeros((), device=device)
-n = 0
-for i in range(5):
-    x = torch.randn(8, 4, device=device)
-    loss = model(x).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    total += loss.detach()
-    n += 1
-print("mean", (total / n).item())
-"""
-
-
 @pytest.mark.parametrize(("inside", "code"), [(False, 0), (True, 3)])
 def test_a_read_after_the_loop_passes_the_error_policy_one_inside_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], inside: bool, code: int
 ) -> None:
-    source = PLAIN_LOOP
-    if inside:
-        source = source.replace("    n += 1\n", "    n += 1\n    last = loss.item()\n")
+    source = READ_IN_LOOP if inside else PLAIN_LOOP
     script = tmp_path / "train.py"
     script.write_text(source)
     out = tmp_path / "r.json"
@@ -123,8 +100,8 @@ def test_a_read_after_the_loop_passes_the_error_policy_one_inside_fails(
     err = capsys.readouterr().err
     report = json.loads(out.read_text())
     if inside:
-        assert "SyncError: item sync at" in err and f"{script}:17 in step 2" in err
-        assert "last = loss.item()" in err
+        assert "SyncError: item sync at" in err and f"{script}:14 in step 2" in err
+        assert "print(loss.item())" in err
     else:
         read = next(s for s in report["sites"] if s["code"].startswith("print("))
         assert read["phases"] == {"after-loop": 1} and read["step_count"] == 0

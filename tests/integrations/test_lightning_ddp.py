@@ -12,6 +12,7 @@ import torch
 from torch.multiprocessing.spawn import ProcessExitedException
 
 import barrierguard
+from _gate_helpers import barrierguard_cli
 from barrierguard import Report
 from barrierguard.cli.gate import merge_files
 
@@ -93,30 +94,12 @@ if __name__ == "__main__":
 
 
 def test_run_follows_the_ranks_that_lightning_relaunches(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     script = tmp_path / "fit.py"
     script.write_text(DDP_SCRIPT)
     out = tmp_path / "r.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "barrierguard",
-            "run",
-            "--policy",
-            "record",
-            "--out",
-            str(out),
-            str(script),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = barrierguard_cli(
+        "run", "--policy", "record", "--out", str(out), str(script), cwd=tmp_path, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = sorted(p.name for p in tmp_path.glob("r.*.json"))

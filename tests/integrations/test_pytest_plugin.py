@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _gate_helpers import PLAIN_LOOP, READ_IN_LOOP
 from barrierguard import Report
 from barrierguard.cli.main import main
 from barrierguard.integrations import pytest_plugin as _pytest_plugin
@@ -419,43 +420,27 @@ def test_an_internal_fault_is_a_warning_not_a_failure(
     assert "internal error in barrierguard: RuntimeError: boom" in result.stdout.str()
 
 
-# The plain loop of the fix messages, as tests: a read after the loop, a read inside.
+# The plain loop of the fix messages, run by tests: a read after the loop, a read inside.
 PLAIN = """\
-import torch
-from torch import nn
-
-
-def _train(read_inside):
-    device = "cpu"
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    total = torch.zeros((), device=device)
-    for _ in range(4):
-        loss = model(torch.randn(8, 4, device=device)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        total += loss.detach()
-        if read_inside:
-            loss.item()  # INSIDE
-    return (total / 4).item()
+import runpy
 
 
 def test_read_after_the_loop():
-    assert _train(False) >= 0
+    runpy.run_path("loop_after.py")
 
 
 def test_read_inside_the_loop():
-    assert _train(True) >= 0
+    runpy.run_path("loop_inside.py")
 """
 
 
 def test_a_read_after_the_loop_passes_one_inside_fails(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_plain=PLAIN)
+    pytester.makepyfile(test_plain=PLAIN, loop_after=PLAIN_LOOP, loop_inside=READ_IN_LOOP)
     result = pytester.runpytest(*PLUGIN, "--barrierguard=error")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*FAILED test_plain.py::test_read_inside_the_loop*"])
-    assert f"test_plain.py:{_line(PLAIN, '# INSIDE')}" in result.stdout.str()
+    line = _line(READ_IN_LOOP, "print(loss.item())")
+    assert f"loop_inside.py:{line}" in result.stdout.str()
 
 
 # Seven watched tests with different steps and syncs, for the xdist run.
