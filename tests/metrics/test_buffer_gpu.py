@@ -26,7 +26,7 @@ SPECS: dict[str, Any] = {
     "steps": "count",
 }
 NAMES = tuple(SPECS)
-STEPS = 4 * BLOCK_STEPS + 100  # folds inside the loop, and one in compute()
+STEPS = BLOCK_STEPS + 100  # folds inside the loop, and one in compute()
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 
 
@@ -109,7 +109,7 @@ def test_integer_counts_beside_a_bfloat16_loss_stay_exact_without_a_sync() -> No
     loss = torch.full((), 0.5, device=device, dtype=torch.bfloat16)
     tokens = torch.full((), 3001, device=device, dtype=torch.long)
     buf = MetricBuffer({"loss": "mean", "tokens": "sum"})
-    steps = 4 * BLOCK_STEPS + 88  # folds inside the loop, and one in compute()
+    steps = 2 * BLOCK_STEPS + 88  # two folds inside the loop, and one in compute()
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:

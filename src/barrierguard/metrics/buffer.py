@@ -418,7 +418,7 @@ class MetricBuffer:
             block.tensor_weights = n_tensor is not None
         if self._last is not block:
             self._settle(block)
-        dst = block.rows[block.steps]
+        dst = block.row()
         if block.weighted:
             if n_tensor is not None:
                 src.append(n_tensor)

@@ -21,7 +21,7 @@ __all__ = ["BLOCK_STEPS", "F64", "Block", "Slot"]
 
 F64: Final = torch.float64
 """The dtype of every running state."""
-BLOCK_STEPS: Final = 256
+BLOCK_STEPS: Final = 1024
 """Rows of a block: the steps a set of names copies in before they are folded in."""
 
 
@@ -153,12 +153,18 @@ class Block:
         )
         width = len(tensors) + self.weighted
         self.data = torch.zeros((BLOCK_STEPS, width), dtype=F64, device=device)
-        # 0-d views of each row, the copy's destinations: made once, in one call.
-        views = self.data.view(-1).unbind(0)
-        self.rows = [list(views[i * width : (i + 1) * width]) for i in range(BLOCK_STEPS)]
+        # 0-d views of each row, the copy's destinations: made on a row's first use, kept.
+        self.rows: list[list[torch.Tensor] | None] = [None] * BLOCK_STEPS
         self.steps = 0
         self.weights: list[float] = []
         self.tensor_weights = False
+
+    def row(self) -> list[torch.Tensor]:
+        """The views of the next row to copy into."""
+        views = self.rows[self.steps]
+        if views is None:
+            views = self.rows[self.steps] = list(self.data[self.steps].unbind(0))
+        return views
 
     def clear(self) -> None:
         """Drop the rows not folded in yet."""
