@@ -63,6 +63,7 @@ from barrierguard.detect.audit_provenance import (
 )
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.audit_rules import build_rules, tagged_ops
+from barrierguard.detect.audit_warnings import WarningRelay
 from barrierguard.detect.frames import locate
 from barrierguard.detect.patch import Patches
 
@@ -81,6 +82,7 @@ class AuditEngine:
         self._thread = 0
         self._suspended = False
         self._depth = 0
+        self._relay = WarningRelay()
 
     # -- install / uninstall --------------------------------------------------
     def install(self) -> None:
@@ -94,6 +96,7 @@ class AuditEngine:
         try:
             mode = AuditMode(self, build_rules())
             self._patch_calls(mode)
+            self._relay.install()
             self._hooks.append(register_optimizer_step_pre_hook(self._pause))
             self._hooks.append(register_optimizer_step_post_hook(self._resume))
             self._mode = mode
@@ -116,6 +119,7 @@ class AuditEngine:
             while self._hooks:
                 self._hooks.pop().remove()
             self._patches.undo()
+            self._relay.uninstall()
             self._suspended = False
 
     # -- notes to the running guards ------------------------------------------------
