@@ -62,7 +62,7 @@ from barrierguard.detect.audit_provenance import (
     _stack_push,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
-from barrierguard.detect.audit_rules import build_rules, tagged_ops
+from barrierguard.detect.audit_rules import build_rules, install_patches, tagged_ops
 from barrierguard.detect.audit_warnings import WarningRelay
 from barrierguard.detect.frames import locate
 from barrierguard.detect.patch import Patches
@@ -166,7 +166,7 @@ class AuditEngine:
 
         node.register_prehook(prehook)
 
-    def _record(self, kind: str, detail: str) -> None:
+    def _record(self, kind: str | None, detail: str) -> None:
         mode = self._mode
         if mode is None or not mode.active:
             return
@@ -257,6 +257,7 @@ class AuditEngine:
                 _stack_push(mode)
 
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
+        install_patches(self._patches, mode, record)
 
         # torch.distributed's host barriers. A collective on tensors that would
         # live on the device runs on the stream under NCCL: not a barrier. What

@@ -281,7 +281,15 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
         return "call", ""
     kind = kind_for_call(name)
     if kind == "copy":
-        direction = {"cpu": "d2h", "numpy": "d2h", "cuda": "h2d", "tensor": "h2d"}.get(name, "")
+        direction = {
+            "cpu": "d2h",
+            "numpy": "d2h",
+            "save": "d2h",
+            "cuda": "h2d",
+            "tensor": "h2d",
+            "load": "h2d",
+            "load_state_dict": "h2d",
+        }.get(name, "")
         return kind, direction
     return kind, (name if kind in ("call", "collective") else "")
 
