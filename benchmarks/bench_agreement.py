@@ -50,7 +50,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from public_script import make_corpus  # noqa: E402  (word_language_model's text files)
+
 CORPUS = ROOT / "benchmarks" / "corpus"
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 MODES = ("audit", "cuda", "raw")
@@ -111,20 +114,6 @@ SCRIPTS: tuple[Script, ...] = (
     ),
 )
 
-WORDS = [f"w{i}" for i in range(200)]
-
-
-def make_text(folder: Path, seed: int = 0) -> None:
-    """train/valid/test.txt of synthetic words (word_language_model's --data)."""
-    rng = random.Random(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, lines in (("train.txt", 400), ("valid.txt", 60), ("test.txt", 60)):
-        text = "\n".join(
-            " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 15))) for _ in range(lines)
-        )
-        (folder / name).write_text(text + "\n")
-
-
 def _command(script: Script, mode: str, out: Path, work: Path) -> tuple[list[str], dict[str, str]]:
     path = str(CORPUS / script.folder / script.main)
     args = [a.replace("{data}", str(work / "data")) for a in script.args]
@@ -150,7 +139,7 @@ def run_one(script: Script, mode: str, results: Path, timeout: float) -> dict[st
     with tempfile.TemporaryDirectory(prefix=f"agree-{script.name}-") as tmp:
         work = Path(tmp)
         if script.text_data:
-            make_text(work / "data")
+            make_corpus(work / "data")
         cmd, env = _command(script, mode, out, work)
         t0 = time.perf_counter()
         try:

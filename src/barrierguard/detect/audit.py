@@ -257,7 +257,6 @@ class AuditEngine:
                 _stack_push(mode)
 
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
-        install_patches(self._patches, mode, record)
 
         # torch.distributed's host barriers. A collective on tensors that would
         # live on the device runs on the stream under NCCL: not a barrier. What
@@ -281,6 +280,8 @@ class AuditEngine:
             record=lambda detail, stall: record("collective", detail),
             hush=aside,
         )
+        # torch.save / torch.load of device tensors, cuDNN's flatten_parameters.
+        install_patches(self._patches, mode, record, aside)
 
 
 def _on_stack(mode: TorchFunctionMode) -> bool:

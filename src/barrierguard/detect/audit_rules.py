@@ -14,7 +14,8 @@ import functools
 import os
 import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import FrameType
 from typing import Any
 
@@ -26,10 +27,6 @@ from barrierguard.detect.audit_provenance import (
     Rule,
     Tensor,
     _masks,
-    _stack_at,
-    _stack_len,
-    _stack_pop,
-    _stack_push,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.cuda import _nonblocking
@@ -71,16 +68,28 @@ def tagged_ops() -> dict[str, str]:
     return found
 
 
-def _reader(kind: str) -> Rule:
+def _reader(
+    kind: str,
+    detail: str = "",
+    when: Callable[[], bool] | None = None,
+    hit: Callable[[], None] | None = None,
+) -> Rule:
+    """A rule that records ``kind`` when the call's tensor is a device tensor
+    (and ``when()``, if given, says the call counts); ``hit()`` is told."""
+
     def rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)
+        if when is not None and not when():
+            return out
         try:
-            hit = bool(args) and isinstance(args[0], Tensor) and mode.is_dev(args[0])
+            dev = bool(args) and isinstance(args[0], Tensor) and mode.is_dev(args[0])
         except Exception as exc:
             _fault(exc)
             return out
-        if hit:
-            mode.record(kind)
+        if dev:
+            if hit is not None:
+                hit()
+            mode.record(kind, detail)
         return out
 
     return rule
@@ -427,6 +436,9 @@ class _Checkpoints:
         self.paths: set[str] = set()
         self.buffers: weakref.WeakSet[Any] = weakref.WeakSet()
 
+    def saw_device_tensor(self) -> None:
+        self.device_tensors += 1
+
     def remember(self, f: Any) -> None:
         key = _file_key(f)
         if isinstance(key, str):
@@ -479,20 +491,6 @@ def _mark_loaded(mode: AuditMode, obj: Any, dev: bool, depth: int = 0) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def _aside(mode: AuditMode) -> Iterator[None]:
-    """Take the mode off this thread's stack meanwhile (if it is on top)."""
-    n = _stack_len()
-    if n == 0 or _stack_at(n - 1) is not mode:
-        yield
-        return
-    _stack_pop()
-    try:
-        yield
-    finally:
-        _stack_push(mode)
-
-
 def _load_target(mode: AuditMode, state: _Checkpoints, f: Any, where: Any) -> bool:
     """Whether ``torch.load(f, map_location=where)`` would load onto the device."""
     if where is None:
@@ -528,7 +526,12 @@ def _flattens_on_gpu(mode: AuditMode, rnn: Any) -> bool:
 _CUDNN_DTYPES = frozenset({torch.float16, torch.float32, torch.float64})
 
 
-def install_patches(patches: Patches, mode: AuditMode, record: Record) -> None:
+def install_patches(
+    patches: Patches,
+    mode: AuditMode,
+    record: Record,
+    aside: Callable[[], AbstractContextManager[None]],
+) -> None:
     """Audit ``torch.save``, ``torch.load`` and ``RNNBase.flatten_parameters``.
 
     Args:
@@ -537,25 +540,14 @@ def install_patches(patches: Patches, mode: AuditMode, record: Record) -> None:
             to its table (``torch.save`` reads each tensor's storage once).
         record: Records a sync at the caller's line: ``record(kind, detail)``,
             the kind read from the user's call when ``None``.
+        aside: A context in which the mode is off the stack (``torch.load``'s
+            own calls say nothing about the GPU run).
     """
     state = _Checkpoints()
 
-    def storage_rule(
-        mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        out = func(*args, **kwargs)
-        if state.saving:
-            try:
-                hit = bool(args) and isinstance(args[0], Tensor) and mode.is_dev(args[0])
-            except Exception as exc:
-                _fault(exc)
-                return out
-            if hit:
-                state.device_tensors += 1
-                mode.record("copy", "d2h")
-        return out
-
-    mode.rules[Tensor.untyped_storage] = storage_rule
+    mode.rules[Tensor.untyped_storage] = _reader(
+        "copy", "d2h", when=lambda: state.saving > 0, hit=state.saw_device_tensor
+    )
     orig_save = torch.save
     orig_load = torch.load
 
@@ -579,7 +571,7 @@ def install_patches(patches: Patches, mode: AuditMode, record: Record) -> None:
             return orig_load(f, *args, **kwargs)
         # torch.load's own calls (device= of the saved location) say nothing
         # about the GPU run: the mode steps aside, and the result is marked.
-        with _aside(mode):
+        with aside():
             out = orig_load(f, *args, **kwargs)
         try:
             where = kwargs.get("map_location", args[0] if args else None)

@@ -23,7 +23,6 @@ original category and message. Nothing is paid until a warning is raised.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import warnings
@@ -32,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 from barrierguard.detect.frames import OWN, classify_file
+from barrierguard.detect.patch import drop_filter
 
 __all__ = ["WarningRelay"]
 
@@ -80,11 +80,7 @@ class WarningRelay:
                 warnings._showwarnmsg = self._saved_show  # type: ignore[attr-defined]
             self._saved_show = None
         if self._filter is not None:
-            with contextlib.suppress(ValueError):
-                warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
-            mutated = getattr(warnings, "_filters_mutated", None)
-            if mutated is not None:
-                mutated()
+            drop_filter(self._filter)
             self._filter = None
 
     def _show(self, msg: Any) -> None:
