@@ -261,7 +261,9 @@ def _run(ns: argparse.Namespace) -> int:
             if ns.module:
                 runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
             else:
-                runpy.run_path(argv[0], run_name="__main__")
+                # An absolute path, as `python train.py` gives the script's code
+                # (the report's files are absolute); argv[0] stays as typed.
+                runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
     except SyncError:

@@ -13,7 +13,6 @@ too soon.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
 import sys
@@ -28,7 +27,7 @@ import torch
 
 from barrierguard.detect import distributed, hub
 from barrierguard.detect.frames import locate
-from barrierguard.detect.patch import Patches
+from barrierguard.detect.patch import Patches, drop_filter
 
 __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 
@@ -239,11 +238,7 @@ class CudaEngine:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None
             if self._filter is not None:
-                with contextlib.suppress(ValueError):
-                    warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
-                mutated = getattr(warnings, "_filters_mutated", None)
-                if mutated is not None:
-                    mutated()
+                drop_filter(self._filter)
                 self._filter = None
 
     # -- the sync-debug warning -------------------------------------------

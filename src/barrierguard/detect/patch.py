@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
-__all__ = ["Patches"]
+__all__ = ["Patches", "drop_filter"]
 
 _MISSING = object()
 
@@ -45,3 +46,20 @@ class Patches:
 
     def __len__(self) -> int:
         return len(self._stack)
+
+
+def drop_filter(entry: Any) -> None:
+    """Remove one entry of ``warnings.filters`` (if still there), as a context exit would.
+
+    Example:
+        >>> import warnings
+        >>> warnings.filterwarnings("ignore", message="x-test")
+        >>> drop_filter(warnings.filters[0]); any(f[1] and f[1].pattern == "x-test"
+        ...     for f in warnings.filters)
+        False
+    """
+    with contextlib.suppress(ValueError):
+        warnings.filters.remove(entry)  # type: ignore[attr-defined]
+    mutated = getattr(warnings, "_filters_mutated", None)
+    if mutated is not None:
+        mutated()

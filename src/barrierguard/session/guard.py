@@ -29,6 +29,7 @@ from barrierguard.session import ranks
 from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
 from barrierguard.session.sites import SiteStats, message, site_record
+from barrierguard.session.steps import OptimizerSteps
 
 if TYPE_CHECKING:
     from barrierguard.session.memory import MemoryMonitor
@@ -101,10 +102,14 @@ class Guard:
     or driven by hand with :meth:`start`/:meth:`stop`; starting it again after a
     stop adds to the same report.
 
-    Steps: every ``optimizer.step()`` ends a step (the first optimizer that
-    steps leads, so a GAN's two optimizers make one step). Loops without an
-    optimizer call :meth:`step`; once :meth:`step` has been called, optimizer
-    steps no longer count. Everything before the first step, and the first
+    Steps: every ``optimizer.step()`` ends a step. With several optimizers,
+    the first to step in an iteration leads and the others follow, so a GAN's
+    two optimizers stepping once each make one step; an optimizer that steps
+    twice while the lead does not (layer-wise training: A steps 30 times, then
+    B 30 times) takes the lead and every step of it counts, 60 in all
+    (``session/steps.py`` has the rule). Loops without an optimizer call
+    :meth:`step`; once :meth:`step` has been called, optimizer steps no
+    longer count. Everything before the first step, and the first
     ``warmup_steps`` steps, is setup: recorded, never held against the policy.
 
     Example:
@@ -126,7 +131,7 @@ class Guard:
         self._per_step: list[int] = [0]
         self._step_stall: list[float] = [0.0]
         self._manual = False
-        self._lead: Any = None
+        self._optimizer_steps = OptimizerSteps()
         # (site, step, reason, thread name): made into Violations by report(),
         # off the hot path.
         self._violations: list[tuple[Location, int, str, str]] = []
@@ -352,10 +357,7 @@ class Guard:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._manual:
             return
-        lead = self._lead
-        if lead is None:
-            self._lead = lead = id(optimizer)
-        if id(optimizer) == lead:
+        for _ in range(self._optimizer_steps.boundaries(id(optimizer))):
             self._advance()
 
     def _advance(self) -> None:
