@@ -204,6 +204,7 @@ class CudaEngine:
         self._patches = Patches()
         self._saved_mode: int = 0
         self._filter: Any = None
+        self._filter_list: list[Any] = []
         self._saved_show: Callable[..., Any] | None = None
         self._show_attr = "_showwarnmsg"
         self._index_timed = False
@@ -215,6 +216,9 @@ class CudaEngine:
             # Route the mode's warnings to us first, then arm the mode.
             warnings.filterwarnings("always", message=SYNC_MESSAGE, category=UserWarning)
             self._filter = warnings.filters[0]
+            # The list it went into: a warnings.catch_warnings() entered
+            # meanwhile works on a copy and puts this list back at its exit.
+            self._filter_list = warnings.filters  # type: ignore[attr-defined]
             # _showwarnmsg sees warnings even inside catch_warnings(record=True)
             # (pytest records every test that way); showwarning is the fallback.
             if not hasattr(warnings, "_showwarnmsg"):
@@ -239,8 +243,11 @@ class CudaEngine:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None
             if self._filter is not None:
-                with contextlib.suppress(ValueError):
-                    warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
+                lists = [warnings.filters, self._filter_list]  # type: ignore[attr-defined]
+                for filters in lists[: 1 if lists[0] is lists[1] else 2]:
+                    with contextlib.suppress(ValueError):
+                        filters.remove(self._filter)
+                self._filter_list = []
                 mutated = getattr(warnings, "_filters_mutated", None)
                 if mutated is not None:
                     mutated()

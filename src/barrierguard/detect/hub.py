@@ -15,7 +15,18 @@ from typing import Protocol
 
 from barrierguard.detect.frames import Location
 
-__all__ = ["Engine", "Recorder", "attach", "detach", "emit", "fault", "note", "running_recorders"]
+__all__ = [
+    "Engine",
+    "Recorder",
+    "attach",
+    "defer",
+    "detach",
+    "emit",
+    "fault",
+    "note",
+    "running_recorders",
+    "tidy",
+]
 
 
 class Recorder(Protocol):
@@ -51,6 +62,9 @@ class Engine(Protocol):
 _lock = threading.RLock()
 _recorders: dict[str, tuple[Recorder, ...]] = {}
 _engines: dict[str, Engine] = {}
+# Per thread ident: what an engine stopped from another thread left behind on
+# that thread (state only that thread can remove), run by its next tidy().
+_left: dict[int, list[Callable[[], None]]] = {}
 
 
 def attach(recorder: Recorder, engine: Engine) -> None:
@@ -74,6 +88,25 @@ def detach(recorder: Recorder, engine_name: str) -> None:
         engine = _engines.pop(engine_name, None)
     if engine is not None:
         engine.uninstall()
+
+
+def defer(thread_ident: int, cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` at the next :func:`tidy` on the thread ``thread_ident``."""
+    with _lock:
+        _left.setdefault(thread_ident, []).append(cleanup)
+
+
+def tidy() -> None:
+    """Run what was deferred to this thread (never raises: it is best effort)."""
+    if not _left:
+        return
+    with _lock:
+        todo = _left.pop(threading.get_ident(), [])
+    for cleanup in todo:
+        try:
+            cleanup()
+        except Exception:  # nothing left to report it to; the state was inert
+            continue
 
 
 def running_recorders() -> tuple[Recorder, ...]:

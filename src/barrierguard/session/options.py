@@ -201,7 +201,7 @@ def make_options(
     owner: str = "watch",
 ) -> Options:
     """Validate and freeze a guard's options; every error names the argument."""
-    rules = [allow] if isinstance(allow, str) else list(allow)
+    rules = _rules(owner, allow)
     warmup = _count(owner, "warmup_steps", warmup_steps, allow_none=False)
     assert warmup is not None
     return Options(
@@ -215,6 +215,17 @@ def make_options(
         memory_every=_stride(owner, memory_every),
         memory_children=_flag(owner, "memory_children", memory_children),
         out=parse_out(out, owner=owner),
+    )
+
+
+def _rules(owner: str, allow: object) -> list[str]:
+    if isinstance(allow, str):
+        return [allow]
+    if isinstance(allow, Iterable) and not isinstance(allow, (bytes, dict)):
+        return list(allow)
+    raise BarrierGuardError(
+        f"{owner}(allow={allow!r}) is not valid: expected a rule or a list of rules "
+        f"(() for none), each {_ALLOW_FORMS}"
     )
 
 
