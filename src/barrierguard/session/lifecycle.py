@@ -20,13 +20,10 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.detect import hub
-
-if TYPE_CHECKING:
-    from barrierguard.session.guard import Guard
 
 __all__ = ["decorate", "enter", "leave"]
 
@@ -39,6 +36,30 @@ ASIDE_NOTE = (
     "started twice, and that call ran unwatched (a guard watches the thread that started "
     "it; give each thread its own watch())"
 )
+
+
+class Guard(Protocol):
+    """What this module uses of a :class:`~barrierguard.Guard` (which imports it)."""
+
+    _life: Any
+    _entries: threading.local
+    _running: bool
+    _thread_ident: int | None
+    _deferred: list[Any]
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> Any: ...
+
+    def _stop(self, *, act: bool) -> Any: ...
+
+    def _note(self, text: str) -> None: ...
+
+    def _thread_name(self, ident: int) -> str: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> None: ...
 
 
 def _entries(guard: Guard) -> list[str]:
