@@ -122,6 +122,19 @@ class AuditEngine:
             self._patches.undo()
             self._suspended = False
 
+    def release(self, thread_ident: int) -> None:
+        """The last guard of ``thread_ident`` stopped, others run on: leave its stack.
+
+        The mode watches the thread that installed it only; guards of other
+        threads go on with the engine's patches, and nothing of this thread.
+        """
+        mode = self._mode
+        if mode is None or thread_ident != self._thread or threading.get_ident() != thread_ident:
+            return
+        mode.active = False
+        if not self._suspended:
+            _remove_from_stack(mode)
+
     # -- notes to the running guards ------------------------------------------------
     def note(self, text: str) -> None:
         hub.note(NAME, text)

@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -218,7 +218,7 @@ class CudaEngine:
             self._filter = warnings.filters[0]
             # The list it went into: a warnings.catch_warnings() entered
             # meanwhile works on a copy and puts this list back at its exit.
-            self._filter_list = warnings.filters  # type: ignore[attr-defined]
+            self._filter_list = cast("list[Any]", warnings.filters)
             # _showwarnmsg sees warnings even inside catch_warnings(record=True)
             # (pytest records every test that way); showwarning is the fallback.
             if not hasattr(warnings, "_showwarnmsg"):
@@ -243,7 +243,7 @@ class CudaEngine:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None
             if self._filter is not None:
-                lists = [warnings.filters, self._filter_list]  # type: ignore[attr-defined]
+                lists = [cast("list[Any]", warnings.filters), self._filter_list]
                 for filters in lists[: 1 if lists[0] is lists[1] else 2]:
                     with contextlib.suppress(ValueError):
                         filters.remove(self._filter)

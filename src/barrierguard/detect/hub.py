@@ -79,29 +79,55 @@ def attach(recorder: Recorder, engine: Engine) -> None:
 
 def detach(recorder: Recorder, engine_name: str) -> None:
     """Stop delivering to ``recorder``; uninstall the engine after its last recorder."""
+    here = threading.get_ident()
     with _lock:
         current = tuple(g for g in _recorders.get(engine_name, ()) if g is not recorder)
         if current:
             _recorders[engine_name] = current
-            return
-        _recorders.pop(engine_name, None)
-        engine = _engines.pop(engine_name, None)
-    if engine is not None:
-        engine.uninstall()
+            engine = _engines.get(engine_name)
+            if any(getattr(g, "_thread_ident", None) == here for g in current):
+                return
+        else:
+            _recorders.pop(engine_name, None)
+            engine = _engines.pop(engine_name, None)
+    if engine is None:
+        return
+    if current:
+        # The last recorder of this thread left, others run elsewhere: what the
+        # engine keeps on this thread alone (a function mode) goes now, since a
+        # thread that ends with a function mode on its stack can abort the
+        # process.
+        release = getattr(engine, "release", None)
+        if release is not None:
+            release(here)
+        return
+    engine.uninstall()
 
 
 def defer(thread_ident: int, cleanup: Callable[[], None]) -> None:
-    """Run ``cleanup`` at the next :func:`tidy` on the thread ``thread_ident``."""
+    """Run ``cleanup`` at the next :func:`tidy` on the thread ``thread_ident``.
+
+    Nothing is kept for a thread that has already ended.
+    """
+    if not any(t.ident == thread_ident for t in threading.enumerate()):
+        return
     with _lock:
         _left.setdefault(thread_ident, []).append(cleanup)
 
 
 def tidy() -> None:
-    """Run what was deferred to this thread (never raises: it is best effort)."""
+    """Run what was deferred to this thread (never raises: it is best effort).
+
+    What was deferred to a thread that has ended is dropped: its state ended
+    with it.
+    """
     if not _left:
         return
+    alive = {t.ident for t in threading.enumerate()}
     with _lock:
         todo = _left.pop(threading.get_ident(), [])
+        for ident in [i for i in _left if i not in alive]:
+            del _left[ident]
     for cleanup in todo:
         try:
             cleanup()

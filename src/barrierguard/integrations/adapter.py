@@ -113,7 +113,9 @@ class Adapter:
             guard.start()
         return guard
 
-    def _end(self, rank_file: Callable[[], str | None], merged_file: Callable[[], str | None]) -> None:
+    def _end(
+        self, rank_file: Callable[[], str | None], merged_file: Callable[[], str | None]
+    ) -> None:
         """Stop the guard, then print, save and merge the report (a policy error still raises)."""
         guard = self._guard
         if guard is None or not guard.is_running:

@@ -91,7 +91,6 @@ class HFBarrierGuard(Adapter, TrainerCallback):
         60
     """
 
-
     def __init__(self, **options: Any) -> None:
         self._configure("HFBarrierGuard", "args.output_dir", options)
         self._trainers: weakref.WeakSet[Any] | None = weakref.WeakSet()

@@ -15,7 +15,6 @@ Lightning). What it adds to a plain guard:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -93,7 +92,6 @@ class BarrierGuard(Adapter, pl.Callback):
         >>> cb.report.steps  # doctest: +SKIP
         200
     """
-
 
     def __init__(self, **options: Any) -> None:
         own = self._configure("BarrierGuard", "trainer.log_dir", options, own=("log_figures",))

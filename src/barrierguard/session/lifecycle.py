@@ -20,7 +20,7 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.detect import hub
@@ -121,7 +121,7 @@ def decorate(guard: Guard, func: F) -> F:
             f"@watch cannot watch the async generator function {name}(): use "
             "'with watch(...):' around the loop that consumes it"
         )
-    watched: Callable[..., Any]
+    watched: Any
     if inspect.isgeneratorfunction(func):
 
         @functools.wraps(func)
@@ -146,5 +146,5 @@ def decorate(guard: Guard, func: F) -> F:
                 return func(*args, **kwargs)
 
         watched = watched_call
-    watched.guard = guard  # type: ignore[attr-defined]
-    return watched  # type: ignore[return-value]
+    watched.guard = guard
+    return cast(F, watched)
