@@ -52,7 +52,9 @@ def global_state() -> dict[str, Any]:
         "profile": sys.getprofile(),
         "running_recorders": hub.running_recorders(),
         # Cleanups an engine stopped from another thread left to a thread.
-        "left_to_threads": {k: len(v) for k, v in getattr(hub, "_left", {}).items() if v and k in _alive()},
+        "left_to_threads": {
+            k: len(v) for k, v in getattr(hub, "_left", {}).items() if v and k in _alive()
+        },
         "warnings_filters_count": sum(1 for f in warnings.filters if _is_ours(f)),
         "torch.cuda.synchronize": torch.cuda.synchronize,
     }

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 import torch
-from _leaks import global_state
 
 import barrierguard
+from _leaks import global_state
 
 pl = pytest.importorskip("lightning.pytorch")
 transformers = pytest.importorskip("transformers")

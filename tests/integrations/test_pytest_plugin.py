@@ -417,3 +417,41 @@ def test_an_internal_fault_is_a_warning_not_a_failure(
     result = sandbox.runpytest(*PLUGIN, "--barrierguard=error")
     result.assert_outcomes(passed=2, warnings=1)
     assert "internal error in barrierguard: RuntimeError: boom" in result.stdout.str()
+
+
+_EXIT_BODIES = {
+    "return": ("pass", pytest.ExitCode.OK),
+    "exception": ("raise ValueError('out')", pytest.ExitCode.TESTS_FAILED),
+    "keyboard_interrupt": ("raise KeyboardInterrupt", pytest.ExitCode.INTERRUPTED),
+    "system_exit": ("raise SystemExit(3)", pytest.ExitCode.TESTS_FAILED),
+    "hook_exception": (
+        "opt.register_step_post_hook(lambda *a: 1 / 0); opt.step()",
+        pytest.ExitCode.TESTS_FAILED,
+    ),
+}
+
+
+@pytest.mark.parametrize("exit_path", sorted(_EXIT_BODIES))
+def test_every_exit_path_of_a_watched_test_restores_everything(
+    pytester: pytest.Pytester, exit_path: str
+) -> None:
+    from _leaks import global_state
+
+    body, code = _EXIT_BODIES[exit_path]
+    pytester.makepyfile(
+        test_exit=f"""
+        import torch
+
+        def test_exit():
+            opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+            opt.step()
+            torch.ones(2).sum().item()
+            {body}
+        """
+    )
+    before = global_state()
+    result = pytester.runpytest_inprocess(
+        *PLUGIN, "--barrierguard=record", "-p", "no:cacheprovider", no_reraise_ctrlc=True
+    )
+    assert result.ret == code
+    assert global_state() == before

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 import torch
-from _leaks import global_state
 from torch import nn
 
 import barrierguard
+from _leaks import global_state
 from barrierguard.cli.main import main
 from barrierguard.detect import hub
 
