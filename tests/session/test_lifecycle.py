@@ -309,7 +309,7 @@ def test_an_async_generator_is_refused_when_decorated() -> None:
     async def agen() -> Any:
         yield 1
 
-    with pytest.raises(barrierguard.BarrierGuardError, match="async generator.*with watch"):
+    with pytest.raises(barrierguard.BarrierGuardError, match=r"async generator.*with watch"):
         barrierguard.watch(agen)
 
 
