@@ -12,7 +12,17 @@ import torch
 import barrierguard
 from barrierguard.detect import hub
 
-__all__ = ["global_state"]
+__all__ = ["EXITS", "RAISED", "global_state"]
+
+# The ways out of watched code, and what each raises ("hook_exception": a
+# framework hook that fails, such as an optimizer step hook).
+EXITS = ("return", "exception", "keyboard_interrupt", "system_exit", "hook_exception")
+RAISED: dict[str, type[BaseException]] = {
+    "exception": ValueError,
+    "keyboard_interrupt": KeyboardInterrupt,
+    "system_exit": SystemExit,
+    "hook_exception": ZeroDivisionError,
+}
 
 
 def _is_ours(entry: Any) -> bool:

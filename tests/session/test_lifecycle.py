@@ -24,24 +24,11 @@ import torch
 from torch import nn
 
 import barrierguard
-from _leaks import global_state
+from _leaks import EXITS, RAISED, global_state
 from barrierguard.cli.main import main
 from barrierguard.detect import hub
 
 DEV = torch.device("cpu")  # the training device of a GPU run, here on CPU
-
-
-class HookError(Exception):
-    """Raised from inside a framework hook (here: an optimizer step hook)."""
-
-
-EXITS = ("return", "exception", "keyboard_interrupt", "system_exit", "hook_exception")
-_RAISED: dict[str, type[BaseException]] = {
-    "exception": ValueError,
-    "keyboard_interrupt": KeyboardInterrupt,
-    "system_exit": SystemExit,
-    "hook_exception": HookError,
-}
 
 
 # With two threads, each starts and stops its guard while the other is not
@@ -71,15 +58,15 @@ def _train(exit_path: str) -> int:
     if exit_path != "hook_exception":
         _meet()
     if exit_path == "hook_exception":
-        hook = opt.register_step_post_hook(lambda *a: (_ for _ in ()).throw(HookError("hook")))
+        hook = opt.register_step_post_hook(lambda *a: 1 / 0)
         try:
             model(x).sum().backward()
             opt.step()
         finally:
             hook.remove()
             _meet()
-    if exit_path in _RAISED:
-        raise _RAISED[exit_path]("out")
+    if exit_path in RAISED:
+        raise RAISED[exit_path]("out")
     return 7
 
 
@@ -145,7 +132,7 @@ def test_watch_restores_everything_on_every_exit_path(
             w.start()
         for w in workers:
             w.join()
-    expected = _RAISED.get(exit_path, 7)
+    expected = RAISED.get(exit_path, 7)
     assert outcomes == [expected] * threads
     assert stacks == [0] * (threads if threads > 1 else 0)
     assert global_state() == before
