@@ -221,49 +221,75 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def _find_module(name: str) -> str | None:
+    """Where ``run -m name`` finds its module (its file), like ``python -m``."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as err:  # a parent package missing, a bad name
+        raise BarrierGuardError(f"run -m {name}: no module named {name!r} ({err})") from err
+    if spec is None:
+        raise BarrierGuardError(f"run -m {name}: no module named {name!r}")
+    return spec.origin
+
+
 def _run(ns: argparse.Namespace) -> int:
-    if ns.module:
-        spec = importlib.util.find_spec(ns.module)
-        if spec is None:
-            raise BarrierGuardError(f"run -m {ns.module}: no module named {ns.module!r}")
-        argv = [spec.origin or ns.module, *ns.target]
-    else:
-        if not ns.target:
-            raise BarrierGuardError("run: expected a script (script.py [args]) or -m module")
-        script = ns.target[0]
-        if not os.path.isfile(script):
-            raise BarrierGuardError(f"run: can't open script {script!r}: no such file")
-        argv = list(ns.target)
-    guard = _make_guard(ns)
-    probe = follow.RankProbe()
-    guard.add_step_listener(probe)
-    job = follow.settings(
-        {
-            "policy": ns.policy,
-            "engine": ns.engine,
-            "warmup_steps": ns.warmup_steps,
-            "allow": list(ns.allow),
-            "max_syncs_per_step": ns.max_syncs_per_step,
-            "out": os.path.abspath(ns.out) if ns.out else None,
-        },
-        None if ns.module else argv[0],
-        ns.module,
-        ns.target,
-    )
-    started = time.time() - 1.0  # file times may be coarser than the clock
     saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        if ns.module:
+            # As python -m: the directory it was started in comes first.
+            sys.path.insert(0, os.getcwd())
+            argv = [_find_module(ns.module) or ns.module, *ns.target]
+        else:
+            if not ns.target:
+                raise BarrierGuardError("run: expected a script (script.py [args]) or -m module")
+            script = ns.target[0]
+            if not os.path.isfile(script):
+                raise BarrierGuardError(f"run: can't open script {script!r}: no such file")
+            argv = list(ns.target)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        if ns.out:
+            # The script may change directory: the report goes where it was asked for.
+            ns.out = os.path.abspath(ns.out)
+        guard = _make_guard(ns)
+        probe = follow.RankProbe()
+        guard.add_step_listener(probe)
+        job = follow.settings(
+            {
+                "policy": ns.policy,
+                "engine": ns.engine,
+                "warmup_steps": ns.warmup_steps,
+                "allow": list(ns.allow),
+                "max_syncs_per_step": ns.max_syncs_per_step,
+                "out": ns.out,
+            },
+            None if ns.module else argv[0],
+            ns.module,
+            ns.target,
+        )
+        started = time.time() - 1.0  # file times may be coarser than the clock
+        # Before the script runs, so that an engine that cannot run here
+        # (--engine cuda without CUDA) is a usage error, not the script's.
+        guard.start()
+    except BaseException:
+        sys.path[:] = saved_path
+        raise
     sys.argv = argv
-    if not ns.module:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     code = 0
     try:
-        with follow.following(job), guard:
-            if ns.module:
-                runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
-            else:
-                # An absolute path, as `python train.py` gives the script's code
-                # (the report's files are absolute); argv[0] stays as typed.
-                runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+        with follow.following(job):
+            try:
+                if ns.module:
+                    runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+                else:
+                    # An absolute path, as `python train.py` gives the script's code
+                    # (the report's files are absolute); argv[0] stays as typed.
+                    runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+            except BaseException:
+                # Restore everything; the script's own exception is the news.
+                guard._deferred.clear()
+                guard._stop(act=False)
+                raise
+            guard.stop()
     except SystemExit as exc:
         code = _exit_code(exc)
     except SyncError:
