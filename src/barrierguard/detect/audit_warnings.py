@@ -28,7 +28,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from barrierguard.detect.frames import OWN, classify_file
 from barrierguard.detect.patch import drop_filter
@@ -70,7 +70,7 @@ class WarningRelay:
         """Add the filter and the show hook (both undone by :meth:`uninstall`)."""
         warnings.filterwarnings("always", module=_MODULES)
         self._filter = warnings.filters[0]
-        self._home = warnings.filters  # type: ignore[attr-defined]
+        self._home = cast("list[Any]", warnings.filters)
         # _showwarnmsg is also called inside catch_warnings(record=True).
         self._saved_show = warnings._showwarnmsg  # type: ignore[attr-defined]
         warnings._showwarnmsg = self._show  # type: ignore[attr-defined]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["Patches", "drop_filter"]
 
@@ -62,7 +62,7 @@ def drop_filter(entry: Any, home: list[Any] | None = None) -> None:
         ...     for f in warnings.filters)
         False
     """
-    current: list[Any] = warnings.filters  # type: ignore[attr-defined]
+    current = cast("list[Any]", warnings.filters)
     for filters in (current,) if home is None or home is current else (current, home):
         with contextlib.suppress(ValueError):
             filters.remove(entry)
