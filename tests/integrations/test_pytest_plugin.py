@@ -417,3 +417,22 @@ def test_an_internal_fault_is_a_warning_not_a_failure(
     result = sandbox.runpytest(*PLUGIN, "--barrierguard=error")
     result.assert_outcomes(passed=2, warnings=1)
     assert "internal error in barrierguard: RuntimeError: boom" in result.stdout.str()
+
+
+def test_github_format_annotates_the_failing_line(sandbox: pytest.Pytester) -> None:
+    result = sandbox.runpytest(*PLUGIN, "--barrierguard=error", "--barrierguard-format=github")
+    result.assert_outcomes(passed=1, failed=1)
+    line = _line(LOOP, "BAD-ITEM")
+    result.stdout.fnmatch_lines(
+        [f"::error file=test_loop.py,line={line},title=barrierguard BG101 item::item sync: *"]
+    )
+
+
+def test_sarif_format_writes_a_log(sandbox: pytest.Pytester) -> None:
+    result = sandbox.runpytest(*PLUGIN, "--barrierguard=warn", "--barrierguard-format=sarif")
+    result.assert_outcomes(passed=2, warnings=1)
+    log = json.loads((sandbox.path / "barrierguard.sarif").read_text())
+    (res,) = log["runs"][0]["results"]
+    assert (res["ruleId"], res["level"]) == ("BG101", "warning")
+    region = res["locations"][0]["physicalLocation"]["region"]
+    assert region["startLine"] == _line(LOOP, "BAD-ITEM")

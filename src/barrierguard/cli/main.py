@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 
 from barrierguard._errors import BarrierGuardError, SyncError
+from barrierguard.cli.output import CI_FORMATS, FORMAT_HELP, emit
 from barrierguard.session import ranks
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import ENGINES, POLICIES
@@ -48,6 +49,12 @@ def _guard_options(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write the report as JSON to FILE; under torchrun each rank writes its own "
         "(FILE.rank<N>.json, or {rank} in FILE), for barrierguard merge",
+    )
+    p.add_argument("--format", choices=CI_FORMATS, default="text", help=FORMAT_HELP)
+    p.add_argument(
+        "--format-out",
+        metavar="FILE",
+        help="write the --format output (github, sarif) to FILE instead of stdout",
     )
 
 
@@ -110,6 +117,17 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="X",
         help="how much a site's syncs per step may grow before it fails (default 0)",
     )
+    check.add_argument(
+        "--format",
+        choices=CI_FORMATS,
+        default="text",
+        help="also print each regression as: " + FORMAT_HELP,
+    )
+    check.add_argument(
+        "--format-out",
+        metavar="FILE",
+        help="write the --format output (github, sarif) to FILE instead of stdout",
+    )
     show = sub.add_parser("report", help="show a saved report as text, JSON or HTML")
     show.add_argument("report", metavar="REPORT.json")
     show.add_argument("--format", choices=("text", "json", "html"), default="text")
@@ -170,6 +188,8 @@ def _finish(guard: Guard, ns: argparse.Namespace, code: int) -> int:
                 f"barrierguard merge '{ranks.rank_path(ns.out, rank='*', world=world)}'",
                 file=sys.stderr,
             )
+    if world <= 1 or not report.rank:
+        emit(report, ns.format, ns.format_out)
     if report.policy == "error" and not report.ok:
         return EXIT_POLICY
     return code
@@ -259,6 +279,9 @@ def _split_module(argv: list[str]) -> list[str]:
         "--allow",
         "--max-syncs-per-step",
         "--out",
+        "--format",
+        "--format-out",
+        "--html",
     }
     i = 1
     while i < len(argv):

@@ -27,6 +27,9 @@ class Site:
     barrierguard knows, ``cause`` says why it syncs and ``fix`` names the
     setting that removes it (or says that none does).
 
+    ``rule`` is the kind's stable rule code (``"BG101"`` for ``item``; the table
+    is docs/rules.md), as CI annotations and SARIF name it.
+
     ``count`` counts calls: one ``print(t)`` is one occurrence, however many
     times torch synchronized inside it; ``events`` keeps the raw number of
     synchronizations the detector saw when it is larger.
@@ -74,6 +77,7 @@ class Site:
     rank_stalls: tuple[tuple[int, float], ...] = ()
     asymmetric: bool = False
     job_cost_s: float | None = None
+    rule: str = ""
 
     @property
     def location(self) -> str:
@@ -115,6 +119,8 @@ class Site:
             del d["job_cost_s"]
         if not d["cause"]:
             del d["cause"]
+        if not d["rule"]:
+            del d["rule"]
         if d["events"] <= self.count:
             del d["events"]
         return d

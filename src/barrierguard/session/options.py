@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.detect import frameworks
-from barrierguard.detect.kinds import KINDS
+from barrierguard.detect.kinds import CODES, KINDS
 
 __all__ = [
     "ENGINES",
@@ -39,6 +39,7 @@ _ALLOW_FORMS = (
     "or a file pattern 'path/to/file.py:LINE' with LINE one of *, N or N-M"
 )
 _MECHANISMS = tuple(m.name for m in frameworks.MECHANISMS)
+_KIND_OF_CODE = {code: kind for kind, code in CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,9 @@ def parse_allow(rule: str) -> AllowRule:
     text = rule.strip()
     if text in KINDS:
         return AllowRule(text=rule, kind=text)
+    by_code = _KIND_OF_CODE.get(text.upper())
+    if by_code is not None:
+        return AllowRule(text=rule, kind=by_code)
     if text == "user" or (text.startswith("framework:") and len(text) > len("framework:")):
         return AllowRule(text=rule, origin=text)
     if text.startswith("mechanism:"):

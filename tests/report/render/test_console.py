@@ -21,6 +21,7 @@ def test_console_table_exact() -> None:
                 function="train",
                 code="loss.item()",
                 kind="item",
+                rule="BG101",
                 origin="user",
                 count=5,
                 setup_count=1,
@@ -47,13 +48,13 @@ def test_console_table_exact() -> None:
         "  steps 4 (warm-up 0, measured 4) | syncs in measured steps 4 (1.00 per step) | setup syncs 3 | 0.50 s",
         "",
         "in the measured steps (ranked by cost):",
-        "  #  where       kind  origin  count  /step  stall ms  code",
-        "  1  train.py:7  item  user    4      1.00   -         loss.item()",
+        "  #  where       rule   kind  origin  count  /step  stall ms  code",
+        "  1  train.py:7  BG101  item  user    4      1.00   -         loss.item()",
         "       fix: keep it on the device",
         "",
         "setup, warm-up, and phases counted apart (validation, checkpoints, teardown; never counted against the policy):",
-        "  #  where       kind      origin  count  /step  stall ms  code",
-        "  1  train.py:3  copy/h2d  user    2      -      -         model.to(dev)",
+        "  #  where       rule  kind      origin  count  /step  stall ms  code",
+        "  1  train.py:3  -     copy/h2d  user    2      -      -         model.to(dev)",
     ]
 
 
@@ -98,15 +99,15 @@ def test_framework_sites_say_why_and_show_phases_counted_apart() -> None:
     )
     lines = render(report).splitlines()
     assert lines[5:10] == [
-        "  1  fit.py:9  item  framework:lightning  2      1.00   -         trainer.fit(model)",
+        "  1  fit.py:9  -     item  framework:lightning  2      1.00   -         trainer.fit(model)",
         "       inside ...ing/pytorch/trainer/connectors/logger_connector/result.py:492 (metrics)",
         "       why: values logged with prog_bar=True are converted",
         "       also counted apart: validate 3",
         "       fix: prog_bar: self.log(..., prog_bar=False)",
     ]
     assert lines[-3:] == [
-        "  #  where     kind      origin               count  /step  stall ms  code",
-        "  1  fit.py:9  copy/d2h  framework:lightning  31     -      -         trainer.fit(model)",
+        "  #  where     rule  kind      origin               count  /step  stall ms  code",
+        "  1  fit.py:9  -     copy/d2h  framework:lightning  31     -      -         trainer.fit(model)",
         "       counted apart: teardown 31",
     ]
 

@@ -44,7 +44,8 @@ def _row(i: int, site: Site, measured: bool) -> list[str]:
     per = f"{site.per_step:.2f}" if measured else "-"
     stall = f"{site.stall_s * 1e3:.2f}" if site.stall_s is not None else "-"
     kind = site.kind + (f"/{site.detail}" if site.detail else "")
-    return [str(i), _where(site), kind, site.origin, str(count), per, stall, site.code]
+    rule = site.rule or "-"
+    return [str(i), _where(site), rule, kind, site.origin, str(count), per, stall, site.code]
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -87,7 +88,7 @@ def render(report: Report) -> str:
     if report.rank_summaries:
         lines.append("")
         lines.extend(render_ranks(report.rank_summaries, gate))
-    header = ["#", "where", "kind", "origin", "count", "/step", "stall ms", "code"]
+    header = ["#", "where", "rule", "kind", "origin", "count", "/step", "stall ms", "code"]
     ranked = report.ranked()
     hot = [s for s in ranked if s.step_count > 0]
     cold = [s for s in ranked if s.step_count == 0]
