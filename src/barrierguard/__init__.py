@@ -22,6 +22,7 @@ from barrierguard.integrations.hf import HFBarrierGuard
 from barrierguard.integrations.lightning import BarrierGuard
 from barrierguard.metrics.buffer import MetricBuffer
 from barrierguard.report.records import MemoryReport, Report, Site, Violation
+from barrierguard.session.allowing import allowed
 from barrierguard.session.guard import Guard
 from barrierguard.session.watch import watch
 
@@ -40,5 +41,6 @@ __all__ = [
     "SyncWarning",
     "Violation",
     "__version__",
+    "allowed",
     "watch",
 ]

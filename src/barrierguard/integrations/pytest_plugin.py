@@ -327,7 +327,8 @@ def _failure_text(report: Report, plan: _Plan) -> str:
         first = offenders[0][0]
         lines.append(
             "  to accept a line: @pytest.mark.barrierguard(allow="
-            f"['{os.path.basename(first.file)}:{first.line}']) or allow=['{first.kind}']"
+            f"['{os.path.basename(first.file)}:{first.line}']) or allow=['{first.kind}'], "
+            "or '# barrierguard: allow' on the line (docs/ci-gate.md)"
         )
     return "\n".join(lines)
 

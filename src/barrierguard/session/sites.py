@@ -115,7 +115,8 @@ def message(stats: SiteStats, step: int, reason: str) -> str:
     return (
         f"{code_for(loc.kind)} {kind} sync at {where} in step {step} [{loc.origin}{inside}]: "
         f"{code_at(loc.file, loc.line)!r} - {reason}. Fix: {fix(loc, stats.mechanisms)}. "
-        f"To accept it: allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
+        f"To accept it: '# barrierguard: allow[{code_for(loc.kind)}]' on the line, "
+        f"allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
     )
 
 
