@@ -109,3 +109,15 @@ def test_check_annotates_only_the_regression(
     log = json.loads((tmp_path / "check.sarif").read_text())
     jsonschema.validate(log, json.loads(SCHEMA.read_text()))
     assert [r["level"] for r in log["runs"][0]["results"]] == ["error"]
+
+
+def test_run_writes_the_html_page_directly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _script(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code = main(["run", "--policy", "record", "--engine", "audit", "--html", "r.html", "train.py"])
+    assert code == 0
+    page = (tmp_path / "r.html").read_text()
+    assert '<li class="verdict-site"><b>train.py:10</b> item' in page
+    assert "HTML report written to r.html" in capsys.readouterr().err

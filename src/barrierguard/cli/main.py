@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Sequence
 
 from barrierguard._errors import BarrierGuardError, SyncError
-from barrierguard.cli.output import CI_FORMATS, FORMAT_HELP, emit
+from barrierguard.cli.output import CI_FORMATS, FORMAT_HELP, emit, write_html
 from barrierguard.session import ranks
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import ENGINES, POLICIES
@@ -49,6 +49,11 @@ def _guard_options(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write the report as JSON to FILE; under torchrun each rank writes its own "
         "(FILE.rank<N>.json, or {rank} in FILE), for barrierguard merge",
+    )
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the report as one self-contained HTML page to FILE",
     )
     p.add_argument("--format", choices=CI_FORMATS, default="text", help=FORMAT_HELP)
     p.add_argument(
@@ -190,6 +195,8 @@ def _finish(guard: Guard, ns: argparse.Namespace, code: int) -> int:
             )
     if world <= 1 or not report.rank:
         emit(report, ns.format, ns.format_out)
+        if ns.html:
+            write_html(report, ns.html)
     if report.policy == "error" and not report.ok:
         return EXIT_POLICY
     return code

@@ -9,7 +9,7 @@ from barrierguard._errors import BarrierGuardError
 from barrierguard.report.records import Report, SiteKey
 from barrierguard.session.sites import rule_table
 
-__all__ = ["CI_FORMATS", "FORMAT_HELP", "emit"]
+__all__ = ["CI_FORMATS", "FORMAT_HELP", "emit", "write_html"]
 
 CI_FORMATS = ("text", "github", "sarif")
 FORMAT_HELP = (
@@ -47,3 +47,15 @@ def emit(
     except OSError as err:
         raise BarrierGuardError(f"{path}: {err.strerror or err}") from err
     print(f"barrierguard: {fmt} output written to {path}", file=sys.stderr)
+
+
+def write_html(report: Report, path: str) -> None:
+    """Write ``report`` as the HTML page to ``path``."""
+    from barrierguard.report.render.html import render as render_html
+
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(render_html(report))
+    except OSError as err:
+        raise BarrierGuardError(f"{path}: {err.strerror or err}") from err
+    print(f"barrierguard: HTML report written to {path}", file=sys.stderr)

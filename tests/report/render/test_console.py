@@ -45,11 +45,12 @@ def test_console_table_exact() -> None:
     )
     assert render(report).splitlines() == [
         "barrierguard report: engine cuda (CUDA sync-debug mode + intercepted calls), policy warn",
-        "  steps 4 (warm-up 0, measured 4) | syncs in measured steps 4 (1.00 per step) | setup syncs 3 | 0.50 s",
+        "  steps 4 (warm-up 0, measured 4) | syncs in measured steps 4 (1.00 per step) | setup syncs 3 (1 at lines also in the steps) | 0.50 s",
         "",
         "in the measured steps (ranked by cost):",
         "  #  where       rule   kind  origin  count  /step  stall ms  code",
         "  1  train.py:7  BG101  item  user    4      1.00   -         loss.item()",
+        "       also 1 in setup and warm-up",
         "       fix: keep it on the device",
         "",
         "setup, warm-up, and phases counted apart (validation, checkpoints, teardown; never counted against the policy):",

@@ -13,7 +13,7 @@ from barrierguard.report.records import (
     rank_ranges,
 )
 
-__all__ = ["render"]
+__all__ = ["memory_state", "render", "violations_heading"]
 
 _ENGINE_WORDS = {
     "cuda": "cuda (CUDA sync-debug mode + intercepted calls)",
@@ -77,10 +77,12 @@ def render(report: Report) -> str:
         )
     per = report.step_syncs / report.measured_steps if report.measured_steps else 0.0
     setup = sum(s.setup_count for s in report.sites if s.blocking)
+    shared = sum(s.setup_count for s in report.sites if s.blocking and s.step_count)
+    also = f" ({shared} at lines also in the steps)" if shared else ""
     lines.append(
         f"  steps {report.steps} (warm-up {report.warmup_steps}, measured {report.measured_steps})"
         f" | syncs in measured steps {report.step_syncs} ({per:.2f} per step)"
-        f" | setup syncs {setup} | {report.duration_s:.2f} s"
+        f" | setup syncs {setup}{also} | {report.duration_s:.2f} s"
     )
     if report.timeline is not None and report.timeline.summary:
         lines.append(f"  timing: {report.timeline.summary}")
@@ -109,6 +111,8 @@ def render(report: Report) -> str:
                 )
             if site.cause:
                 lines.append(f"       why: {site.cause}")
+            if site.setup_count:
+                lines.append(f"       also {site.setup_count} in setup and warm-up")
             if _apart(site):
                 lines.append(f"       also counted apart: {_apart(site)}")
             if site.threads != ("MainThread",):
@@ -140,11 +144,14 @@ def render(report: Report) -> str:
         grouped: dict[tuple[str, int, str, str], list[Violation]] = {}
         for v in report.violations:
             grouped.setdefault((v.file, v.line, v.kind, v.origin), []).append(v)
+        rules = {(s.file, s.line, s.kind, s.origin): s.rule for s in report.sites}
         lines.append("")
-        lines.append(f"policy violations: {len(report.violations)} at {len(grouped)} site(s)")
-        for (file, line, kind, origin), vs in list(grouped.items())[:20]:
+        lines.append(f"{violations_heading(report, len(grouped))}:")
+        for key, vs in list(grouped.items())[:20]:
+            file, line, kind, origin = key
+            rule = f"{rules[key]} " if rules.get(key) else ""
             lines.append(
-                f"  {os.path.basename(file)}:{line} {kind} ({origin}): {len(vs)}x from step "
+                f"  {os.path.basename(file)}:{line} {rule}{kind} ({origin}): {len(vs)}x from step "
                 f"{vs[0].step}: {vs[0].reason}"
             )
         if len(grouped) > 20:
@@ -155,6 +162,25 @@ def render(report: Report) -> str:
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def violations_heading(report: Report, sites: int) -> str:
+    """What the violations mean under the report's policy, with their numbers.
+
+    Example:
+        >>> from barrierguard import Report
+        >>> violations_heading(Report("audit", True, "error"), 2)
+        'policy violations: 0 at 2 site(s)'
+        >>> violations_heading(Report("audit", True, "record"), 2)
+        'not allowed (policy record: counted, not enforced; --policy error fails on them): 0 at 2 site(s)'
+    """
+    n = len(report.violations)
+    if report.policy == "error":
+        return f"policy violations: {n} at {sites} site(s)"
+    return (
+        f"not allowed (policy {report.policy}: counted, not enforced; --policy error fails on "
+        f"them): {n} at {sites} site(s)"
+    )
 
 
 def _asymmetry(site: Site, world: int, gate: Site | None) -> str:
@@ -233,6 +259,23 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+def memory_state(memory: MemoryReport, name: str) -> str:
+    """What the verdict says of series ``name``: ``GROWING``, ``under the limit`` or
+    ``not judged`` (not a verdict series, or too few samples for any verdict).
+
+    Example:
+        >>> m = MemoryReport(series={"host_rss": (1, 2)}, verdict_series=("host_rss",),
+        ...                  reason="no verdict: 2 samples after warm-up, 9 needed")
+        >>> memory_state(m, "host_rss")
+        'not judged'
+    """
+    if name in memory.growing:
+        return "GROWING"
+    if name not in memory.verdict_series or memory.reason.startswith("no verdict"):
+        return "not judged"
+    return "under the limit"
+
+
 def render_memory(memory: MemoryReport) -> list[str]:
     """The memory section: one line per series, then the verdict and any cause.
 
@@ -250,9 +293,7 @@ def render_memory(memory: MemoryReport) -> list[str]:
             continue
         slope = memory.slopes.get(name)
         rate = f"{slope / 1e6:+,.3f} MB/step" if slope is not None else "slope -"
-        state = "GROWING" if name in memory.growing else "flat"
-        if name not in memory.verdict_series:
-            state = "not judged"
+        state = memory_state(memory, name)
         began = memory.growth_began_at.get(name)
         since = f" from step {began}" if began is not None and name in memory.growing else ""
         lines.append(
