@@ -146,3 +146,38 @@ def test_many_ranks_are_cut_short() -> None:
     text = render(merged_report(20))
     assert "  ... and 4 more ranks (rank_summaries in the JSON)" in text
     assert "rank 0 only (of 20)" in text
+
+
+def test_the_setup_count_adds_up_across_header_tables_and_html() -> None:
+    import re
+
+    from barrierguard.report.render.html import render as render_html
+
+    sites = tuple(
+        Site(
+            file="/w/demo.py",
+            line=line,
+            function="train",
+            code=f"line {line}",
+            kind="copy",
+            origin="user",
+            count=setup + steps,
+            setup_count=setup,
+            step_count=steps,
+            per_step=steps / 30,
+        )
+        for line, setup, steps in ((24, 4, 0), (30, 1, 29), (31, 1, 29))
+    )
+    report = Report(
+        engine="audit", detection=True, policy="record", steps=30, measured_steps=30, sites=sites
+    )
+    text = render(report)
+    header = re.search(r"setup syncs (\d+) \((\d+) at lines also in the steps\)", text)
+    assert header is not None
+    total, shared = int(header.group(1)), int(header.group(2))
+    also = sum(int(n) for n in re.findall(r"also (\d+) in setup and warm-up", text))
+    setup_table = text.split("never counted against the policy):")[1].splitlines()[2:]
+    cold = sum(int(row.split()[5]) for row in setup_table if row.strip()[:1].isdigit())
+    assert (total, shared, also, cold) == (6, 2, 2, 4)
+    assert total == shared + cold
+    assert '<b>6</b><span class="small">setup syncs</span>' in render_html(report)
