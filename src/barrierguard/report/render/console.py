@@ -177,8 +177,9 @@ def violations_heading(report: Report, sites: int) -> str:
     n = len(report.violations)
     if report.policy == "error":
         return f"policy violations: {n} at {sites} site(s)"
+    what = "warned once per line" if report.policy == "warn" else "counted"
     return (
-        f"not allowed (policy {report.policy}: counted, not enforced; --policy error fails on "
+        f"not allowed (policy {report.policy}: {what}, not enforced; --policy error fails on "
         f"them): {n} at {sites} site(s)"
     )
 
