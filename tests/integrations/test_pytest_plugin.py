@@ -124,7 +124,7 @@ def test_warn_policy_passes_with_one_warning_per_site(sandbox: pytest.Pytester) 
     result = sandbox.runpytest(*PLUGIN, "--barrierguard=warn")
     result.assert_outcomes(passed=2, warnings=1)
     out = result.stdout.str()
-    assert "SyncWarning: item sync at" in out
+    assert "SyncWarning: BG101 item sync at" in out
     assert "1 test(s) failed by barrierguard" not in out
 
 

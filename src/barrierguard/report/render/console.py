@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from barrierguard.report.records import (
     MemoryReport,
@@ -13,7 +14,7 @@ from barrierguard.report.records import (
     rank_ranges,
 )
 
-__all__ = ["memory_state", "render", "violations_heading"]
+__all__ = ["SeriesRow", "memory_state", "render", "series_rows", "violations_heading"]
 
 _ENGINE_WORDS = {
     "cuda": "cuda (CUDA sync-debug mode + intercepted calls)",
@@ -260,6 +261,48 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+class SeriesRow(NamedTuple):
+    """One memory series as the console and the HTML show it (``first`` None: never read)."""
+
+    name: str
+    first: float | None
+    last: float
+    peak: float
+    slope: float | None
+    began: int | None
+    state: str
+
+
+def series_rows(memory: MemoryReport) -> list[SeriesRow]:
+    """One row per memory series: first, last and peak bytes, slope, the step growth
+    began (for a growing series) and its state.
+
+    Example:
+        >>> m = MemoryReport(steps=(0, 1), series={"host_rss": (2, 3)})
+        >>> series_rows(m)[0][:4]
+        ('host_rss', 2, 3, 3)
+    """
+    rows = []
+    for name, values in memory.series.items():
+        read = [v for v in values if v is not None]
+        if not read:
+            rows.append(SeriesRow(name, None, 0.0, 0.0, None, None, "never read"))
+            continue
+        began = memory.growth_began_at.get(name) if name in memory.growing else None
+        rows.append(
+            SeriesRow(
+                name,
+                read[0],
+                read[-1],
+                memory.peak.get(name, max(read)),
+                memory.slopes.get(name),
+                began,
+                memory_state(memory, name),
+            )
+        )
+    return rows
+
+
 def memory_state(memory: MemoryReport, name: str) -> str:
     """What the verdict says of series ``name``: ``GROWING``, ``under the limit`` or
     ``not judged`` (not a verdict series, or too few samples for any verdict).
@@ -287,19 +330,15 @@ def render_memory(memory: MemoryReport) -> list[str]:
     """
     lines = [f"memory per step ({memory.sampling or f'{len(memory.steps)} samples'}):"]
     width = max((len(n) for n in memory.series), default=0)
-    for name, values in memory.series.items():
-        read = [v for v in values if v is not None]
-        if not read:
-            lines.append(f"  {name.ljust(width)}  (never read)")
+    for row in series_rows(memory):
+        if row.first is None:
+            lines.append(f"  {row.name.ljust(width)}  (never read)")
             continue
-        slope = memory.slopes.get(name)
-        rate = f"{slope / 1e6:+,.3f} MB/step" if slope is not None else "slope -"
-        state = memory_state(memory, name)
-        began = memory.growth_began_at.get(name)
-        since = f" from step {began}" if began is not None and name in memory.growing else ""
+        rate = f"{row.slope / 1e6:+,.3f} MB/step" if row.slope is not None else "slope -"
+        since = f" from step {row.began}" if row.began is not None else ""
         lines.append(
-            f"  {name.ljust(width)}  {_mb(read[0])} -> {_mb(read[-1])}  peak "
-            f"{_mb(memory.peak.get(name, max(read)))}  {rate}{since}  {state}"
+            f"  {row.name.ljust(width)}  {_mb(row.first)} -> {_mb(row.last)}  peak "
+            f"{_mb(row.peak)}  {rate}{since}  {row.state}"
         )
     verdict = "LEAK" if memory.leak else "no leak"
     lines.append(f"  verdict: {verdict} - {memory.reason}")

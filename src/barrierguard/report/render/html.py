@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from barrierguard.report.records import MemoryReport, RankSummary, Report, Site, rank_ranges
-from barrierguard.report.render.console import memory_state, violations_heading
+from barrierguard.report.render.console import series_rows, violations_heading
 
 __all__ = ["render"]
 
@@ -454,19 +454,17 @@ def _memory_section(memory: object) -> str:
     if not isinstance(memory, MemoryReport) or not memory.series:
         return ""
     rows = []
-    for name, values in memory.series.items():
-        read = [v for v in values if v is not None]
-        if not read:
-            rows.append(f"<tr><td>{_e(name)}</td><td colspan=5>never read</td></tr>")
+    for row in series_rows(memory):
+        if row.first is None:
+            rows.append(f"<tr><td>{_e(row.name)}</td><td colspan=5>never read</td></tr>")
             continue
-        slope = memory.slopes.get(name)
-        rate = f"{slope / 1e6:+,.3f}" if slope is not None else "-"
-        peak = memory.peak.get(name, max(read))
+        rate = f"{row.slope / 1e6:+,.3f}" if row.slope is not None else "-"
         rows.append(
-            f"<tr><td>{_e(name)}</td>"
-            f'<td class="num">{read[0] / 1e6:,.1f}</td><td class="num">{read[-1] / 1e6:,.1f}</td>'
-            f'<td class="num">{peak / 1e6:,.1f}</td><td class="num">{rate}</td>'
-            f"<td>{_e(memory_state(memory, name))}</td></tr>"
+            f"<tr><td>{_e(row.name)}</td>"
+            f'<td class="num">{row.first / 1e6:,.1f}</td>'
+            f'<td class="num">{row.last / 1e6:,.1f}</td>'
+            f'<td class="num">{row.peak / 1e6:,.1f}</td><td class="num">{rate}</td>'
+            f"<td>{_e(row.state)}</td></tr>"
         )
     heads = "".join(
         f"<th>{h}</th>" for h in ("series", "first MB", "last MB", "peak MB", "MB/step", "state")

@@ -78,9 +78,9 @@ def render(
         rules: The code table, ``code -> (kind, what it is, fix)``; the log's
             ``tool.driver.rules`` lists every code of it (default: the codes
             of the report's sites, described by their kind).
-        root: Paths are written relative to it (default: the current directory).
-        failing: The keys of the sites that fail; default: those a violation names.
-        messages: A message per site key, in place of the site's own.
+        root: As for :func:`barrierguard.report.render.github.render`.
+        failing: As there: the sites that fail (default: those a violation names).
+        messages: As there.
 
     Example:
         >>> from barrierguard import Report
