@@ -167,3 +167,33 @@ def test_python_dash_m(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "hello"
+
+
+def test_every_option_has_help_text() -> None:
+    import argparse
+
+    from barrierguard.cli.main import _parser
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {'/'.join(action.option_strings)}"
+        for name, command in sub.choices.items()
+        for action in command._actions
+        if action.option_strings and not action.help
+    ]
+    assert missing == []
+
+
+def test_demo_help_states_the_policy_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "$BARRIERGUARD_POLICY, else record)" in text
+
+
+def test_allow_help_lists_the_line_range_and_glob_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "train.py:40-50" in text and "'src/*/metrics.py:*'" in text

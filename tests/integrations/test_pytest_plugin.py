@@ -125,7 +125,7 @@ def test_warn_policy_passes_with_one_warning_per_site(sandbox: pytest.Pytester) 
     result = sandbox.runpytest(*PLUGIN, "--barrierguard=warn")
     result.assert_outcomes(passed=2, warnings=1)
     out = result.stdout.str()
-    assert "SyncWarning: item sync at" in out
+    assert "SyncWarning: BG101 item sync at" in out
     assert "1 test(s) failed by barrierguard" not in out
 
 
@@ -523,3 +523,62 @@ def test_every_exit_path_of_a_watched_test_restores_everything(
     )
     assert result.ret == code
     assert global_state() == before
+
+
+def test_github_format_annotates_the_failing_line(sandbox: pytest.Pytester) -> None:
+    result = sandbox.runpytest(*PLUGIN, "--barrierguard=error", "--barrierguard-format=github")
+    result.assert_outcomes(passed=1, failed=1)
+    line = _line(LOOP, "BAD-ITEM")
+    result.stdout.fnmatch_lines(
+        [f"::error file=test_loop.py,line={line},title=barrierguard BG101 item::item sync: *"]
+    )
+
+
+def test_sarif_format_writes_a_log(sandbox: pytest.Pytester) -> None:
+    result = sandbox.runpytest(*PLUGIN, "--barrierguard=warn", "--barrierguard-format=sarif")
+    result.assert_outcomes(passed=2, warnings=1)
+    log = json.loads((sandbox.path / "barrierguard.sarif").read_text())
+    (res,) = log["runs"][0]["results"]
+    assert (res["ruleId"], res["level"]) == ("BG101", "warning")
+    region = res["locations"][0]["physicalLocation"]["region"]
+    assert region["startLine"] == _line(LOOP, "BAD-ITEM")
+
+
+ALLOWED_LOOP = """\
+import barrierguard
+import torch
+
+from _fake_cuda import FakeTensor
+
+
+def test_allowed_where_the_code_is():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    t = FakeTensor(2.0)
+    opt.step()
+    for _ in range(3):
+        t.item()  # barrierguard: allow[BG101]
+        with barrierguard.allowed("tolist", first_only=True):
+            t.tolist()
+        opt.step()
+
+
+def test_first_only_admits_one():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    t = FakeTensor(2.0)
+    opt.step()
+    with barrierguard.allowed("tolist", first_only=True):
+        for _ in range(2):
+            t.tolist()  # SECOND-HIT
+            opt.step()
+"""
+
+
+def test_inline_and_scoped_allow_rules_in_the_plugin(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(_fake_cuda=FAKE.read_text(), conftest=CONFTEST)
+    pytester.makepyfile(test_allowed=ALLOWED_LOOP)
+    result = pytester.runpytest(*PLUGIN, "--barrierguard=error")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "FAILED test_allowed.py::test_first_only_admits_one" in out
+    line = _line(ALLOWED_LOOP, "SECOND-HIT")
+    assert f"test_allowed.py:{line}: tolist (user) first in step 2" in out

@@ -75,7 +75,25 @@ def _check(ns: argparse.Namespace) -> int:
     report = Report.load(ns.report)
     _need_detection(report, ns.report)
     findings = compare(baseline, report, root=ns.root, tolerance=ns.tolerance)
-    return _print_findings(findings, f"check of {ns.report} against {ns.baseline}")
+    code = _print_findings(findings, f"check of {ns.report} against {ns.baseline}")
+    fmt = getattr(ns, "format", "text")
+    if fmt != "text":
+        from dataclasses import replace
+
+        from barrierguard.cli.output import emit
+
+        # Only the regressions are annotated, each with what the check says of it.
+        failed = [f for f in findings if f.fails and f.site is not None]
+        messages = {f.site.key: f.describe() for f in failed if f.site is not None}
+        sites = tuple({f.site.key: f.site for f in failed if f.site is not None}.values())
+        emit(
+            replace(report, policy="error", sites=sites),
+            fmt,
+            getattr(ns, "format_out", None),
+            failing=set(messages),
+            messages=messages,
+        )
+    return code
 
 
 def _render(report: Report, fmt: str, path: str | None) -> str:

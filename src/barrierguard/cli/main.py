@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from barrierguard._errors import BarrierGuardError, SyncError
 from barrierguard.cli import follow
+from barrierguard.cli.output import CI_FORMATS, FORMAT_HELP, emit, write_html
 from barrierguard.session import ranks
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import ENGINES, POLICIES
@@ -31,27 +32,60 @@ EXIT_USAGE = 2
 EXIT_REGRESSION = 1
 
 
-def _guard_options(p: argparse.ArgumentParser) -> None:
+def _guard_options(p: argparse.ArgumentParser, default_policy: str = "warn") -> None:
     p.add_argument(
         "--policy",
-        help=f"one of {', '.join(POLICIES)} (default: $BARRIERGUARD_POLICY, else warn)",
+        help=f"one of {', '.join(POLICIES)}: record counts, warn warns once per line, error "
+        f"fails (exit 3) (default: $BARRIERGUARD_POLICY, else {default_policy})",
     )
-    p.add_argument("--engine", default="auto", help=f"one of {', '.join(ENGINES)} (default auto)")
-    p.add_argument("--warmup-steps", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--engine",
+        default="auto",
+        help=f"one of {', '.join(ENGINES)}: cuda on a GPU, audit on a CPU (default auto: "
+        "cuda when CUDA is available, else audit)",
+    )
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="treat the first N steps as setup: recorded, never held against the policy "
+        "(default 0; everything before the first step is setup anyway)",
+    )
     p.add_argument(
         "--allow",
         action="append",
         default=[],
         metavar="RULE",
-        help="allow rule: a kind, framework:<name>, mechanism:<name>, or file.py:LINE (repeatable)",
+        help="accept matching syncs (repeatable): a kind or rule code (item, BG101), an origin "
+        "(user, framework:lightning, framework:*), mechanism:<name>, or a file and lines: "
+        "train.py:42, train.py:40-50, train.py:*, or a glob such as 'src/*/metrics.py:*'",
     )
-    p.add_argument("--max-syncs-per-step", type=int, default=None, metavar="N")
+    p.add_argument(
+        "--max-syncs-per-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a budget: up to N not-allowed syncs per measured step pass, the N+1th breaks "
+        "the policy (default: none pass)",
+    )
     p.add_argument(
         "--out",
         metavar="FILE",
         help="write the report as JSON to FILE; under torchrun, and for the ranks that "
         "'run' follows (children re-running the script), each rank writes its own "
         "(FILE.rank<N>.json, or {rank} in FILE), for barrierguard merge",
+    )
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the report as one self-contained HTML page to FILE",
+    )
+    p.add_argument("--format", choices=CI_FORMATS, default="text", help=FORMAT_HELP)
+    p.add_argument(
+        "--format-out",
+        metavar="FILE",
+        help="write the --format output (github, sarif) to FILE instead of stdout",
     )
 
 
@@ -67,12 +101,20 @@ def _parser() -> argparse.ArgumentParser:
         usage="barrierguard run [options] (script.py | -m module) [args ...]",
     )
     _guard_options(run)
-    run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    run.add_argument(
+        "-m", dest="module", metavar="MODULE", help="run a module, like python -m MODULE"
+    )
     run.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args ...]")
-    demo = sub.add_parser("demo", help="train a small model with typical barriers, then report")
-    _guard_options(demo)
+    demo = sub.add_parser(
+        "demo",
+        help="train a small model with typical barriers, then report (policy record: it shows "
+        "the report and exits 0)",
+    )
+    _guard_options(demo, default_policy="record")
     demo.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
-    demo.add_argument("--steps", type=int, default=30)
+    demo.add_argument(
+        "--steps", type=int, default=30, metavar="N", help="training steps (default 30)"
+    )
     _gate_commands(sub)
     return parser
 
@@ -114,9 +156,25 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="X",
         help="how much a site's syncs per step may grow before it fails (default 0)",
     )
+    check.add_argument(
+        "--format",
+        choices=CI_FORMATS,
+        default="text",
+        help="also print each regression as: " + FORMAT_HELP,
+    )
+    check.add_argument(
+        "--format-out",
+        metavar="FILE",
+        help="write the --format output (github, sarif) to FILE instead of stdout",
+    )
     show = sub.add_parser("report", help="show a saved report as text, JSON or HTML")
     show.add_argument("report", metavar="REPORT.json")
-    show.add_argument("--format", choices=("text", "json", "html"), default="text")
+    show.add_argument(
+        "--format",
+        choices=("text", "json", "html"),
+        default="text",
+        help="text (the console report, the default), json, or html (one self-contained page)",
+    )
     show.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout")
     diff = sub.add_parser(
         "diff", help="what report B adds over report A (exit 1 when B has new sites)"
@@ -190,6 +248,10 @@ def _finish(
         print(f"barrierguard: {who}report written to {path}", file=sys.stderr)
         if world > 1 and not report.rank:
             _say_rank_files(ns.out, world, started)
+    if world <= 1 or not report.rank:
+        emit(report, ns.format, ns.format_out)
+        if ns.html:
+            write_html(report, ns.html)
     if report.policy == "error" and not report.ok:
         return EXIT_POLICY
     return code
@@ -340,6 +402,9 @@ def _split_module(argv: list[str]) -> list[str]:
         "--allow",
         "--max-syncs-per-step",
         "--out",
+        "--format",
+        "--format-out",
+        "--html",
     }
     i = 1
     while i < len(argv):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["KINDS", "Kind", "fix_for", "kind_for_call"]
+__all__ = ["CODES", "KINDS", "Kind", "code_for", "fix_for", "kind_for_call"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,50 @@ KINDS: dict[str, Kind] = {
         ),
     )
 }
+
+# The stable rule code of each kind, as linters number their rules: reports,
+# CI annotations and SARIF name a site by it, and an allow rule may use it
+# (docs/rules.md). A code is never reused for another kind.
+#   BG1xx: a device value read on the host    BG2xx: a copy between host and device
+#   BG3xx: an output size that needs device data    BG4xx: waits, collectives, RNN repacks
+#   BG5xx: inside backward    BG9xx: not named
+CODES: dict[str, str] = {
+    "item": "BG101",
+    "tolist": "BG102",
+    "numpy": "BG103",
+    "int": "BG104",
+    "float": "BG105",
+    "complex": "BG106",
+    "bool": "BG107",
+    "compare": "BG108",
+    "print": "BG111",
+    "format": "BG112",
+    "copy": "BG201",
+    "async_d2h": "BG202",
+    "index": "BG301",
+    "nonzero": "BG302",
+    "masked_select": "BG303",
+    "unique": "BG304",
+    "repeat_interleave": "BG305",
+    "one_hot": "BG306",
+    "dynamic_shape": "BG307",
+    "synchronize": "BG401",
+    "collective": "BG402",
+    "rnn_flatten": "BG403",
+    "backward": "BG501",
+    "call": "BG901",
+}
+
+
+def code_for(kind: str) -> str:
+    """The rule code of ``kind`` (``BG901``, the unnamed call's, for a kind not in the table).
+
+    Example:
+        >>> code_for("item"), code_for("index"), code_for("frobnicate")
+        ('BG101', 'BG301', 'BG901')
+    """
+    return CODES.get(kind, CODES["call"])
+
 
 # Attribute or function names seen at the call site, mapped to a kind.
 _CALL_NAMES: dict[str, str] = {

@@ -28,6 +28,9 @@ class Site(Record):
     barrierguard knows, ``cause`` says why it syncs and ``fix`` names the
     setting that removes it (or says that none does).
 
+    ``rule`` is the kind's stable rule code (``"BG101"`` for ``item``; the table
+    is docs/rules.md), as CI annotations and SARIF name it.
+
     ``count`` counts calls: one ``print(t)`` is one occurrence, however many
     times torch synchronized inside it; ``events`` keeps the raw number of
     synchronizations the detector saw when it is larger.
@@ -79,6 +82,7 @@ class Site(Record):
     rank_stalls: tuple[tuple[int, float], ...] = field(
         default=(), metadata={**AS_MAP, **OMIT_EMPTY}
     )
+    rule: str = field(default="", metadata=OMIT_EMPTY)
 
     @property
     def location(self) -> str:

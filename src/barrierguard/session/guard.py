@@ -25,7 +25,7 @@ from barrierguard.detect import frameworks, hub
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
 from barrierguard.report.records import MemoryReport, Report, Timeline, Violation
-from barrierguard.session import lifecycle, ranks
+from barrierguard.session import allowing, lifecycle, ranks
 from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
 from barrierguard.session.sites import SiteStats, message, site_record
@@ -490,7 +490,8 @@ class Guard:
                         loc.kind,
                         loc.origin,
                         mechanism.split(" (", 1)[0] if mechanism else None,
-                    ),
+                    )
+                    or allowing.inline_allowed(loc.file, loc.line, loc.kind),
                     blocking=known.blocking if known is not None else True,
                 )
                 self._sites[loc.key] = stats
@@ -537,7 +538,7 @@ class Guard:
                     return None
                 self._warned.add(loc.key)
                 return functools.partial(self._warn, stats, step, "not a barrier, but a race")
-            if stats.allowed:
+            if stats.allowed or allowing.admits(loc.key, loc.kind):
                 return None
             self._step_syncs += 1
             budget = opts.max_syncs_per_step or 0

@@ -21,6 +21,7 @@ def test_console_table_exact() -> None:
                 function="train",
                 code="loss.item()",
                 kind="item",
+                rule="BG101",
                 origin="user",
                 count=5,
                 setup_count=1,
@@ -44,16 +45,17 @@ def test_console_table_exact() -> None:
     )
     assert render(report).splitlines() == [
         "barrierguard report: engine cuda (CUDA sync-debug mode + intercepted calls), policy warn",
-        "  steps 4 (warm-up 0, measured 4) | syncs in measured steps 4 (1.00 per step) | setup syncs 3 | 0.50 s",
+        "  steps 4 (warm-up 0, measured 4) | syncs in measured steps 4 (1.00 per step) | setup syncs 3 (1 at lines also in the steps) | 0.50 s",
         "",
         "in the measured steps (ranked by cost):",
-        "  #  where       kind  origin  count  /step  stall ms  code",
-        "  1  train.py:7  item  user    4      1.00   -         loss.item()",
+        "  #  where       rule   kind  origin  count  /step  stall ms  code",
+        "  1  train.py:7  BG101  item  user    4      1.00   -         loss.item()",
+        "       also 1 in setup and warm-up",
         "       fix: keep it on the device",
         "",
         "setup, warm-up, and phases counted apart (validation, checkpoints, teardown, after the loop; never counted against the policy):",
-        "  #  where       kind      origin  count  /step  stall ms  code",
-        "  1  train.py:3  copy/h2d  user    2      -      -         model.to(dev)",
+        "  #  where       rule  kind      origin  count  /step  stall ms  code",
+        "  1  train.py:3  -     copy/h2d  user    2      -      -         model.to(dev)",
     ]
 
 
@@ -98,15 +100,15 @@ def test_framework_sites_say_why_and_show_phases_counted_apart() -> None:
     )
     lines = render(report).splitlines()
     assert lines[5:10] == [
-        "  1  fit.py:9  item  framework:lightning  2      1.00   -         trainer.fit(model)",
+        "  1  fit.py:9  -     item  framework:lightning  2      1.00   -         trainer.fit(model)",
         "       inside ...ing/pytorch/trainer/connectors/logger_connector/result.py:492 (metrics)",
         "       why: values logged with prog_bar=True are converted",
         "       also counted apart: validate 3",
         "       fix: prog_bar: self.log(..., prog_bar=False)",
     ]
     assert lines[-3:] == [
-        "  #  where     kind      origin               count  /step  stall ms  code",
-        "  1  fit.py:9  copy/d2h  framework:lightning  31     -      -         trainer.fit(model)",
+        "  #  where     rule  kind      origin               count  /step  stall ms  code",
+        "  1  fit.py:9  -     copy/d2h  framework:lightning  31     -      -         trainer.fit(model)",
         "       counted apart: teardown 31",
     ]
 
@@ -144,3 +146,38 @@ def test_many_ranks_are_cut_short() -> None:
     text = render(merged_report(20))
     assert "  ... and 4 more ranks (rank_summaries in the JSON)" in text
     assert "rank 0 only (of 20)" in text
+
+
+def test_the_setup_count_adds_up_across_header_tables_and_html() -> None:
+    import re
+
+    from barrierguard.report.render.html import render as render_html
+
+    sites = tuple(
+        Site(
+            file="/w/demo.py",
+            line=line,
+            function="train",
+            code=f"line {line}",
+            kind="copy",
+            origin="user",
+            count=setup + steps,
+            setup_count=setup,
+            step_count=steps,
+            per_step=steps / 30,
+        )
+        for line, setup, steps in ((24, 4, 0), (30, 1, 29), (31, 1, 29))
+    )
+    report = Report(
+        engine="audit", detection=True, policy="record", steps=30, measured_steps=30, sites=sites
+    )
+    text = render(report)
+    header = re.search(r"setup syncs (\d+) \((\d+) at lines also in the steps\)", text)
+    assert header is not None
+    total, shared = int(header.group(1)), int(header.group(2))
+    also = sum(int(n) for n in re.findall(r"also (\d+) in setup and warm-up", text))
+    setup_table = text.split("never counted against the policy):")[1].splitlines()[2:]
+    cold = sum(int(row.split()[5]) for row in setup_table if row.strip()[:1].isdigit())
+    assert (total, shared, also, cold) == (6, 2, 2, 4)
+    assert total == shared + cold
+    assert '<b>6</b><span class="small">setup syncs</span>' in render_html(report)
