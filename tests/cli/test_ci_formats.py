@@ -44,7 +44,7 @@ def test_failing_run_prints_a_github_error_at_the_users_line(
     errors = [line for line in out.splitlines() if line.startswith("::error ")]
     assert errors == [
         "::error file=train.py,line=10,title=barrierguard BG101 item::item sync: "
-        "`total = loss.item()` 1 in the measured steps (1.00 per step). Fix: "
+        "`total = loss.item()` 2 in the measured steps (1.00 per step). Fix: "
         + errors[0].split("Fix: ", 1)[1]
     ]
     assert script.read_text().splitlines()[9].strip() == "total = loss.item()"

@@ -117,7 +117,7 @@ def test_a_read_after_the_loop_passes_the_error_policy_one_inside_fails(
     err = capsys.readouterr().err
     report = json.loads(out.read_text())
     if inside:
-        assert "SyncError: item sync at" in err and f"{script}:14 in step 2" in err
+        assert "SyncError: BG101 item sync at" in err and f"{script}:14 in step 2" in err
         assert "print(loss.item())" in err
     else:
         read = next(s for s in report["sites"] if s["code"].startswith("print("))
