@@ -41,26 +41,19 @@ def report(*sites: Site, **overrides: Any) -> Report:
 
 def sample_report(steps: int = 40) -> Report:
     sites = (
-        Site(
-            file="/w/train.py",
+        site(
             line=31,
-            function="train",
             code="running += loss.item()",
-            kind="item",
-            origin="user",
             count=41,
             setup_count=1,
             step_count=40,
             per_step=1.0,
             fix="keep the value on the device",
         ),
-        Site(
-            file="/w/train.py",
+        site(
             line=35,
-            function="train",
             code="if (pred > 0.9).any():",
             kind="bool",
-            origin="user",
             count=81,
             setup_count=1,
             step_count=80,
@@ -68,27 +61,23 @@ def sample_report(steps: int = 40) -> Report:
             stall_s=0.0021,
             fix="use torch.where",
         ),
-        Site(
-            file="/w/train.py",
-            line=12,
+        site(
             function="setup",
             code="model.to(device)",
             kind="copy",
             detail="h2d",
-            origin="user",
             count=3,
             setup_count=3,
+            step_count=0,
             fix="pin",
         ),
-        Site(
+        site(
             file="/w/module.py",
             line=88,
             function="training_step",
             code="self.log('loss', loss, prog_bar=True)",
-            kind="item",
             origin="framework:lightning",
             count=8,
-            step_count=8,
             per_step=0.2,
             allowed=True,
             framework_file="/site/lightning/pytorch/core/module.py",
@@ -96,15 +85,13 @@ def sample_report(steps: int = 40) -> Report:
             framework_function="log",
             fix="log on epoch",
         ),
-        Site(
+        site(
             file="/w/evil.py",
             line=1,
             function="f",
             code="x = '<script>alert(1)</script>'",
             kind="format",
-            origin="user",
             count=5,
-            step_count=5,
             per_step=0.125,
             fix="<b>no</b>",
         ),
@@ -146,15 +133,10 @@ def merged_report(world: int = 2) -> Report:
         if rank == 0:
             stall = 0.004
             sites = (
-                Site(
-                    file="/w/train.py",
+                site(
                     line=42,
-                    function="train",
                     code="if rank == 0: log(f'<{loss.item()}>')",
-                    kind="item",
-                    origin="user",
                     count=10,
-                    step_count=10,
                     per_step=1.0,
                     stall_s=stall * 10,
                     stall_count=10,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from barrierguard import Report, Site
+from _samples import site
+from barrierguard import Report
 from barrierguard.cli.main import main
 
 
@@ -17,15 +18,11 @@ def _rank_file(folder: Path, rank: int | None, *, item: bool, name: str | None =
     sites = ()
     if item:
         sites = (
-            Site(
-                file="/w/train.py",
+            site(
                 line=42,
                 function="main",
                 code="log(loss.item())",
-                kind="item",
-                origin="user",
                 count=5,
-                step_count=5,
                 per_step=1.0,
                 stall_s=0.02,
                 stall_count=5,

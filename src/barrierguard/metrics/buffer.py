@@ -12,7 +12,8 @@ the sibling modules.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -425,11 +426,15 @@ class MetricBuffer:
             else:
                 dst = dst[:-1]
                 block.weights.append(n_float)
-        if grad:
-            with torch.no_grad():
+        groups = block.groups.get(len(src))
+        if groups is None:
+            groups = block.groups[len(src)] = _by_dtype(src)
+        with torch.no_grad() if grad else contextlib.nullcontext():
+            if len(groups) == 1:
                 torch._foreach_copy_(dst, src)
-        else:
-            torch._foreach_copy_(dst, src)
+            else:  # one kernel per dtype: mixed dtypes would make torch copy one by one
+                for index in groups:
+                    torch._foreach_copy_([dst[i] for i in index], [src[i] for i in index])
         if not block.steps:
             for slot in block.slots:
                 slot.block = block
@@ -506,3 +511,11 @@ class MetricBuffer:
     def _fold_all(self) -> None:
         for block in self._patterns.values():
             fold_block(block, self._nan)
+
+
+def _by_dtype(values: Sequence[torch.Tensor]) -> list[list[int]]:
+    """The indices of ``values``, grouped by dtype: one copy kernel per group."""
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, v in enumerate(values):
+        groups.setdefault(v.dtype, []).append(i)
+    return list(groups.values())

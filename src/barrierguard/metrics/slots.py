@@ -122,6 +122,7 @@ class Block:
     __slots__ = (
         "data",
         "device",
+        "groups",
         "number_slots",
         "numbers",
         "rows",
@@ -155,6 +156,8 @@ class Block:
         self.data = torch.zeros((BLOCK_STEPS, width), dtype=F64, device=device)
         # 0-d views of each row, the copy's destinations: made on a row's first use, kept.
         self.rows: list[list[torch.Tensor] | None] = [None] * BLOCK_STEPS
+        # The step's values grouped by dtype (from the first step), by number of values.
+        self.groups: dict[int, list[list[int]]] = {}
         self.steps = 0
         self.weights: list[float] = []
         self.tensor_weights = False

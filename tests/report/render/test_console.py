@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from barrierguard import Report, Site
+from _samples import site
+from barrierguard import Report
 from barrierguard.report.render.console import render
 
 
@@ -15,30 +16,23 @@ def test_console_table_exact() -> None:
         measured_steps=4,
         duration_s=0.5,
         sites=(
-            Site(
-                file="/w/train.py",
+            site(
                 line=7,
-                function="train",
-                code="loss.item()",
-                kind="item",
                 rule="BG101",
-                origin="user",
                 count=5,
                 setup_count=1,
                 step_count=4,
                 per_step=1.0,
                 fix="keep it on the device",
             ),
-            Site(
-                file="/w/train.py",
+            site(
                 line=3,
-                function="train",
                 code="model.to(dev)",
                 kind="copy",
                 detail="h2d",
-                origin="user",
                 count=2,
                 setup_count=2,
+                step_count=0,
                 fix="pin it",
             ),
         ),
@@ -67,12 +61,11 @@ def test_framework_sites_say_why_and_show_phases_counted_apart() -> None:
         steps=2,
         measured_steps=2,
         sites=(
-            Site(
+            site(
                 file="/w/fit.py",
                 line=9,
                 function="main",
                 code="trainer.fit(model)",
-                kind="item",
                 origin="framework:lightning",
                 count=5,
                 step_count=2,
@@ -84,7 +77,7 @@ def test_framework_sites_say_why_and_show_phases_counted_apart() -> None:
                 framework_function="metrics",
                 phases=(("train", 2), ("validate", 3)),
             ),
-            Site(
+            site(
                 file="/w/fit.py",
                 line=9,
                 function="main",
@@ -93,6 +86,7 @@ def test_framework_sites_say_why_and_show_phases_counted_apart() -> None:
                 detail="d2h",
                 origin="framework:lightning",
                 count=31,
+                step_count=0,
                 phases=(("teardown", 31),),
                 fix="model_to_device: no setting removes it: once per run",
             ),
