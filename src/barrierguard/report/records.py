@@ -13,6 +13,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
+from barrierguard.report.compiled import (
+    CaptureProbe,
+    CompileReport,
+    CudagraphSkip,
+    GraphBreak,
+)
 from barrierguard.report.jsonio import read_json, write_json, write_text
 from barrierguard.report.measures import MemoryReport, Timeline
 from barrierguard.report.ranks import RankSummary, job_cost, rank_ranges, summarize_rank
@@ -20,6 +26,10 @@ from barrierguard.report.sites import Site, SiteKey, Violation, _merge_sites
 
 __all__ = [
     "SCHEMA",
+    "CaptureProbe",
+    "CompileReport",
+    "CudagraphSkip",
+    "GraphBreak",
     "MemoryReport",
     "RankSummary",
     "Report",
@@ -73,7 +83,9 @@ class Report:
     :meth:`from_dict`/:meth:`load` read back. ``rank`` is the global rank
     that wrote it, in a distributed run; a report merged over ranks
     (:meth:`merge`) holds them in ``ranks``, with ``rank_summaries`` and
-    :attr:`gating_site` (docs/distributed.md).
+    :attr:`gating_site` (docs/distributed.md). ``compile`` holds what
+    torch.compile said about the watched code (graph breaks, CUDA-graph skips,
+    the capture probe) when any of it ran (docs/compile.md).
 
     Example:
         >>> r = Report(engine="none", detection=False, policy="record")
@@ -100,6 +112,7 @@ class Report:
     ranks: tuple[Report, ...] = ()
     rank: int | None = None
     rank_summaries: tuple[RankSummary, ...] = ()
+    compile: CompileReport | None = None
 
     @property
     def total_syncs(self) -> int:
@@ -271,6 +284,7 @@ class Report:
                 else {}
             ),
             **({"gating": _gating_dict(self.gating_site)} if self.gating_site else {}),
+            **({"compile": self.compile.to_dict()} if self.compile is not None else {}),
         }
 
     @classmethod
@@ -320,6 +334,11 @@ class Report:
                 rank=None if data.get("rank") is None else int(data["rank"]),
                 rank_summaries=tuple(
                     RankSummary.from_dict(r) for r in data.get("rank_summaries", ())
+                ),
+                compile=(
+                    CompileReport.from_dict(data["compile"])
+                    if isinstance(data.get("compile"), Mapping)
+                    else None
                 ),
             )
         except (KeyError, TypeError, ValueError) as err:

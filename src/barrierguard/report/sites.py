@@ -37,6 +37,12 @@ class Site:
     every rank per measured step (the others wait for it at the next
     collective; see ``barrierguard.report.ranks``).
 
+    Inside compiled code, ``graph_break`` is dynamo's reason for breaking the
+    graph at this line (``graph_break_id`` its ``gbNNNN`` page),
+    ``compile_flag`` the dynamo setting that would keep the line in the graph
+    (the sync then still happens at run time), and ``cudagraph_skip``
+    inductor's reason for skipping CUDA graphs here (docs/compile.md).
+
     Example:
         >>> s = Site(file="/w/train.py", line=12, function="train", code="loss.item()",
         ...          kind="item", origin="user", count=3, step_count=3, per_step=1.0)
@@ -74,6 +80,10 @@ class Site:
     rank_stalls: tuple[tuple[int, float], ...] = ()
     asymmetric: bool = False
     job_cost_s: float | None = None
+    graph_break: str = ""
+    graph_break_id: str = ""
+    compile_flag: str = ""
+    cudagraph_skip: str = ""
 
     @property
     def location(self) -> str:
@@ -115,6 +125,9 @@ class Site:
             del d["job_cost_s"]
         if not d["cause"]:
             del d["cause"]
+        for name in ("graph_break", "graph_break_id", "compile_flag", "cudagraph_skip"):
+            if not d[name]:
+                del d[name]
         if d["events"] <= self.count:
             del d["events"]
         return d

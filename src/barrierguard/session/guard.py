@@ -26,10 +26,12 @@ from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
 from barrierguard.report.records import MemoryReport, Report, Timeline, Violation
 from barrierguard.session import ranks
+from barrierguard.session.compiled import CompileWatch, join
 from barrierguard.session.options import Options
 from barrierguard.session.sites import SiteStats, message, site_record
 
 if TYPE_CHECKING:
+    from barrierguard.report.records import CaptureProbe
     from barrierguard.session.memory import MemoryMonitor
     from barrierguard.session.timeline import StepTimeline
 
@@ -45,7 +47,11 @@ _MAX_VIOLATIONS = 1000
 # Phases whose syncs are counted apart: outside the training steps' counts,
 # their per-step series and the policy (a Lightning validation batch is not a
 # training step, nor is the teardown after the last one).
-APART_PHASES = frozenset({"validate", "test", "predict", "teardown", "checkpoint"})
+# torch.compile at work (tracing, compiling, autotuning) and the capture probe
+# are not training either.
+APART_PHASES = frozenset(
+    {"validate", "test", "predict", "teardown", "checkpoint", "compile", "probe"}
+)
 
 
 def _thread_name(ident: int) -> str:
@@ -144,6 +150,9 @@ class Guard:
         self._step_listeners: list[Callable[[int], None]] = []
         self._memory: MemoryMonitor | None = None
         self._timeline: StepTimeline | None = None
+        self._compile = CompileWatch()
+        self._probing = False
+        self._optimizers: dict[int, Any] = {}
         # Set by framework adapters (the Lightning callback) from their events:
         # the phase each sync is tagged with.
         self._phase: str | None = None
@@ -194,6 +203,10 @@ class Guard:
         self._started = time.perf_counter()
         self._start_memory()
         self._start_timeline()
+        try:
+            self._compile.start()
+        except Exception as exc:
+            self._fault(exc)
         return self
 
     def _start_timeline(self) -> None:
@@ -257,6 +270,10 @@ class Guard:
                 self._hook_handle = None
         finally:
             hub.detach(self, self._engine_name)
+            try:
+                self._compile.stop()
+            except Exception as exc:
+                self._fault(exc)
             memory_error = self._stop_memory(act)
             if self._timeline is not None:
                 try:
@@ -318,6 +335,9 @@ class Guard:
         @functools.wraps(func)
         def watched(*args: Any, **kwargs: Any) -> Any:
             with self:
+                if self._options.capture_probe and self._compile.probe is None:
+                    if self._steps >= max(1, self._options.warmup_steps):
+                        self.probe_capture(func, *args, **kwargs)
                 return func(*args, **kwargs)
 
         watched.guard = self  # type: ignore[attr-defined]
@@ -337,6 +357,9 @@ class Guard:
         self._step_listeners.append(listener)
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._probing:
+            return  # a captured step runs no kernel: not a step of the training
+        self._optimizers.setdefault(id(optimizer), optimizer)
         if self._manual:
             return
         lead = self._lead
@@ -360,6 +383,44 @@ class Guard:
                 raise  # the error policy's verdict, raised from the step boundary
             except Exception as exc:
                 self._fault(exc)
+
+    def probe_capture(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CaptureProbe:
+        """Try to capture one call of ``fn(*args, **kwargs)`` with ``torch.cuda.graph``.
+
+        The call is recorded on a side stream and never replayed, so the
+        training that follows computes what it would have (docs/compile.md
+        says exactly what is captured and restored); its syncs are counted
+        apart (phase ``"probe"``). Call it after warm-up. The result is also
+        the report's ``compile.probe``; ``watch(capture_probe=True)`` on a
+        decorated step function does this for its first call after warm-up.
+
+        Returns:
+            ``status`` ``"capturable"``, ``"blocked"`` (with the first line
+            that stopped the capture), or ``"not run"`` (no CUDA device).
+
+        Example:
+            >>> import barrierguard
+            >>> guard = barrierguard.watch(policy="record")
+            >>> guard.probe_capture(lambda: None).status in ("capturable", "not run")
+            True
+        """
+        from barrierguard.session.capture import probe
+
+        params = [
+            p
+            for opt in self._optimizers.values()
+            for group in getattr(opt, "param_groups", ())
+            for p in group.get("params", ())
+        ]
+        saved, self._phase = self._phase, "probe"
+        self._probing = True
+        try:
+            result = probe(fn, args, kwargs, params)
+        finally:
+            self._probing = False
+            self._phase = saved
+        self._compile.probe = result
+        return result
 
     @property
     def steps(self) -> int:
@@ -562,6 +623,14 @@ class Guard:
                 )
             except Exception as exc:
                 self._fault(exc)
+        sites = [site_record(s, max(0, steps - warmup)) for s in stats]
+        compiled: Any = None
+        try:
+            joined = join(sites, self._compile, running=self._running)
+            if joined is not None:
+                sites, compiled = list(joined[0]), joined[1]
+        except Exception as exc:
+            self._fault(exc)
         return Report(
             engine=self._engine_name,
             detection=self._engine_name != "none",
@@ -569,7 +638,7 @@ class Guard:
             steps=steps,
             warmup_steps=min(warmup, steps),
             measured_steps=max(0, steps - warmup),
-            sites=tuple(site_record(s, max(0, steps - warmup)) for s in stats),
+            sites=tuple(sites),
             violations=violations,
             syncs_per_step=per_step,
             notes=tuple(notes),
@@ -578,6 +647,7 @@ class Guard:
             timeline=timeline,
             memory=memory,
             rank=ranks.current_rank(),
+            compile=compiled,
         )
 
 

@@ -142,6 +142,7 @@ class Options:
     memory_every: int | None = None
     memory_children: bool = False
     out: str | None = None
+    capture_probe: bool = False
 
     def allowed(
         self, file: str, line: int, kind: str, origin: str, mechanism: str | None = None
@@ -198,6 +199,7 @@ def make_options(
     memory_every: int | None = None,
     memory_children: bool = False,
     out: str | os.PathLike[str] | None = None,
+    capture_probe: bool = False,
     owner: str = "watch",
 ) -> Options:
     """Validate and freeze a guard's options; every error names the argument."""
@@ -215,6 +217,7 @@ def make_options(
         memory_every=_stride(owner, memory_every),
         memory_children=_flag(owner, "memory_children", memory_children),
         out=parse_out(out, owner=owner),
+        capture_probe=_flag(owner, "capture_probe", capture_probe),
     )
 
 
@@ -321,6 +324,7 @@ GUARD_OPTIONS = (
     "max_growth_per_step",
     "memory_every",
     "memory_children",
+    "capture_probe",
 )
 REPORT_OPTIONS = ("print_report", "save_report", "rank_reports", "merge_ranks")
 

@@ -30,6 +30,7 @@ def watch(
     memory_every: int | None = None,
     memory_children: bool = False,
     out: str | os.PathLike[str] | None = None,
+    capture_probe: bool = False,
     **unknown: Any,
 ) -> Any:
     """Watch a block of training code for host-device synchronizations.
@@ -66,6 +67,11 @@ def watch(
             ``report.json`` becomes ``report.rank<N>.json``, or put ``{rank}``
             in the path; ``barrierguard merge`` joins them
             (docs/distributed.md).
+        capture_probe: On a decorated step function (``@watch(...)``), try to
+            capture its first call after warm-up with ``torch.cuda.graph``,
+            recorded and never replayed, and report the first line that blocks
+            capture or that the step is capturable (``report.compile.probe``;
+            docs/compile.md). Elsewhere, call :meth:`Guard.probe_capture`.
 
     Returns:
         A :class:`Guard` (use it with ``with``, as a decorator, or with
@@ -97,6 +103,7 @@ def watch(
         memory_every=memory_every,
         memory_children=memory_children,
         out=out,
+        capture_probe=capture_probe,
     )
     guard = Guard(options)
     if func is not None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
+from barrierguard.report.compiled import consequence
 from barrierguard.report.records import (
+    CompileReport,
     MemoryReport,
     RankSummary,
     Report,
@@ -13,7 +15,7 @@ from barrierguard.report.records import (
     rank_ranges,
 )
 
-__all__ = ["render"]
+__all__ = ["render", "render_compile"]
 
 _ENGINE_WORDS = {
     "cuda": "cuda (CUDA sync-debug mode + intercepted calls)",
@@ -31,7 +33,7 @@ def _where(site: Site) -> str:
 
 
 # Phases whose syncs a guard counts apart from the training steps.
-_APART = ("validate", "test", "predict", "checkpoint", "teardown")
+_APART = ("validate", "test", "predict", "checkpoint", "teardown", "compile", "probe")
 
 
 def _apart(site: Site) -> str:
@@ -119,6 +121,8 @@ def render(report: Report) -> str:
                 )
             if site.asymmetric:
                 lines.append(f"       {_asymmetry(site, len(report.rank_summaries), gate)}")
+            if _consequence(site):
+                lines.append(f"       compile: {_consequence(site)}")
             tag = "allowed; " if site.allowed else ""
             lines.append(f"       {tag}fix: {site.fix}")
     if cold:
@@ -134,6 +138,11 @@ def render(report: Report) -> str:
             lines.append(text)
             if _apart(site):
                 lines.append(f"       counted apart: {_apart(site)}")
+            if _consequence(site):
+                lines.append(f"       compile: {_consequence(site)}")
+    if report.compile is not None:
+        lines.append("")
+        lines.extend(render_compile(report.compile))
     if report.violations:
         # One line per site: the first step it broke the policy in, and how often.
         grouped: dict[tuple[str, int, str, str], list[Violation]] = {}
@@ -154,6 +163,47 @@ def render(report: Report) -> str:
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _consequence(site: Site) -> str:
+    return consequence(
+        site.graph_break, site.graph_break_id, site.compile_flag, site.cudagraph_skip
+    )
+
+
+def render_compile(section: CompileReport) -> list[str]:
+    """The compile section: the verdict, the breaks that are not syncs, skips, the probe.
+
+    Example:
+        >>> render_compile(CompileReport())[0]
+        'compile: no graph break in the watched code; capture probe not run'
+    """
+    lines = [section.verdict]
+    others = [b for b in section.graph_breaks if not b.sync]
+    if others:
+        lines.append("  graph breaks that are not syncs:")
+        for b in others:
+            tag = f" [{b.gb}]" if b.gb else ""
+            times = f" ({b.count}x)" if b.count > 1 else ""
+            lines.append(f"    {b.location}{tag}{times}: {b.reason}")
+    for skip in section.cudagraph_skips:
+        lines.append(f"  CUDA graphs skipped at {skip.location}: {skip.reason}")
+    if section.compile_syncs:
+        lines.append(
+            f"  {section.compile_syncs} syncs while compiling (tracing, inductor, autotuning), "
+            "counted apart from the steps"
+        )
+    probe = section.probe
+    if probe is not None:
+        lines.append(f"  capture probe: {probe.status} - {probe.captured}")
+        if probe.status == "blocked":
+            lines.append(f"    first blocked at {probe.location}: {probe.code}")
+            lines.append(f"    {probe.reason}")
+        elif probe.reason:
+            lines.append(f"    {probe.reason}")
+    for note in section.notes:
+        lines.append(f"  note: {note}")
+    return lines
 
 
 def _asymmetry(site: Site, world: int, gate: Site | None) -> str:

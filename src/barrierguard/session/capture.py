@@ -1,0 +1,132 @@
+"""The capture probe: try to capture one call of a step with ``torch.cuda.graph``.
+
+What is captured: one call of the function given, with its arguments, on a
+side stream, after the guard's warm-up (so that lazy state, such as an
+optimizer's momentum buffers, already exists). Capturing records kernels and
+runs none of them, and the probe never replays the graph, so the device
+state (parameters, optimizer state, buffers, activations) is what it was
+before; what the probe puts back by hand is what capturing does change on the
+host: the ``.grad`` of the parameters it knows (the graph's pool would have
+given them new, never written tensors), the CPU and CUDA RNG states, and the
+current stream. Python state that the function changes itself (a counter of
+its own) it cannot put back: probe a function without host side effects, or
+one whose side effects are harmless once more.
+
+The first call that cannot be captured (a sync such as ``.item()``, a copy
+from pageable host memory, ``torch.cuda.synchronize()``, an optimizer built
+without ``capturable=True``) raises inside the capture; its traceback names
+the user's line.
+"""
+
+from __future__ import annotations
+
+import linecache
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from barrierguard.detect.frames import OWN, USER, classify_file
+from barrierguard.report.records import CaptureProbe
+
+__all__ = ["blocking_line", "probe"]
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
+
+
+def blocking_line(exc: BaseException) -> tuple[str, int, str]:
+    """The user's innermost line in ``exc``'s traceback: ``(file, line, function)``.
+
+    The innermost frame that is not barrierguard's own when no frame is the
+    user's; ``("", 0, "")`` without a traceback.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    fallback: tuple[str, int, str] = ("", 0, "")
+    for fs in reversed(frames):
+        category = classify_file(fs.filename)[0]
+        if category == USER:
+            return fs.filename, fs.lineno or 0, fs.name
+        if category != OWN and not fallback[0]:
+            fallback = (fs.filename, fs.lineno or 0, fs.name)
+    return fallback
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().split("\n", 1)[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def probe(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    params: Iterable[Any] = (),
+) -> CaptureProbe:
+    """Capture one call of ``fn(*args, **kwargs)``; never replay it.
+
+    Args:
+        fn: The step (or part of it) to capture.
+        args: Its positional arguments.
+        kwargs: Its keyword arguments.
+        params: Tensors whose ``.grad`` the probe restores afterwards.
+
+    Returns:
+        ``status`` ``"capturable"``, ``"blocked"`` (with the first line that
+        stopped the capture), or ``"not run"`` (no CUDA device).
+    """
+    import torch
+
+    captured = (
+        f"one call of {_name(fn)} under torch.cuda.graph on a side stream "
+        "(recorded, never replayed)"
+    )
+    if not torch.cuda.is_available():
+        return CaptureProbe(
+            status="not run",
+            reason="no CUDA device here: the capture probe needs one",
+            captured=captured,
+        )
+    saved_grads = [(p, p.grad) for p in params]
+    cpu_rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all()
+    error: BaseException | None = None
+    end_error: BaseException | None = None
+    graph = torch.cuda.CUDAGraph()
+    # The capture must start from an idle device (torch.cuda.graph does the same).
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                fn(*args, **(kwargs or {}))
+            except Exception as exc:
+                error = exc
+            finally:
+                try:
+                    graph.capture_end()
+                except Exception as exc:
+                    end_error = exc
+        torch.cuda.current_stream().wait_stream(side)
+    finally:
+        graph.reset()
+        del graph
+        for p, g in saved_grads:
+            p.grad = g
+        torch.set_rng_state(cpu_rng)
+        torch.cuda.set_rng_state_all(cuda_rng)
+    blocker = error or end_error
+    if blocker is None:
+        return CaptureProbe(status="capturable", captured=captured)
+    file, line, function = blocking_line(blocker)
+    return CaptureProbe(
+        status="blocked",
+        reason=_first_line(blocker),
+        file=file,
+        line=line,
+        function=function,
+        code=linecache.getline(file, line).strip() if file else "",
+        captured=captured,
+    )
