@@ -206,7 +206,7 @@ class CompileListener:
         try:
             import torch._logging as tl
 
-            original = tl.getArtifactLogger
+            original = tl.getArtifactLogger  # type: ignore[attr-defined]
         except (ImportError, AttributeError):
             self.notes.append(
                 "torch._logging.getArtifactLogger is missing in this torch: graph breaks "
@@ -223,7 +223,7 @@ class CompileListener:
                     self.faults.append(f"{type(exc).__name__}: {exc}")
             return logger
 
-        tl.getArtifactLogger = get_artifact_logger
+        tl.getArtifactLogger = get_artifact_logger  # type: ignore[attr-defined]
         self._patched = (tl, original)
 
     def stop(self) -> None:

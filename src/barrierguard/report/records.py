@@ -18,6 +18,7 @@ from barrierguard.report.compiled import (
     CompileReport,
     CudagraphSkip,
     GraphBreak,
+    consequence,
 )
 from barrierguard.report.jsonio import read_json, write_json, write_text
 from barrierguard.report.measures import MemoryReport, Timeline
@@ -37,6 +38,7 @@ __all__ = [
     "SiteKey",
     "Timeline",
     "Violation",
+    "consequence",
     "rank_ranges",
 ]
 

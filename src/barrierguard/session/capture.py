@@ -95,7 +95,7 @@ def probe(
     graph = torch.cuda.CUDAGraph()
     # The capture must start from an idle device (torch.cuda.graph does the same).
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     try:
         with torch.cuda.stream(side):

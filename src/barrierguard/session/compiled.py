@@ -80,7 +80,9 @@ class CompileWatch:
         return list(self.listener.events)
 
 
-def _group(events: Sequence[CompileEvent], what: str) -> dict[tuple[str, int, str], list[CompileEvent]]:
+def _group(
+    events: Sequence[CompileEvent], what: str
+) -> dict[tuple[str, int, str], list[CompileEvent]]:
     grouped: dict[tuple[str, int, str], list[CompileEvent]] = {}
     for e in events:
         if e.what == what:

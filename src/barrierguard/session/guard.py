@@ -335,9 +335,12 @@ class Guard:
         @functools.wraps(func)
         def watched(*args: Any, **kwargs: Any) -> Any:
             with self:
-                if self._options.capture_probe and self._compile.probe is None:
-                    if self._steps >= max(1, self._options.warmup_steps):
-                        self.probe_capture(func, *args, **kwargs)
+                if (
+                    self._options.capture_probe
+                    and self._compile.probe is None
+                    and self._steps >= max(1, self._options.warmup_steps)
+                ):
+                    self.probe_capture(func, *args, **kwargs)
                 return func(*args, **kwargs)
 
         watched.guard = self  # type: ignore[attr-defined]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from barrierguard.report.compiled import consequence
 from barrierguard.report.records import (
     CompileReport,
     MemoryReport,
@@ -12,6 +11,7 @@ from barrierguard.report.records import (
     Report,
     Site,
     Violation,
+    consequence,
     rank_ranges,
 )
 

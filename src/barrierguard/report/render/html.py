@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from barrierguard.report.records import RankSummary, Report, Site, rank_ranges
+from barrierguard.report.records import RankSummary, Report, Site, consequence, rank_ranges
 
 __all__ = ["render"]
 
@@ -293,7 +293,8 @@ def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
         f'<td class="num" data-sort="{site.per_step:.6g}">{site.per_step:.2f}</td>'
         f'<td class="num" data-sort="{stall if stall is not None else -1:.6g}">'
         f"{f'{stall:.2f}' if stall is not None else '-'}</td>"
-        f'<td><code>{_e(site.code) or "?"}</code><div class="fix">fix: {_e(site.fix)}</div></td>'
+        f"<td><code>{_e(site.code) or '?'}</code>{_compile_note(site)}"
+        f'<div class="fix">fix: {_e(site.fix)}</div></td>'
         "</tr>"
     )
 
@@ -391,6 +392,46 @@ def _violations(report: Report) -> str:
     return f'<h2>Policy violations ({len(report.violations)})</h2><ul id="violations">{items}{tail}</ul>'
 
 
+def _compile_note(site: Site) -> str:
+    text = consequence(
+        site.graph_break, site.graph_break_id, site.compile_flag, site.cudagraph_skip
+    )
+    return f'<div class="fix compile">compile: {_e(text)}</div>' if text else ""
+
+
+def _compile(report: Report) -> str:
+    section = report.compile
+    if section is None:
+        return ""
+    items = [
+        f"<li>{_e(b.location)}{f' [{_e(b.gb)}]' if b.gb else ''}: {_e(b.reason)}</li>"
+        for b in section.graph_breaks
+        if not b.sync
+    ]
+    others = f"<h3>Graph breaks that are not syncs</h3><ul>{''.join(items)}</ul>" if items else ""
+    skips = "".join(
+        f"<li>CUDA graphs skipped at {_e(s.location)}: {_e(s.reason)}</li>"
+        for s in section.cudagraph_skips
+    )
+    probe = section.probe
+    probe_text = ""
+    if probe is not None:
+        where = f" at {_e(probe.location)} <code>{_e(probe.code)}</code>" if probe.file else ""
+        probe_text = (
+            f"<li>capture probe: {_e(probe.status)}{where}"
+            f"{f' - {_e(probe.reason)}' if probe.reason else ''} ({_e(probe.captured)})</li>"
+        )
+    compile_syncs = (
+        f"<li>{section.compile_syncs} syncs while compiling, counted apart</li>"
+        if section.compile_syncs
+        else ""
+    )
+    return (
+        f'<h2>Compile</h2><p id="compile-verdict">{_e(section.verdict)}</p>'
+        f"<ul>{skips}{probe_text}{compile_syncs}</ul>{others}"
+    )
+
+
 def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
     """Render ``report`` as one self-contained HTML page.
 
@@ -447,6 +488,7 @@ def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
 {_ranks(report)}
 <h2>Sites</h2>
 {_sites_table(report)}
+{_compile(report)}
 {_violations(report)}
 {f'<h2>Notes</h2><ul id="notes">{notes}</ul>' if notes else ""}
 <script>{_JS}</script>
