@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from collections.abc import Iterator
@@ -59,6 +60,14 @@ def _global_state() -> dict[str, Any]:
         "trace": sys.gettrace(),
         "profile": sys.getprofile(),
         "running_recorders": hub.running_recorders(),
+        "getArtifactLogger": torch._logging.getArtifactLogger,
+        # torch's artifact loggers that still carry a handler of barrierguard's.
+        "artifact_loggers": sorted(
+            name
+            for name, lg in logging.Logger.manager.loggerDict.items()
+            if isinstance(lg, logging.Logger)
+            and any(type(h).__module__.startswith("barrierguard") for h in lg.handlers)
+        ),
     }
     if torch.distributed.is_available():
         from torch.distributed import distributed_c10d

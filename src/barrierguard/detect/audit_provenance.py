@@ -223,11 +223,18 @@ class AuditMode(TorchFunctionMode):
         """Whether the call that asked for the "cpu" device names it literally."""
         cache = _classifier._cache
         f: FrameType | None = sys._getframe(1)
+        first = True
         while f is not None:
             name = f.f_code.co_filename
             category = (cache.get(name) or classify_file(name))[0]
             if category != OWN and category != TORCH:
                 break
+            if category == TORCH and first:
+                first = False
+                # dynamo's calling convention wraps a Python number as a CPU
+                # scalar tensor for a compiled graph: a host tensor.
+                if f.f_code.co_name == "_as_tensor_fullprec":
+                    return True
             f = f.f_back
         if f is None:
             return False
