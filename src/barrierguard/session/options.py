@@ -324,7 +324,6 @@ GUARD_OPTIONS = (
     "max_growth_per_step",
     "memory_every",
     "memory_children",
-    "capture_probe",
 )
 REPORT_OPTIONS = ("print_report", "save_report", "rank_reports", "merge_ranks")
 

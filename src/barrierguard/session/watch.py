@@ -13,7 +13,7 @@ from barrierguard.session.options import GUARD_OPTIONS, make_options, unknown_op
 __all__ = ["watch"]
 
 
-_WATCH_OPTIONS = (*GUARD_OPTIONS, "out")
+_WATCH_OPTIONS = (*GUARD_OPTIONS, "out", "capture_probe")
 
 
 def watch(
