@@ -58,5 +58,41 @@ def test_watch_capture_probe_on_a_decorated_step() -> None:
 
 
 def test_capture_probe_option_is_validated() -> None:
-    with pytest.raises(barrierguard.BarrierGuardError, match="capture_probe"):
-        barrierguard.watch(capture_probe="yes")  # type: ignore[arg-type]
+    for bad in ("train step", 3):
+        with pytest.raises(barrierguard.BarrierGuardError, match="name of the step function"):
+            barrierguard.watch(capture_probe=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
+def test_capture_probe_by_name_probes_the_first_call_after_warmup() -> None:
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls: list[int] = []
+
+    def train_step(x: torch.Tensor, *, scale: float = 1.0) -> None:
+        calls.append(1)
+        (model(x).sum() * scale).backward()
+        opt.step()
+        opt.zero_grad()
+
+    with barrierguard.watch(
+        policy="record", engine="audit", memory=False, capture_probe="train_step", warmup_steps=2
+    ) as guard:
+        for _ in range(4):
+            train_step(torch.ones(2, 3), scale=0.5)
+    section = guard.report.compile
+    assert section is not None and section.probe is not None
+    assert section.probe.status == "not run"  # no CUDA here; it was asked once, after warm-up
+    assert "train_step" in section.probe.captured
+    assert len(calls) == 4 and guard.steps == 4
+    import sys
+
+    assert sys.getprofile() is None
+
+
+def test_capture_probe_by_name_that_never_runs_is_noted() -> None:
+    with barrierguard.watch(
+        policy="record", engine="audit", memory=False, capture_probe="never_called"
+    ) as guard:
+        torch.ones(2).sum()
+    assert any("no call of 'never_called'" in n for n in guard.report.notes)

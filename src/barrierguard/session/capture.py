@@ -20,15 +20,19 @@ the user's line.
 
 from __future__ import annotations
 
+import gc
+import inspect
 import linecache
+import sys
 import traceback
 from collections.abc import Callable, Iterable
+from types import FrameType, FunctionType
 from typing import Any
 
 from barrierguard.detect.frames import OWN, USER, classify_file
 from barrierguard.report.records import CaptureProbe
 
-__all__ = ["blocking_line", "probe"]
+__all__ = ["CallProbe", "blocking_line", "probe"]
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -130,3 +134,100 @@ def probe(
         code=linecache.getline(file, line).strip() if file else "",
         captured=captured,
     )
+
+
+def _function_of(frame: FrameType) -> Callable[..., Any] | None:
+    """The function object running in ``frame`` (a closure: the one with its cells)."""
+    code = frame.f_code
+    free = code.co_freevars
+    for obj in gc.get_referrers(code):
+        if not isinstance(obj, FunctionType) or obj.__code__ is not code:
+            continue
+        cells = obj.__closure__ or ()
+        try:
+            pairs = zip(free, cells, strict=False)
+            if all(frame.f_locals.get(n) is c.cell_contents for n, c in pairs):
+                return obj
+        except ValueError:  # an empty cell
+            continue
+    return None
+
+
+def _arguments(frame: FrameType) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments ``frame``'s function was called with, as it received them."""
+    code = frame.f_code
+    names = code.co_varnames
+    local = frame.f_locals
+    n, k = code.co_argcount, code.co_kwonlyargcount
+    args = tuple(local[name] for name in names[:n])
+    kwargs = {name: local[name] for name in names[n : n + k]}
+    i = n + k
+    if code.co_flags & inspect.CO_VARARGS:
+        args += tuple(local[names[i]])
+        i += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        kwargs.update(local[names[i]])
+    return args, kwargs
+
+
+class CallProbe:
+    """Probes the first call of a function named ``name`` once ``ready()`` says so.
+
+    A profile function (``sys.setprofile``) watches the calls until the probe
+    ran, then removes itself: it costs a little on every Python call until
+    then, and is never installed over another profiler.
+
+    Example:
+        >>> done = []
+        >>> cp = CallProbe("step", lambda: True, lambda fn, a, kw: done.append(fn(*a, **kw)))
+        >>> def step(x):
+        ...     return x + 1
+        >>> cp.arm(); _ = step(1); cp.disarm()
+        >>> done
+        [2]
+    """
+
+    def __init__(
+        self,
+        name: str,
+        ready: Callable[[], bool],
+        run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], object],
+    ) -> None:
+        self.name = name
+        self.ready = ready
+        self.run = run
+        self.done = False
+        self.note = ""
+        self._armed = False
+
+    def arm(self) -> None:
+        if self.done or self._armed:
+            return
+        if sys.getprofile() is not None:
+            self.note = (
+                f"capture probe of {self.name!r} not armed: another profiler is running "
+                "(sys.setprofile)"
+            )
+            return
+        sys.setprofile(self._on_event)
+        self._armed = True
+
+    def disarm(self) -> None:
+        if self._armed:
+            sys.setprofile(None)
+            self._armed = False
+
+    def _on_event(self, frame: FrameType, event: str, arg: object) -> None:
+        if event != "call" or frame.f_code.co_name != self.name or not self.ready():
+            return
+        code = frame.f_code
+        if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE):
+            return
+        self.disarm()
+        self.done = True
+        fn = _function_of(frame)
+        if fn is None:
+            self.note = f"capture probe: the function object of {self.name!r} was not found"
+            return
+        args, kwargs = _arguments(frame)
+        self.run(fn, args, kwargs)

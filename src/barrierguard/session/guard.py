@@ -32,6 +32,7 @@ from barrierguard.session.sites import SiteStats, message, site_record
 
 if TYPE_CHECKING:
     from barrierguard.report.records import CaptureProbe
+    from barrierguard.session.capture import CallProbe
     from barrierguard.session.memory import MemoryMonitor
     from barrierguard.session.timeline import StepTimeline
 
@@ -152,6 +153,7 @@ class Guard:
         self._timeline: StepTimeline | None = None
         self._compile = CompileWatch()
         self._probing = False
+        self._call_probe: CallProbe | None = None
         self._optimizers: dict[int, Any] = {}
         # Set by framework adapters (the Lightning callback) from their events:
         # the phase each sync is tagged with.
@@ -205,9 +207,24 @@ class Guard:
         self._start_timeline()
         try:
             self._compile.start()
+            self._arm_call_probe()
         except Exception as exc:
             self._fault(exc)
         return self
+
+    def _arm_call_probe(self) -> None:
+        name = self._options.capture_probe
+        if not isinstance(name, str) or self._compile.probe is not None:
+            return
+        from barrierguard.session.capture import CallProbe
+
+        warmup = max(1, self._options.warmup_steps)
+        self._call_probe = CallProbe(
+            name,
+            lambda: self._running and not self._probing and self._steps >= warmup,
+            lambda fn, args, kwargs: self.probe_capture(fn, *args, **kwargs),
+        )
+        self._call_probe.arm()
 
     def _start_timeline(self) -> None:
         # Step timing reads CUDA events: only where the CUDA engine runs.
@@ -272,6 +289,7 @@ class Guard:
             hub.detach(self, self._engine_name)
             try:
                 self._compile.stop()
+                self._disarm_call_probe()
             except Exception as exc:
                 self._fault(exc)
             memory_error = self._stop_memory(act)
@@ -300,6 +318,19 @@ class Guard:
             text = f"the report could not be written to {path!r}: {exc}"
             log.warning("barrierguard: %s", text)
             self._note(text)
+
+    def _disarm_call_probe(self) -> None:
+        probe = self._call_probe
+        if probe is None:
+            return
+        probe.disarm()
+        if probe.note:
+            self._note(probe.note)
+        elif not probe.done:
+            self._note(
+                f"capture probe: no call of {probe.name!r} after warm-up while watching, "
+                "so nothing was captured"
+            )
 
     def _stop_memory(self, act: bool) -> MemoryGrowthError | None:
         if self._memory is None:
@@ -336,7 +367,7 @@ class Guard:
         def watched(*args: Any, **kwargs: Any) -> Any:
             with self:
                 if (
-                    self._options.capture_probe
+                    self._options.capture_probe is True
                     and self._compile.probe is None
                     and self._steps >= max(1, self._options.warmup_steps)
                 ):

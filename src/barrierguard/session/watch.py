@@ -30,7 +30,7 @@ def watch(
     memory_every: int | None = None,
     memory_children: bool = False,
     out: str | os.PathLike[str] | None = None,
-    capture_probe: bool = False,
+    capture_probe: bool | str = False,
     **unknown: Any,
 ) -> Any:
     """Watch a block of training code for host-device synchronizations.
@@ -67,11 +67,13 @@ def watch(
             ``report.json`` becomes ``report.rank<N>.json``, or put ``{rank}``
             in the path; ``barrierguard merge`` joins them
             (docs/distributed.md).
-        capture_probe: On a decorated step function (``@watch(...)``), try to
-            capture its first call after warm-up with ``torch.cuda.graph``,
-            recorded and never replayed, and report the first line that blocks
-            capture or that the step is capturable (``report.compile.probe``;
-            docs/compile.md). Elsewhere, call :meth:`Guard.probe_capture`.
+        capture_probe: Try to capture one call of the step with
+            ``torch.cuda.graph`` after warm-up, recorded and never replayed,
+            and report the first line that blocks capture or that the step is
+            capturable (``report.compile.probe``; docs/compile.md). ``True``:
+            the decorated function (``@watch(...)``); a name such as
+            ``"train_step"``: the first call of a function of that name after
+            warm-up. Or call :meth:`Guard.probe_capture` yourself.
 
     Returns:
         A :class:`Guard` (use it with ``with``, as a decorator, or with
