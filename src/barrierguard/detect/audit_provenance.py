@@ -24,6 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from barrierguard.detect import hub
+from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.cuda import PAGEABLE_BLOCKING_BYTES
 from barrierguard.detect.frames import (
     OWN,
@@ -91,25 +92,6 @@ class EngineHooks(Protocol):
 _compiling = torch.compiler.is_compiling
 
 
-def _not_a_dynamo_frame(code: CodeType) -> None:
-    """Keep dynamo from compiling ``code`` when it runs as a frame of its own.
-
-    Inside a compiled function, the calls that a graph break leaves to eager
-    mode enter the mode's ``__torch_function__`` as a new frame, which dynamo
-    would compile (and the mode would step aside in it): skipped, with the
-    frames it calls, the mode sees them as in eager code. Tracing that inlines
-    the mode into a user's graph is not affected. Without this hook (another
-    torch), compiled code is audited as dynamo leaves it.
-    """
-    try:
-        from torch._C._dynamo import eval_frame
-
-        skip = eval_frame._FrameAction.SKIP
-        eval_frame.set_code_exec_strategy(code, eval_frame._FrameExecStrategy(skip, skip))
-    except (ImportError, AttributeError, TypeError, RuntimeError):
-        pass
-
-
 def _is_param(t: Tensor) -> bool:
     # Parameter's metaclass makes isinstance() a Python call: plain tensors
     # (the hot case) skip it.
@@ -134,7 +116,7 @@ class AuditMode(TorchFunctionMode):
 
     def __init__(self, engine: EngineHooks, rules: dict[Any, Rule]) -> None:
         super().__init__()
-        _not_a_dynamo_frame(type(self).__torch_function__.__code__)
+        not_a_dynamo_frame(type(self).__torch_function__.__code__)
         self.engine = engine
         self.rules = rules
         self.active = True

@@ -18,11 +18,18 @@ import logging
 import re
 import threading
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
 from barrierguard.detect.frames import USER, classify_file
 
-__all__ = ["CompileEvent", "CompileListener", "parse_cudagraph_skip", "parse_graph_break"]
+__all__ = [
+    "CompileEvent",
+    "CompileListener",
+    "not_a_dynamo_frame",
+    "parse_cudagraph_skip",
+    "parse_graph_break",
+]
 
 ARTIFACTS = ("graph_breaks", "cudagraphs")
 
@@ -152,6 +159,27 @@ def parse_cudagraph_skip(text: str) -> CompileEvent | None:
         reason=reason,
         user=where is not None,
     )
+
+
+def not_a_dynamo_frame(code: CodeType) -> None:
+    """Keep dynamo from compiling ``code`` when it runs as a frame of its own.
+
+    Inside a compiled function, the calls that a graph break leaves to eager
+    mode enter barrierguard's hooks (the audit's ``__torch_function__``, the
+    CUDA engine's timed ``item``) as new frames, which dynamo would compile
+    (and the hook would step aside in them): skipped, with the frames they
+    call, the hooks see those calls as in eager code. Tracing that inlines a
+    hook into a user's graph is not affected (the hooks step aside there).
+    Without this hook of torch's (another version), compiled code is watched
+    as dynamo leaves it.
+    """
+    try:
+        from torch._C._dynamo import eval_frame
+
+        skip = eval_frame._FrameAction.SKIP
+        eval_frame.set_code_exec_strategy(code, eval_frame._FrameExecStrategy(skip, skip))
+    except (ImportError, AttributeError, TypeError, RuntimeError):
+        pass
 
 
 class _Handler(logging.Handler):

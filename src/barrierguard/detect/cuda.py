@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from barrierguard.detect import distributed, hub
+from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.frames import locate
 from barrierguard.detect.patch import Patches
 
@@ -123,6 +124,7 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
         finally:
             tls.t0 = None
 
+    not_a_dynamo_frame(timed.__code__)  # type: ignore[attr-defined]
     return timed
 
 
@@ -151,6 +153,7 @@ def _timed_no_args(orig: Callable[..., Any], compiling: Callable[[], bool]) -> C
         finally:
             tls.t0 = None
 
+    not_a_dynamo_frame(timed.__code__)  # type: ignore[attr-defined]
     return timed
 
 
