@@ -1,32 +1,39 @@
-"""Does barrierguard name the same graph breaks and CUDA-graph skips as torch, and do the fixes pay?
+"""Does barrierguard name the graph breaks and CUDA-graph skips torch names, and do the fixes pay?
 
-Question: under ``torch.compile``, does each sync site carry dynamo's graph break at the
-line ``TORCH_LOGS=graph_breaks,cudagraphs`` names, does a ``reduce-overhead`` step
-report inductor's CUDA-graph skip at the user's line, does the capture probe name
-the blocking line (and call the fixed step capturable), and how much faster is the
-fixed step?
+Question:
+    Under ``torch.compile``, does each sync site carry dynamo's graph break at the line
+    ``TORCH_LOGS=graph_breaks,cudagraphs`` names, does a ``reduce-overhead`` step report
+    inductor's CUDA-graph skip at the user's line, does the capture probe name the
+    blocking line (and call the fixed step capturable), and how much faster is the fixed
+    step?
 
-How: each scenario runs in a subprocess with ``TORCH_LOGS=graph_breaks,cudagraphs``
-(its stderr is the reference), watched by ``barrierguard.watch`` (its report is
-checked against the reference, line by line), then timed without the guard (CUDA
-events, after warm-up, median over the steps):
+Design:
+    Each scenario runs in a subprocess with ``TORCH_LOGS=graph_breaks,cudagraphs`` (its
+    stderr is the reference), watched by ``barrierguard.watch`` (its report is checked
+    against the reference, line by line), then timed without the guard (CUDA events
+    around each of 100 steps after 10 of warm-up, the median):
 
-* ``nanogpt``: a nanoGPT-style model (2 blocks) compiled with inductor on a cold
-  cache (its own fresh ``TORCHINDUCTOR_CACHE_DIR``), AdamW, ``loss.item()`` at the
-  log interval outside the compiled model: no graph break, and the syncs made
-  while compiling counted apart, none labelled ``user`` inside inductor's files;
-* ``metric_item`` / ``metric_fixed``: a compiled step with ``acc.item()`` inside,
-  and the same step returning the metric as a device tensor;
-* ``host_tensor`` / ``host_fixed``: a ``mode="reduce-overhead"`` loss that makes its
-  class weights with ``torch.tensor(...)`` on every call, and the loss with the
-  weights made once on the device.
+    * ``nanogpt``: a nanoGPT-style model (2 blocks) compiled with inductor on a cold
+      cache (its own fresh ``TORCHINDUCTOR_CACHE_DIR``), AdamW, ``loss.item()`` at the
+      log interval outside the compiled model: no graph break, the syncs made while
+      compiling counted apart, none labelled ``user`` inside inductor's files;
+    * ``metric_item`` / ``metric_fixed``: a compiled step with ``acc.item()`` inside, and
+      the same step returning the metric as a device tensor;
+    * ``host_tensor`` / ``host_fixed``: a ``mode="reduce-overhead"`` loss that makes its
+      class weights with ``torch.tensor(...)`` on every call, and the loss with the
+      weights made once on the device.
 
-The capture probe captures one call of the eager forward+backward of the same
-step (``Guard.probe_capture``), before and after the fix.
+    The capture probe captures one call of the eager forward+backward of the same step
+    (``Guard.probe_capture``), before and after each fix. The table and a PASS/FAIL line
+    per check are printed; ``bench_compile.json`` and each scenario's logs go to ``$OUT``
+    (or ``--out DIR``).
 
-Run (GPU, under 5 minutes): ``PYTHONPATH=src python benchmarks/bench_compile.py``
-(JSON and every scenario's log under ``$OUT``, or ``--out DIR``). On a CPU:
-``--dry-run`` runs the compile scenarios with the ``eager`` backend and no timing.
+Reproduce:
+    PYTHONPATH=src python benchmarks/bench_compile.py
+
+    GPU, under 5 minutes (every scenario has its own time limit, ``--timeout``). On a
+    CPU, ``PYTHONPATH=src python benchmarks/bench_compile.py --dry-run`` runs the compile
+    scenarios with the ``eager`` backend and no timing (a test runs ``metric_item``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ the user's line.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import linecache
@@ -54,6 +55,25 @@ def blocking_line(exc: BaseException) -> tuple[str, int, str]:
         if category != OWN and not fallback[0]:
             fallback = (fs.filename, fs.lineno or 0, fs.name)
     return fallback
+
+
+def _release_failed_capture(graph: Any) -> None:
+    """Give the graph's memory pool back after a capture that could not end.
+
+    ``capture_end`` raises at ``cudaStreamEndCapture`` before it tells the
+    caching allocator that the capture is over, and ``reset`` releases only
+    the pool of a graph that was captured: without this, the allocator would
+    keep the pool (its memory) and its capture bookkeeping for the rest of the
+    run. ``torch.cuda.use_mem_pool`` ends a pool the same way.
+    """
+    import torch
+
+    try:
+        device, pool = torch.cuda.current_device(), graph.pool()
+        torch._C._cuda_endAllocateToPool(device, pool)
+        torch._C._cuda_releasePool(device, pool)
+    except Exception:  # this torch already ended it, or names it otherwise
+        pass
 
 
 def _first_line(exc: BaseException) -> str:
@@ -115,7 +135,11 @@ def probe(
                     end_error = exc
         torch.cuda.current_stream().wait_stream(side)
     finally:
-        graph.reset()
+        # Each restore on its own: one that fails must not skip the others.
+        if end_error is not None:
+            _release_failed_capture(graph)
+        with contextlib.suppress(Exception):
+            graph.reset()
         del graph
         for p, g in saved_grads:
             p.grad = g

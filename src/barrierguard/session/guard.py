@@ -24,14 +24,13 @@ from barrierguard._errors import BarrierGuardError, MemoryGrowthError, SyncError
 from barrierguard.detect import frameworks, hub
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
-from barrierguard.report.records import MemoryReport, Report, Timeline, Violation
+from barrierguard.report.records import CaptureProbe, MemoryReport, Report, Timeline, Violation
 from barrierguard.session import ranks
 from barrierguard.session.compiled import CompileWatch, join
 from barrierguard.session.options import Options
 from barrierguard.session.sites import SiteStats, message, site_record
 
 if TYPE_CHECKING:
-    from barrierguard.report.records import CaptureProbe
     from barrierguard.session.capture import CallProbe
     from barrierguard.session.memory import MemoryMonitor
     from barrierguard.session.timeline import StepTimeline
@@ -450,6 +449,11 @@ class Guard:
         self._probing = True
         try:
             result = probe(fn, args, kwargs, params)
+        except Exception as exc:  # the probe's own failure must not cost the run
+            self._fault(exc)
+            result = CaptureProbe(
+                status="not run", reason=f"the probe failed: {type(exc).__name__}: {exc}"
+            )
         finally:
             self._probing = False
             self._phase = saved
