@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import barrierguard
@@ -10,7 +11,9 @@ from _runif import run_if
 pytestmark = run_if(min_cuda_gpus=1)
 
 
-def _train(steps: int, probe_at: int | None) -> tuple[list[float], list[torch.Tensor]]:
+def _train(
+    steps: int, probe_at: int | None, blocked: bool = False
+) -> tuple[list[float], list[torch.Tensor]]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Dropout(0.1)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -22,11 +25,18 @@ def _train(steps: int, probe_at: int | None) -> tuple[list[float], list[torch.Te
         loss.backward()
         return loss
 
+    def with_item(x: torch.Tensor) -> float:
+        return float(fwd_bwd(x).item())
+
     with barrierguard.watch(policy="record", memory=False) as guard:
         for i in range(steps):
             if i == probe_at:
-                result = guard.probe_capture(fwd_bwd, data[i])
-                assert result.status == "capturable", result
+                torch.cuda.synchronize()
+                allocated = torch.cuda.memory_allocated()
+                result = guard.probe_capture(with_item if blocked else fwd_bwd, data[i])
+                assert result.status == ("blocked" if blocked else "capturable"), result
+                # Nothing of the capture stays allocated (a failed one gives its pool back).
+                assert torch.cuda.memory_allocated() == allocated
             loss = fwd_bwd(data[i])
             opt.step()
             opt.zero_grad()
@@ -34,9 +44,10 @@ def _train(steps: int, probe_at: int | None) -> tuple[list[float], list[torch.Te
     return [float(x) for x in losses], [p.detach().clone() for p in model.parameters()]
 
 
-def test_probe_leaves_the_training_bit_for_bit_as_it_was() -> None:
+@pytest.mark.parametrize("blocked", [False, True])
+def test_probe_leaves_the_training_bit_for_bit_as_it_was(blocked: bool) -> None:
     plain = _train(6, None)
-    probed = _train(6, 3)
+    probed = _train(6, 3, blocked)
     assert plain[0] == probed[0]
     for a, b in zip(plain[1], probed[1], strict=True):
         assert torch.equal(a, b)
@@ -53,5 +64,5 @@ def test_probe_names_the_item_that_blocks_capture() -> None:
     assert result.status == "blocked"
     assert (result.file, result.line) == (__file__, step.__code__.co_firstlineno + 1)
     assert "# blocks" in result.code
-    (site,) = [s for s in guard.report.sites if s.file == __file__]
+    (site,) = [s for s in guard.report.sites if s.file == __file__ and s.kind == "item"]
     assert dict(site.phases) == {"probe": 1} and site.step_count == 0

@@ -117,8 +117,9 @@ def probe(
     error: BaseException | None = None
     end_error: BaseException | None = None
     graph = torch.cuda.CUDAGraph()
-    # The capture must start from an idle device (torch.cuda.graph does the same).
-    torch.cuda.synchronize()
+    # No synchronize (torch.cuda.graph makes one to free memory first): the side
+    # stream waits for the work queued so far on the device, and the capture
+    # only records; the host never waits.
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     try:
