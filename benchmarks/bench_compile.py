@@ -424,7 +424,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=None, help="watched steps per scenario")
     ap.add_argument("--only", nargs="*", choices=SCENARIOS, help="run only these scenarios")
     ap.add_argument("--dry-run", action="store_true", help="CPU: eager backend, no timing")
-    ap.add_argument("--timeout", type=int, default=150, help="seconds per scenario")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds per scenario")
+    ap.add_argument("--budget", type=int, default=240, help="start no scenario after S seconds")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for JSON and logs")
     args = ap.parse_args(argv)
     if args.scenario:
@@ -446,6 +447,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     results: dict[str, Any] = {}
     for name in names:
+        if time.perf_counter() - t0 > args.budget:
+            results[name] = {"error": f"not run: past the {args.budget} s budget", "seconds": 0.0}
+            print(f"{name}: {results[name]['error']}")
+            continue
         results[name] = run_one(name, args, out_dir, cache)
         r = results[name]
         print(f"{name}: {r.get('verdict', r.get('error', '')[:300])} ({r['seconds']:.0f} s)")

@@ -403,6 +403,11 @@ PHASES.update(
         "torch/_inductor/runtime/benchmarking.py:benchmark_gpu": "compile",
         "torch/_inductor/runtime/coordinate_descent_tuner.py:autotune": "compile",
         "torch/_inductor/select_algorithm.py:__call__": "compile",
+        # mode="reduce-overhead": CUDA-graph trees' warm-up runs and recordings,
+        # once per graph (a replay is none of these).
+        "torch/_inductor/cudagraph_trees.py:run_eager": "compile",
+        "torch/_inductor/cudagraph_trees.py:record_function": "compile",
+        "torch/_inductor/cudagraph_trees.py:_allocate_and_copy_recording_inputs": "compile",
     }
 )
 

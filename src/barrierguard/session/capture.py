@@ -150,9 +150,13 @@ def probe(
     if blocker is None:
         return CaptureProbe(status="capturable", captured=captured)
     file, line, function = blocking_line(blocker)
+    reason = _first_line(blocker)
+    # The error's traceback holds the step's frames, and with them what it
+    # allocated in the capture: let go of it now, not at the next gc.
+    error = end_error = blocker = None
     return CaptureProbe(
         status="blocked",
-        reason=_first_line(blocker),
+        reason=reason,
         file=file,
         line=line,
         function=function,
