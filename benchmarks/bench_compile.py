@@ -324,7 +324,12 @@ def run_one(name: str, args: argparse.Namespace, out_dir: Path, cache: str) -> d
         str(result_file),
     ]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        (out_dir / f"{name}.stderr.log").write_text(err or "")
+        return {"error": f"timed out after {args.timeout} s", "seconds": args.timeout}
     took = time.perf_counter() - t0
     (out_dir / f"{name}.stderr.log").write_text(proc.stderr)
     (out_dir / f"{name}.stdout.log").write_text(proc.stdout)
