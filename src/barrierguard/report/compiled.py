@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["CaptureProbe", "CompileReport", "CudagraphSkip", "GraphBreak", "consequence"]
 
@@ -31,17 +31,31 @@ FLAG_EFFECT = {
 NO_FLAG = "no dynamo setting keeps it in the graph"
 
 
-def _plain(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+_R = TypeVar("_R", bound="_Located")
 
 
-def _known(cls: Any, data: Mapping[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+class _Located:
+    """A record at a line (``file`` ``""`` when none is known), plain in JSON."""
+
+    file: str
+    line: int
+
+    @property
+    def location(self) -> str:
+        """``basename:line``, or ``"-"`` when no line is known."""
+        return f"{os.path.basename(self.file)}:{self.line}" if self.file else "-"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls: type[_R], data: Mapping[str, Any]) -> _R:
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass(frozen=True)
-class GraphBreak:
+class GraphBreak(_Located):
     """One line where dynamo broke the graph, with dynamo's reason.
 
     ``count`` counts the times dynamo logged it (once per compilation of the
@@ -64,21 +78,9 @@ class GraphBreak:
     sync: bool = False
     user: bool = True
 
-    @property
-    def location(self) -> str:
-        """``basename:line``."""
-        return f"{os.path.basename(self.file)}:{self.line}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GraphBreak:
-        return cls(**_known(cls, data))
-
 
 @dataclass(frozen=True)
-class CudagraphSkip:
+class CudagraphSkip(_Located):
     """inductor's reason for not using CUDA graphs, at the line its stack names.
 
     ``file`` is ``""`` when inductor named no line of the user's.
@@ -90,21 +92,9 @@ class CudagraphSkip:
     function: str = ""
     count: int = 1
 
-    @property
-    def location(self) -> str:
-        """``basename:line``, or ``"-"`` when no line is known."""
-        return f"{os.path.basename(self.file)}:{self.line}" if self.file else "-"
-
-    def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CudagraphSkip:
-        return cls(**_known(cls, data))
-
 
 @dataclass(frozen=True)
-class CaptureProbe:
+class CaptureProbe(_Located):
     """What the capture probe found: one call captured with ``torch.cuda.graph``.
 
     ``status`` is ``"capturable"``, ``"blocked"`` (``file``/``line`` name the
@@ -120,18 +110,6 @@ class CaptureProbe:
     function: str = ""
     code: str = ""
     captured: str = ""
-
-    @property
-    def location(self) -> str:
-        """``basename:line``, or ``"-"``."""
-        return f"{os.path.basename(self.file)}:{self.line}" if self.file else "-"
-
-    def to_dict(self) -> dict[str, Any]:
-        return _plain(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CaptureProbe:
-        return cls(**_known(cls, data))
 
 
 @dataclass(frozen=True)
