@@ -197,3 +197,28 @@ def test_allow_help_lists_the_line_range_and_glob_forms(capsys: pytest.CaptureFi
         main(["run", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "train.py:40-50" in text and "'src/*/metrics.py:*'" in text
+
+
+def test_run_capture_probe_names_the_step_function(tmp_path: Path) -> None:
+    script = _script(
+        tmp_path,
+        """
+        import torch
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def train_step(x):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+        for _ in range(3):
+            train_step(torch.ones(1, 2))
+        """,
+    )
+    out = tmp_path / "r.json"
+    argv = ["run", "--policy", "record", "--capture-probe", "train_step", "--out", str(out)]
+    assert main([*argv, str(script)]) == 0
+    probe = json.loads(out.read_text())["compile"]["probe"]
+    assert "train_step" in probe["captured"]
+    assert probe["status"] in ("not run", "capturable")

@@ -55,7 +55,10 @@ def test_unknown_keyword_names_it_and_the_accepted_ones() -> None:
         barrierguard.watch(polcy="warn")
     message = str(info.value)
     assert "'polcy' (did you mean 'policy'?)" in message
-    assert "accepted: allow, engine, max_growth_per_step, max_syncs_per_step, memory," in message
+    assert (
+        "accepted: allow, capture_probe, engine, max_growth_per_step, max_syncs_per_step,"
+        in message
+    )
 
 
 def test_positional_non_callable_is_refused() -> None:

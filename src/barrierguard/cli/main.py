@@ -104,6 +104,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "-m", dest="module", metavar="MODULE", help="run a module, like python -m MODULE"
     )
+    run.add_argument(
+        "--capture-probe",
+        metavar="FUNC",
+        default=False,
+        help="after warm-up, try to capture the first call of the function named FUNC (the "
+        "step) with torch.cuda.graph, never replayed, and report the first line that blocks "
+        "capture (docs/compile.md)",
+    )
     run.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args ...]")
     demo = sub.add_parser(
         "demo",
@@ -208,6 +216,7 @@ def _make_guard(ns: argparse.Namespace) -> Guard:
         warmup_steps=ns.warmup_steps,
         allow=ns.allow,
         max_syncs_per_step=ns.max_syncs_per_step,
+        capture_probe=getattr(ns, "capture_probe", False),
     )
     return guard
 

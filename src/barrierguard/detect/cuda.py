@@ -26,6 +26,7 @@ from typing import Any, cast
 import torch
 
 from barrierguard.detect import distributed, hub
+from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.frames import locate
 from barrierguard.detect.patch import Patches, drop_filter
 
@@ -122,6 +123,7 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
         finally:
             tls.t0 = None
 
+    not_a_dynamo_frame(timed.__code__)  # type: ignore[attr-defined]
     return timed
 
 
@@ -150,6 +152,7 @@ def _timed_no_args(orig: Callable[..., Any], compiling: Callable[[], bool]) -> C
         finally:
             tls.t0 = None
 
+    not_a_dynamo_frame(timed.__code__)  # type: ignore[attr-defined]
     return timed
 
 

@@ -60,6 +60,14 @@ _OWN_EXCEPTIONS = {
 _OWN_FRAMEWORK_DIRS = ((_OWN_ROOT + "metrics" + os.sep, "barrierguard"),)
 
 
+def _inductor_generated(path: str) -> bool:
+    """Whether ``path`` is code that inductor generated (its cache: kernels, wrappers)."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache and path.startswith(os.path.abspath(cache) + os.sep):
+        return True
+    return any(part.startswith("torchinductor_") for part in path.split(os.sep)[:-1])
+
+
 def _package_root(name: str) -> str | None:
     try:
         spec = importlib.util.find_spec(name)
@@ -107,10 +115,15 @@ class _Classifier:
     @staticmethod
     def _classify(filename: str, roots: list[tuple[str, int, str]]) -> tuple[int, str]:
         if filename.startswith("<"):
-            # <frozen runpy> is the standard library; <string>, <stdin> and
-            # notebook cells are the user's own code.
+            # <frozen runpy> is the standard library; <eval_with_key>.N is a
+            # torch.fx graph's code; <string>, <stdin> and notebook cells are
+            # the user's own code.
+            if filename.startswith("<eval_with_key>"):
+                return TORCH, "torch"
             return (LIBRARY, "python") if filename.startswith("<frozen") else (USER, "")
         path = os.path.abspath(filename)
+        if _inductor_generated(path):
+            return TORCH, "torch"
         if path in _OWN_EXCEPTIONS:
             return _OWN_EXCEPTIONS[path]
         for prefix, name in _OWN_FRAMEWORK_DIRS:

@@ -14,6 +14,13 @@ from typing import Any
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, from_json, to_json
+from barrierguard.report.compiled import (
+    CaptureProbe,
+    CompileReport,
+    CudagraphSkip,
+    GraphBreak,
+    consequence,
+)
 from barrierguard.report.jsonio import read_json, write_json, write_text
 from barrierguard.report.measures import MemoryReport, Timeline
 from barrierguard.report.ranks import RankSummary, job_cost, rank_ranges, summarize_rank
@@ -21,6 +28,10 @@ from barrierguard.report.sites import Site, SiteKey, Violation, _merge_sites
 
 __all__ = [
     "SCHEMA",
+    "CaptureProbe",
+    "CompileReport",
+    "CudagraphSkip",
+    "GraphBreak",
     "MemoryReport",
     "RankSummary",
     "Report",
@@ -28,6 +39,7 @@ __all__ = [
     "SiteKey",
     "Timeline",
     "Violation",
+    "consequence",
     "rank_ranges",
 ]
 
@@ -88,7 +100,9 @@ class Report:
     :meth:`from_dict`/:meth:`load` read back. ``rank`` is the global rank
     that wrote it, in a distributed run; a report merged over ranks
     (:meth:`merge`) holds them in ``ranks``, with ``rank_summaries`` and
-    :attr:`gating_site` (docs/distributed.md).
+    :attr:`gating_site` (docs/distributed.md). ``compile`` holds what
+    torch.compile said about the watched code (graph breaks, CUDA-graph skips,
+    the capture probe) when any of it ran (docs/compile.md).
 
     Example:
         >>> r = Report(engine="none", detection=False, policy="record")
@@ -116,6 +130,7 @@ class Report:
     ranks: tuple[Report, ...] = field(default=(), metadata=OMIT_EMPTY)
     rank: int | None = field(default=None, metadata=OMIT_NONE)
     rank_summaries: tuple[RankSummary, ...] = field(default=(), metadata=OMIT_EMPTY)
+    compile: CompileReport | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def total_syncs(self) -> int:

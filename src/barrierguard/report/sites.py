@@ -41,6 +41,12 @@ class Site(Record):
     every rank per measured step (the others wait for it at the next
     collective; see ``barrierguard.report.ranks``).
 
+    Inside compiled code, ``graph_break`` is dynamo's reason for breaking the
+    graph at this line (``graph_break_id`` its ``gbNNNN`` page),
+    ``compile_flag`` the dynamo setting that would keep the line in the graph
+    (the sync then still happens at run time), and ``cudagraph_skip``
+    inductor's reason for skipping CUDA graphs here (docs/compile.md).
+
     Example:
         >>> s = Site(file="/w/train.py", line=12, function="train", code="loss.item()",
         ...          kind="item", origin="user", count=3, step_count=3, per_step=1.0)
@@ -83,6 +89,10 @@ class Site(Record):
         default=(), metadata={**AS_MAP, **OMIT_EMPTY}
     )
     rule: str = field(default="", metadata=OMIT_EMPTY)
+    graph_break: str = field(default="", metadata=OMIT_EMPTY)
+    graph_break_id: str = field(default="", metadata=OMIT_EMPTY)
+    compile_flag: str = field(default="", metadata=OMIT_EMPTY)
+    cudagraph_skip: str = field(default="", metadata=OMIT_EMPTY)
 
     @property
     def location(self) -> str:

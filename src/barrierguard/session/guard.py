@@ -24,14 +24,16 @@ from barrierguard._errors import BarrierGuardError, MemoryGrowthError, SyncError
 from barrierguard.detect import frameworks, hub
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
-from barrierguard.report.records import MemoryReport, Report, Timeline, Violation
+from barrierguard.report.records import CaptureProbe, MemoryReport, Report, Timeline, Violation
 from barrierguard.session import allowing, lifecycle, ranks
+from barrierguard.session.compiled import CompileWatch, join
 from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
 from barrierguard.session.sites import SiteStats, message, site_record
 from barrierguard.session.steps import OptimizerSteps
 
 if TYPE_CHECKING:
+    from barrierguard.session.capture import CallProbe
     from barrierguard.session.memory import MemoryMonitor
     from barrierguard.session.timeline import StepTimeline
 
@@ -47,8 +49,11 @@ _MAX_VIOLATIONS = 1000
 # Phases whose syncs are counted apart: outside the training steps' counts,
 # their per-step series and the policy (a Lightning validation batch is not a
 # training step, nor is the teardown after the last one, nor what a plain loop
-# does after its last step: see ``loop_end``).
-APART_PHASES = frozenset({"validate", "test", "predict", "teardown", "checkpoint", AFTER_LOOP})
+# does after its last step: see ``loop_end``). torch.compile at work (tracing,
+# compiling, autotuning) and the capture probe are not training either.
+APART_PHASES = frozenset(
+    {"validate", "test", "predict", "teardown", "checkpoint", AFTER_LOOP, "compile", "probe"}
+)
 
 
 def _thread_name(ident: int) -> str:
@@ -160,6 +165,10 @@ class Guard:
         self._step_listeners: list[Callable[[int], None]] = []
         self._memory: MemoryMonitor | None = None
         self._timeline: StepTimeline | None = None
+        self._compile = CompileWatch()
+        self._probing = False
+        self._call_probe: CallProbe | None = None
+        self._optimizers: dict[int, Any] = {}
         # Set by framework adapters (the Lightning callback) from their events:
         # the phase each sync is tagged with.
         self._phase: str | None = None
@@ -219,7 +228,26 @@ class Guard:
         self._started = time.perf_counter()
         self._start_memory()
         self._start_timeline()
+        try:
+            self._compile.start()
+            self._arm_call_probe()
+        except Exception as exc:
+            self._fault(exc)
         return self
+
+    def _arm_call_probe(self) -> None:
+        name = self._options.capture_probe
+        if not isinstance(name, str) or self._compile.probe is not None:
+            return
+        from barrierguard.session.capture import CallProbe
+
+        warmup = max(1, self._options.warmup_steps)
+        self._call_probe = CallProbe(
+            name,
+            lambda: self._running and not self._probing and self._steps >= warmup,
+            lambda fn, args, kwargs: self.probe_capture(fn, *args, **kwargs),
+        )
+        self._call_probe.arm()
 
     def _start_timeline(self) -> None:
         # Step timing reads CUDA events: only where the CUDA engine runs.
@@ -288,6 +316,11 @@ class Guard:
             hub.detach(self, self._engine_name)
             unwatch_loaders(self._on_loader_end)
             self._end_loop(act)
+            try:
+                self._compile.stop()
+                self._disarm_call_probe()
+            except Exception as exc:
+                self._fault(exc)
             memory_error = self._stop_memory(act)
             if self._timeline is not None:
                 try:
@@ -314,6 +347,19 @@ class Guard:
             text = f"the report could not be written to {path!r}: {exc}"
             log.warning("barrierguard: %s", text)
             self._note(text)
+
+    def _disarm_call_probe(self) -> None:
+        probe = self._call_probe
+        if probe is None:
+            return
+        probe.disarm()
+        if probe.note:
+            self._note(probe.note)
+        elif not probe.done:
+            self._note(
+                f"capture probe: no call of {probe.name!r} after warm-up while watching, "
+                "so nothing was captured"
+            )
 
     def _stop_memory(self, act: bool) -> MemoryGrowthError | None:
         if self._memory is None:
@@ -361,6 +407,9 @@ class Guard:
         self._step_listeners.append(listener)
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._probing:
+            return  # a captured step runs no kernel: not a step of the training
+        self._optimizers.setdefault(id(optimizer), optimizer)
         if self._manual:
             return
         for _ in range(self._optimizer_steps.boundaries(id(optimizer))):
@@ -430,6 +479,58 @@ class Guard:
             self._due.clear()
         if act and due is not None and not self._deferred:
             self._deferred.append(due)
+
+    def _before_call(self, func: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        """A decorated step is called: ``watch(capture_probe=True)``'s turn after warm-up."""
+        if (
+            self._options.capture_probe is True
+            and self._compile.probe is None
+            and self._steps >= max(1, self._options.warmup_steps)
+        ):
+            self.probe_capture(func, *args, **kwargs)
+
+    def probe_capture(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CaptureProbe:
+        """Try to capture one call of ``fn(*args, **kwargs)`` with ``torch.cuda.graph``.
+
+        The call is recorded on a side stream and never replayed, so the
+        training that follows computes what it would have (docs/compile.md
+        says exactly what is captured and restored); its syncs are counted
+        apart (phase ``"probe"``). Call it after warm-up. The result is also
+        the report's ``compile.probe``; ``watch(capture_probe=True)`` on a
+        decorated step function does this for its first call after warm-up.
+
+        Returns:
+            ``status`` ``"capturable"``, ``"blocked"`` (with the first line
+            that stopped the capture), or ``"not run"`` (no CUDA device).
+
+        Example:
+            >>> import barrierguard
+            >>> guard = barrierguard.watch(policy="record")
+            >>> guard.probe_capture(lambda: None).status in ("capturable", "not run")
+            True
+        """
+        from barrierguard.session.capture import probe
+
+        params = [
+            p
+            for opt in self._optimizers.values()
+            for group in getattr(opt, "param_groups", ())
+            for p in group.get("params", ())
+        ]
+        saved, self._phase = self._phase, "probe"
+        self._probing = True
+        try:
+            result = probe(fn, args, kwargs, params)
+        except Exception as exc:  # the probe's own failure must not cost the run
+            self._fault(exc)
+            result = CaptureProbe(
+                status="not run", reason=f"the probe failed: {type(exc).__name__}: {exc}"
+            )
+        finally:
+            self._probing = False
+            self._phase = saved
+        self._compile.probe = result
+        return result
 
     @property
     def steps(self) -> int:
@@ -653,6 +754,14 @@ class Guard:
                 )
             except Exception as exc:
                 self._fault(exc)
+        sites = [site_record(s, max(0, steps - warmup)) for s in stats]
+        compiled: Any = None
+        try:
+            joined = join(sites, self._compile, running=self._running)
+            if joined is not None:
+                sites, compiled = list(joined[0]), joined[1]
+        except Exception as exc:
+            self._fault(exc)
         return Report(
             engine=self._engine_name,
             detection=self._engine_name != "none",
@@ -660,7 +769,7 @@ class Guard:
             steps=steps,
             warmup_steps=min(warmup, steps),
             measured_steps=max(0, steps - warmup),
-            sites=tuple(site_record(s, max(0, steps - warmup)) for s in stats),
+            sites=tuple(sites),
             violations=violations,
             syncs_per_step=per_step,
             notes=tuple(notes),
@@ -669,6 +778,7 @@ class Guard:
             timeline=timeline,
             memory=memory,
             rank=ranks.current_rank(),
+            compile=compiled,
         )
 
 

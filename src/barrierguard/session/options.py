@@ -150,6 +150,7 @@ class Options:
     memory_every: int | None = None
     memory_children: bool = False
     out: str | None = None
+    capture_probe: bool | str = False
 
     def allowed(
         self, file: str, line: int, kind: str, origin: str, mechanism: str | None = None
@@ -206,6 +207,7 @@ def make_options(
     memory_every: int | None = None,
     memory_children: bool = False,
     out: str | os.PathLike[str] | None = None,
+    capture_probe: bool | str = False,
     owner: str = "watch",
 ) -> Options:
     """Validate and freeze a guard's options; every error names the argument.
@@ -228,6 +230,7 @@ def make_options(
         memory_every=_stride(owner, memory_every),
         memory_children=_flag(owner, "memory_children", memory_children),
         out=parse_out(out, owner=owner),
+        capture_probe=_probe(owner, capture_probe),
     )
 
 
@@ -322,6 +325,17 @@ def _flag(owner: str, name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
     raise BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected True or False")
+
+
+def _probe(owner: str, value: object) -> bool | str:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isidentifier():
+        return value
+    raise BarrierGuardError(
+        f"{owner}(capture_probe={value!r}) is not valid: expected True (the decorated step "
+        "function), False, or the name of the step function to probe, e.g. 'train_step'"
+    )
 
 
 def _stride(owner: str, value: object) -> int | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from _samples import site
-from barrierguard import Report
+from barrierguard import Report, Site
 from barrierguard.report.render.console import render
 
 

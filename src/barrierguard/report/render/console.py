@@ -6,15 +6,24 @@ import os
 from typing import NamedTuple
 
 from barrierguard.report.records import (
+    CompileReport,
     MemoryReport,
     RankSummary,
     Report,
     Site,
     Violation,
+    consequence,
     rank_ranges,
 )
 
-__all__ = ["SeriesRow", "memory_state", "render", "series_rows", "violations_heading"]
+__all__ = [
+    "SeriesRow",
+    "memory_state",
+    "render",
+    "render_compile",
+    "series_rows",
+    "violations_heading",
+]
 
 _ENGINE_WORDS = {
     "cuda": "cuda (CUDA sync-debug mode + intercepted calls)",
@@ -32,7 +41,7 @@ def _where(site: Site) -> str:
 
 
 # Phases whose syncs a guard counts apart from the training steps.
-_APART = ("validate", "test", "predict", "checkpoint", "teardown", "after-loop")
+_APART = ("validate", "test", "predict", "checkpoint", "teardown", "after-loop", "compile", "probe")
 
 
 def _apart(site: Site) -> str:
@@ -125,6 +134,8 @@ def render(report: Report) -> str:
                 )
             if site.asymmetric:
                 lines.append(f"       {_asymmetry(site, len(report.rank_summaries), gate)}")
+            if _consequence(site):
+                lines.append(f"       compile: {_consequence(site)}")
             tag = "allowed; " if site.allowed else ""
             lines.append(f"       {tag}fix: {site.fix}")
     if cold:
@@ -140,6 +151,11 @@ def render(report: Report) -> str:
             lines.append(text)
             if _apart(site):
                 lines.append(f"       counted apart: {_apart(site)}")
+            if _consequence(site):
+                lines.append(f"       compile: {_consequence(site)}")
+    if report.compile is not None:
+        lines.append("")
+        lines.extend(render_compile(report.compile))
     if report.violations:
         # One line per site: the first step it broke the policy in, and how often.
         grouped: dict[tuple[str, int, str, str], list[Violation]] = {}
@@ -183,6 +199,47 @@ def violations_heading(report: Report, sites: int) -> str:
         f"not allowed (policy {report.policy}: {what}, not enforced; --policy error fails on "
         f"them): {n} at {sites} site(s)"
     )
+
+
+def _consequence(site: Site) -> str:
+    return consequence(
+        site.graph_break, site.graph_break_id, site.compile_flag, site.cudagraph_skip
+    )
+
+
+def render_compile(section: CompileReport) -> list[str]:
+    """The compile section: the verdict, the breaks that are not syncs, skips, the probe.
+
+    Example:
+        >>> render_compile(CompileReport())[0]
+        'compile: no graph break in the watched code; capture probe not run'
+    """
+    lines = [section.verdict]
+    others = [b for b in section.graph_breaks if not b.sync]
+    if others:
+        lines.append("  graph breaks that are not syncs:")
+        for b in others:
+            tag = f" [{b.gb}]" if b.gb else ""
+            times = f" ({b.count}x)" if b.count > 1 else ""
+            lines.append(f"    {b.location}{tag}{times}: {b.reason}")
+    for skip in section.cudagraph_skips:
+        lines.append(f"  CUDA graphs skipped at {skip.location}: {skip.reason}")
+    if section.compile_syncs:
+        lines.append(
+            f"  {section.compile_syncs} syncs while compiling (tracing, inductor, autotuning), "
+            "counted apart from the steps"
+        )
+    probe = section.probe
+    if probe is not None:
+        lines.append(f"  capture probe: {probe.status} - {probe.captured}")
+        if probe.status == "blocked":
+            lines.append(f"    first blocked at {probe.location}: {probe.code}")
+            lines.append(f"    {probe.reason}")
+        elif probe.reason:
+            lines.append(f"    {probe.reason}")
+    for note in section.notes:
+        lines.append(f"  note: {note}")
+    return lines
 
 
 def _asymmetry(site: Site, world: int, gate: Site | None) -> str:

@@ -17,7 +17,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from barrierguard.report.records import MemoryReport, RankSummary, Report, Site, rank_ranges
+from barrierguard.report.records import (
+    MemoryReport,
+    RankSummary,
+    Report,
+    Site,
+    consequence,
+    rank_ranges,
+)
 from barrierguard.report.render.console import series_rows, violations_heading
 
 __all__ = ["render"]
@@ -309,7 +316,8 @@ def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
         f'<td class="num" data-sort="{site.per_step:.6g}">{site.per_step:.2f}</td>'
         f'<td class="num" data-sort="{stall if stall is not None else -1:.6g}">'
         f"{f'{stall:.2f}' if stall is not None else '-'}</td>"
-        f'<td><code>{_e(site.code) or "?"}</code><div class="fix">fix: {_e(site.fix)}</div></td>'
+        f"<td><code>{_e(site.code) or '?'}</code>{_compile_note(site)}"
+        f'<div class="fix">fix: {_e(site.fix)}</div></td>'
         "</tr>"
     )
 
@@ -500,6 +508,46 @@ def _badge(report: Report) -> str:
     return f'<span class="badge warn" id="status">{sites} not allowed</span>'
 
 
+def _compile_note(site: Site) -> str:
+    text = consequence(
+        site.graph_break, site.graph_break_id, site.compile_flag, site.cudagraph_skip
+    )
+    return f'<div class="fix compile">compile: {_e(text)}</div>' if text else ""
+
+
+def _compile(report: Report) -> str:
+    section = report.compile
+    if section is None:
+        return ""
+    items = [
+        f"<li>{_e(b.location)}{f' [{_e(b.gb)}]' if b.gb else ''}: {_e(b.reason)}</li>"
+        for b in section.graph_breaks
+        if not b.sync
+    ]
+    others = f"<h3>Graph breaks that are not syncs</h3><ul>{''.join(items)}</ul>" if items else ""
+    skips = "".join(
+        f"<li>CUDA graphs skipped at {_e(s.location)}: {_e(s.reason)}</li>"
+        for s in section.cudagraph_skips
+    )
+    probe = section.probe
+    probe_text = ""
+    if probe is not None:
+        where = f" at {_e(probe.location)} <code>{_e(probe.code)}</code>" if probe.file else ""
+        probe_text = (
+            f"<li>capture probe: {_e(probe.status)}{where}"
+            f"{f' - {_e(probe.reason)}' if probe.reason else ''} ({_e(probe.captured)})</li>"
+        )
+    compile_syncs = (
+        f"<li>{section.compile_syncs} syncs while compiling, counted apart</li>"
+        if section.compile_syncs
+        else ""
+    )
+    return (
+        f'<h2>Compile</h2><p id="compile-verdict">{_e(section.verdict)}</p>'
+        f"<ul>{skips}{probe_text}{compile_syncs}</ul>{others}"
+    )
+
+
 def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
     """Render ``report`` as one self-contained HTML page, the answer first.
 
@@ -560,6 +608,7 @@ def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
 </div>
 {_memory_section(report.memory)}
 {_ranks(report)}
+{_compile(report)}
 {f'<h2>Notes</h2><ul id="notes">{notes}</ul>' if notes else ""}
 <script>{_JS}</script>
 </body></html>
