@@ -45,6 +45,22 @@ def test_run_writes_json(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["schema"] == "barrierguard.report/1"
 
 
+def test_run_by_a_relative_path_stores_absolute_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _script(tmp_path, "import sys, torch\ndevice = 'cpu'\nx = torch.ones(2).to(device)\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "r.json"
+    args = ["run", "--engine", "audit", "--policy", "record", "--out", "r.json", "train.py"]
+    assert main(args) == 0
+    sites = json.loads(out.read_text())["sites"]
+    assert [(s["file"], s["line"], s["kind"]) for s in sites] == [
+        (str(tmp_path / "train.py"), 3, "copy")
+    ]
+    err = capsys.readouterr().err
+    assert "train.py:3" in err and str(tmp_path) not in err  # the console shows short paths
+
+
 def test_run_module(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -485,3 +485,41 @@ def test_xdist_workers_make_the_serial_report(pytester: pytest.Pytester) -> None
     one, two = Report.load(serial), Report.load(parallel)
     assert _summary(one) == _summary(two)
     assert one.steps == sum(n + 1 for n in range(1, 8))
+
+
+_EXIT_BODIES = {
+    "return": ("pass", pytest.ExitCode.OK),
+    "exception": ("raise ValueError('out')", pytest.ExitCode.TESTS_FAILED),
+    "keyboard_interrupt": ("raise KeyboardInterrupt", pytest.ExitCode.INTERRUPTED),
+    "system_exit": ("raise SystemExit(3)", pytest.ExitCode.TESTS_FAILED),
+    "hook_exception": (
+        "opt.register_step_post_hook(lambda *a: 1 / 0); opt.step()",
+        pytest.ExitCode.TESTS_FAILED,
+    ),
+}
+
+
+@pytest.mark.parametrize("exit_path", sorted(_EXIT_BODIES))
+def test_every_exit_path_of_a_watched_test_restores_everything(
+    pytester: pytest.Pytester, exit_path: str
+) -> None:
+    from _leaks import global_state
+
+    body, code = _EXIT_BODIES[exit_path]
+    pytester.makepyfile(
+        test_exit=f"""
+        import torch
+
+        def test_exit():
+            opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+            opt.step()
+            torch.ones(2).sum().item()
+            {body}
+        """
+    )
+    before = global_state()
+    result = pytester.runpytest_inprocess(
+        *PLUGIN, "--barrierguard=record", "-p", "no:cacheprovider", no_reraise_ctrlc=True
+    )
+    assert result.ret == code
+    assert global_state() == before

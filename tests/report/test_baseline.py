@@ -9,7 +9,8 @@ import pytest
 
 from _fake_cuda import FakeMode
 from _gate_helpers import LOOP, run_loop
-from barrierguard import BarrierGuardError, Report, Site
+from _samples import report, site
+from barrierguard import BarrierGuardError, Site
 from barrierguard.report.baseline import (
     BASELINE_SCHEMA,
     Baseline,
@@ -21,23 +22,11 @@ from barrierguard.report.baseline import (
 
 
 def _site(**kw: object) -> Site:
-    base: dict[str, object] = {
-        "file": "/repo/pkg/train.py",
-        "line": 10,
-        "function": "train",
-        "code": "loss.item()",
-        "kind": "item",
-        "origin": "user",
-        "count": 4,
-        "step_count": 4,
-        "per_step": 1.0,
-    }
-    base.update(kw)
-    return Site(**base)  # type: ignore[arg-type]
+    base: dict[str, object] = {"file": "/repo/pkg/train.py", "line": 10, "count": 4}
+    return site(**{**base, "per_step": 1.0, **kw})
 
 
-def _report(*sites: Site) -> Report:
-    return Report(engine="cuda", detection=True, policy="record", sites=sites)
+_report = report
 
 
 @pytest.mark.parametrize(

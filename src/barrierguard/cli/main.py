@@ -187,12 +187,18 @@ def _finish(
         except OSError as err:
             raise BarrierGuardError(f"{ns.out}: {err.strerror or err}") from err
         who = f"rank {report.rank} " if world > 1 and report.rank is not None else ""
-        print(f"barrierguard: {who}report written to {path}", file=sys.stderr)
+        print(f"barrierguard: {who}report written to {_shown(path)}", file=sys.stderr)
         if world > 1 and not report.rank:
             _say_rank_files(ns.out, world, started)
     if report.policy == "error" and not report.ok:
         return EXIT_POLICY
     return code
+
+
+def _shown(path: str) -> str:
+    """``path`` as the console shows it: relative to the current directory when under it."""
+    here = os.getcwd()
+    return os.path.relpath(path, here) if path.startswith(here + os.sep) else path
 
 
 def _say_rank_files(out: str, world: int, started: float) -> None:
@@ -201,14 +207,14 @@ def _say_rank_files(out: str, world: int, started: float) -> None:
     missing = [r for r in range(world) if r not in found]
     text = (
         f"barrierguard: {len(found)} of {world} rank reports written "
-        f"({', '.join(found.values()) or 'none'})"
+        f"({', '.join(map(_shown, found.values())) or 'none'})"
     )
     if missing:
         text += (
             f"; none yet from rank {', '.join(map(str, missing))} (a rank still running, or "
             "one that barrierguard did not follow: see docs/distributed.md)"
         )
-    pattern = ranks.rank_path(out, rank="*", world=world)
+    pattern = _shown(ranks.rank_path(out, rank="*", world=world))
     print(f"{text}; merge them with barrierguard merge '{pattern}'", file=sys.stderr)
 
 
@@ -221,47 +227,75 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def _find_module(name: str) -> str | None:
+    """Where ``run -m name`` finds its module (its file), like ``python -m``."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as err:  # a parent package missing, a bad name
+        raise BarrierGuardError(f"run -m {name}: no module named {name!r} ({err})") from err
+    if spec is None:
+        raise BarrierGuardError(f"run -m {name}: no module named {name!r}")
+    return spec.origin
+
+
 def _run(ns: argparse.Namespace) -> int:
-    if ns.module:
-        spec = importlib.util.find_spec(ns.module)
-        if spec is None:
-            raise BarrierGuardError(f"run -m {ns.module}: no module named {ns.module!r}")
-        argv = [spec.origin or ns.module, *ns.target]
-    else:
-        if not ns.target:
-            raise BarrierGuardError("run: expected a script (script.py [args]) or -m module")
-        script = ns.target[0]
-        if not os.path.isfile(script):
-            raise BarrierGuardError(f"run: can't open script {script!r}: no such file")
-        argv = list(ns.target)
-    guard = _make_guard(ns)
-    probe = follow.RankProbe()
-    guard.add_step_listener(probe)
-    job = follow.settings(
-        {
-            "policy": ns.policy,
-            "engine": ns.engine,
-            "warmup_steps": ns.warmup_steps,
-            "allow": list(ns.allow),
-            "max_syncs_per_step": ns.max_syncs_per_step,
-            "out": os.path.abspath(ns.out) if ns.out else None,
-        },
-        None if ns.module else argv[0],
-        ns.module,
-        ns.target,
-    )
-    started = time.time() - 1.0  # file times may be coarser than the clock
     saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        if ns.module:
+            # As python -m: the directory it was started in comes first.
+            sys.path.insert(0, os.getcwd())
+            argv = [_find_module(ns.module) or ns.module, *ns.target]
+        else:
+            if not ns.target:
+                raise BarrierGuardError("run: expected a script (script.py [args]) or -m module")
+            script = ns.target[0]
+            if not os.path.isfile(script):
+                raise BarrierGuardError(f"run: can't open script {script!r}: no such file")
+            argv = list(ns.target)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        if ns.out:
+            # The script may change directory: the report goes where it was asked for.
+            ns.out = os.path.abspath(ns.out)
+        guard = _make_guard(ns)
+        probe = follow.RankProbe()
+        guard.add_step_listener(probe)
+        job = follow.settings(
+            {
+                "policy": ns.policy,
+                "engine": ns.engine,
+                "warmup_steps": ns.warmup_steps,
+                "allow": list(ns.allow),
+                "max_syncs_per_step": ns.max_syncs_per_step,
+                "out": ns.out,
+            },
+            None if ns.module else argv[0],
+            ns.module,
+            ns.target,
+        )
+        started = time.time() - 1.0  # file times may be coarser than the clock
+        # Before the script runs, so that an engine that cannot run here
+        # (--engine cuda without CUDA) is a usage error, not the script's.
+        guard.start()
+    except BaseException:
+        sys.path[:] = saved_path
+        raise
     sys.argv = argv
-    if not ns.module:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     code = 0
     try:
-        with follow.following(job), guard:
-            if ns.module:
-                runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(argv[0], run_name="__main__")
+        with follow.following(job):
+            try:
+                if ns.module:
+                    runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+                else:
+                    # An absolute path, as `python train.py` gives the script's code
+                    # (the report's files are absolute); argv[0] stays as typed.
+                    runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+            except BaseException:
+                # Restore everything; the script's own exception is the news.
+                guard._deferred.clear()
+                guard._stop(act=False)
+                raise
+            guard.stop()
     except SystemExit as exc:
         code = _exit_code(exc)
     except SyncError:

@@ -13,7 +13,6 @@ too soon.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
 import sys
@@ -22,13 +21,13 @@ import time
 import warnings
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from barrierguard.detect import distributed, hub
 from barrierguard.detect.frames import locate
-from barrierguard.detect.patch import Patches
+from barrierguard.detect.patch import Patches, drop_filter
 
 __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 
@@ -204,6 +203,7 @@ class CudaEngine:
         self._patches = Patches()
         self._saved_mode: int = 0
         self._filter: Any = None
+        self._filter_list: list[Any] = []
         self._saved_show: Callable[..., Any] | None = None
         self._show_attr = "_showwarnmsg"
         self._index_timed = False
@@ -215,6 +215,9 @@ class CudaEngine:
             # Route the mode's warnings to us first, then arm the mode.
             warnings.filterwarnings("always", message=SYNC_MESSAGE, category=UserWarning)
             self._filter = warnings.filters[0]
+            # The list it went into: a warnings.catch_warnings() entered
+            # meanwhile works on a copy and puts this list back at its exit.
+            self._filter_list = cast("list[Any]", warnings.filters)
             # _showwarnmsg sees warnings even inside catch_warnings(record=True)
             # (pytest records every test that way); showwarning is the fallback.
             if not hasattr(warnings, "_showwarnmsg"):
@@ -239,11 +242,8 @@ class CudaEngine:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None
             if self._filter is not None:
-                with contextlib.suppress(ValueError):
-                    warnings.filters.remove(self._filter)  # type: ignore[attr-defined]
-                mutated = getattr(warnings, "_filters_mutated", None)
-                if mutated is not None:
-                    mutated()
+                drop_filter(self._filter, self._filter_list)
+                self._filter_list = []
                 self._filter = None
 
     # -- the sync-debug warning -------------------------------------------

@@ -59,7 +59,8 @@ KINDS: dict[str, Kind] = {
         Kind("complex", "complex(t) reads a device value", "keep it a tensor"),
         Kind(
             "index",
-            "boolean-mask indexing or assignment needs the number of selected elements",
+            "boolean-mask indexing or assignment needs the number of selected elements; "
+            "a Python list or range as an index is copied to the device with a blocking copy",
             "use torch.where(mask, x, 0) or x.masked_fill(~mask, 0) to keep the shape fixed",
         ),
         Kind(
@@ -109,6 +110,13 @@ KINDS: dict[str, Kind] = {
             "a synchronizing op inside the backward pass (replayed when backward() returns)",
             "find the forward op whose gradient needs host values (mask indexing, nonzero, "
             "unique) and replace it with a fixed-shape op",
+        ),
+        Kind(
+            "rnn_flatten",
+            "RNN.flatten_parameters() on cuDNN packs the weights into one new buffer, and the "
+            "host waits for the device there",
+            "call flatten_parameters() once, after the model is on the device or loaded, not in "
+            "every step, forward or evaluation",
         ),
         Kind(
             "async_d2h",
@@ -167,6 +175,10 @@ _CALL_NAMES: dict[str, str] = {
     "allclose": "compare",
     "equal": "compare",
     "synchronize": "synchronize",
+    "save": "copy",
+    "load": "copy",
+    "load_state_dict": "copy",
+    "flatten_parameters": "rnn_flatten",
     "backward": "backward",
     "grad": "backward",
     "barrier": "collective",
@@ -201,6 +213,11 @@ _COPY_FIXES = {
     ),
 }
 
+
+_INDEX_LIST_FIX = (
+    "build the index on the device once (torch.arange(n, device=x.device), or a tensor "
+    "made before the loop) and index with that tensor"
+)
 
 _BARRIER_FIX = (
     "take it out of the training loop: the gradient all-reduce already keeps the ranks in "
@@ -244,6 +261,8 @@ def fix_for(kind: str, detail: str = "") -> str:
         True
         >>> fix_for("copy", "h2d").startswith("pin the source")
         True
+        >>> fix_for("index", "list").startswith("build the index on the device")
+        True
         >>> fix_for("collective", "all_reduce (gloo)").startswith("a collective on CPU")
         True
     """
@@ -251,6 +270,8 @@ def fix_for(kind: str, detail: str = "") -> str:
         direction = detail.split(" ", 1)[0]
         if direction in _COPY_FIXES:
             return _COPY_FIXES[direction]
+    if kind == "index" and detail == "list":
+        return _INDEX_LIST_FIX
     if kind == "collective" and detail:
         call = detail.split(" ", 1)[0]
         return _COLLECTIVE_FIXES.get(call, _HOST_TENSOR_FIX)

@@ -35,23 +35,24 @@ import pytest
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.records import Report, Site, SiteKey, Violation
 from barrierguard.session.guard import Guard
-from barrierguard.session.options import POLICIES, make_options, parse_bytes, resolve_policy
+from barrierguard.session.options import (
+    GUARD_OPTIONS,
+    POLICIES,
+    make_options,
+    parse_bytes,
+    resolve_policy,
+)
 from barrierguard.session.watch import watch
 
 __all__: list[str] = []
 
-_MARK_OPTIONS = (
-    "policy",
-    "engine",
-    "warmup_steps",
-    "allow",
-    "max_syncs_per_step",
-    "max_growth_per_step",
-)
+# The marker takes watch()'s options; these have a command-line or ini
+# default that the marker's value overrides or (allow) extends.
+_MARK_OPTIONS = GUARD_OPTIONS
+_CONFIGURED = ("policy", "engine", "warmup_steps", "allow", "max_syncs_per_step")
 _MARKER_HELP = (
-    "barrierguard(policy=None, engine='auto', warmup_steps=0, allow=(), max_syncs_per_step=None, "
-    "max_growth_per_step=None): watch this test for host-device synchronizations; "
-    "max_growth_per_step caps the memory growth per step, in bytes"
+    f"barrierguard(**options): watch this test for host-device synchronizations; "
+    f"the options of barrierguard.watch(): {', '.join(GUARD_OPTIONS)}"
 )
 
 
@@ -65,6 +66,8 @@ class _Plan:
     allow: tuple[str, ...]
     max_syncs_per_step: int | None
     max_growth_per_step: int | None
+    # The marker's other options of watch(), passed on as given.
+    extra: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass
@@ -208,6 +211,9 @@ def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
         allow=state.allow + allow,
         max_syncs_per_step=kw.get("max_syncs_per_step", state.max_syncs_per_step),
         max_growth_per_step=growth,
+        extra=tuple(
+            (k, v) for k, v in kw.items() if k not in (*_CONFIGURED, "max_growth_per_step")
+        ),
     )
     # Validate now, so a bad marker is an error at setup, not a surprise later.
     make_options(
@@ -217,6 +223,7 @@ def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
         allow=plan.allow,
         max_syncs_per_step=plan.max_syncs_per_step,
         owner="@pytest.mark.barrierguard",
+        **dict(plan.extra),
     )
     return plan
 
@@ -234,6 +241,7 @@ def _start(plan: _Plan) -> Guard:
         max_growth_per_step=(
             "1MB" if plan.max_growth_per_step is None else plan.max_growth_per_step
         ),
+        **dict(plan.extra),
     )
     return guard.start()
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
+from barrierguard.report.codec import Record
 from barrierguard.report.jsonio import read_json, write_json
 from barrierguard.report.records import Report, Site
 
@@ -112,7 +113,7 @@ def _counts(site: Site) -> bool:
 
 
 @dataclass(frozen=True)
-class Entry:
+class Entry(Record):
     """One baseline entry: a key, how many lines share it, and their syncs per step."""
 
     file: str
@@ -136,18 +137,6 @@ class Entry:
     def describe(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
         return f"{where} in {self.function}(): {self.code!r} [{self.kind}]"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "function": self.function,
-            "code": self.code,
-            "kind": self.kind,
-            "lines": self.lines,
-            "per_step": self.per_step,
-            "count": self.count,
-            "line": self.line,
-        }
 
 
 def _entries(sites: Iterable[Site], root: str | None) -> dict[Key, Entry]:
@@ -230,18 +219,7 @@ class Baseline:
             try:
                 if not isinstance(raw, Mapping):
                     raise TypeError(f"expected an object, got {type(raw).__name__}")
-                entries.append(
-                    Entry(
-                        file=str(raw["file"]),
-                        function=str(raw["function"]),
-                        code=str(raw["code"]),
-                        kind=str(raw["kind"]),
-                        lines=int(raw.get("lines", 1)),
-                        per_step=float(raw.get("per_step", 0.0)),
-                        count=int(raw.get("count", 0)),
-                        line=int(raw.get("line", 0)),
-                    )
-                )
+                entries.append(Entry.from_dict(raw))
             except (KeyError, TypeError, ValueError) as err:
                 raise BarrierGuardError(
                     f"{source}: malformed baseline (sites[{i}]: {err!r}; each site needs "

@@ -25,10 +25,11 @@ from barrierguard.detect import frameworks, hub
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
 from barrierguard.report.records import MemoryReport, Report, Timeline, Violation
-from barrierguard.session import ranks
+from barrierguard.session import lifecycle, ranks
 from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
 from barrierguard.session.sites import SiteStats, message, site_record
+from barrierguard.session.steps import OptimizerSteps
 
 if TYPE_CHECKING:
     from barrierguard.session.memory import MemoryMonitor
@@ -101,10 +102,14 @@ class Guard:
     or driven by hand with :meth:`start`/:meth:`stop`; starting it again after a
     stop adds to the same report.
 
-    Steps: every ``optimizer.step()`` ends a step (the first optimizer that
-    steps leads, so a GAN's two optimizers make one step). Loops without an
-    optimizer call :meth:`step`; once :meth:`step` has been called, optimizer
-    steps no longer count. Everything before the first step, and the first
+    Steps: every ``optimizer.step()`` ends a step. With several optimizers,
+    the first to step in an iteration leads and the others follow, so a GAN's
+    two optimizers stepping once each make one step; an optimizer that steps
+    twice while the lead does not (layer-wise training: A steps 30 times, then
+    B 30 times) takes the lead and every step of it counts, 60 in all
+    (``session/steps.py`` has the rule). Loops without an optimizer call
+    :meth:`step`; once :meth:`step` has been called, optimizer steps no
+    longer count. Everything before the first step, and the first
     ``warmup_steps`` steps, is setup: recorded, never held against the policy.
     What follows the last step, at sites no closed step saw, is after the
     loop (phase ``"after-loop"``), counted apart: see ``loop_end``.
@@ -128,7 +133,7 @@ class Guard:
         self._per_step: list[int] = [0]
         self._step_stall: list[float] = [0.0]
         self._manual = False
-        self._lead: Any = None
+        self._optimizer_steps = OptimizerSteps()
         # (site, step, reason, thread name): made into Violations by report(),
         # off the hot path.
         self._violations: list[tuple[Location, int, str, str]] = []
@@ -146,6 +151,10 @@ class Guard:
         self._engine_name = "none"
         self._running = False
         self._thread_ident: int | None = None
+        # start() and stop() may race across threads; the entries of each
+        # thread (with, decorated calls) are kept apart (see lifecycle).
+        self._life = threading.RLock()
+        self._entries = threading.local()
         self._hook_handle: Any = None
         self._started = 0.0
         self._elapsed = 0.0
@@ -177,11 +186,16 @@ class Guard:
             BarrierGuardError: If this guard is already running, or the engine
                 cannot run here (``engine='cuda'`` without CUDA).
         """
+        with self._life:
+            return self._start()
+
+    def _start(self) -> Guard:
         if self._running:
             raise BarrierGuardError(
-                "this guard is already running - did you call start() twice, or enter the "
-                "same guard in a nested 'with'? Create a second guard with watch() instead"
+                "this guard is already running - did you call start() twice? Create a "
+                "second guard with watch() instead"
             )
+        hub.tidy()
         name, notes = _pick_engine(self._options.engine)
         engine = _make_engine(name)
         self._engine_name = name
@@ -260,10 +274,14 @@ class Guard:
         return self._stop(act=True)
 
     def _stop(self, *, act: bool) -> Report:
-        if not self._running:
-            return self.report
-        self._running = False
-        self._elapsed += time.perf_counter() - self._started
+        with self._life:
+            if not self._running:
+                return self.report
+            self._running = False
+            self._elapsed += time.perf_counter() - self._started
+            return self._uninstall(act)
+
+    def _uninstall(self, act: bool) -> Report:
         try:
             if self._hook_handle is not None:
                 self._hook_handle.remove()
@@ -311,7 +329,8 @@ class Guard:
         return None
 
     def __enter__(self) -> Guard:
-        return self.start()
+        lifecycle.enter(self)
+        return self
 
     def __exit__(
         self,
@@ -319,24 +338,16 @@ class Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None:
-            self.stop()
-            return
-        # An exception is already on its way out: restore everything, and do
-        # not hide it behind a deferred policy error.
-        self._deferred.clear()
-        self._stop(act=False)
+        lifecycle.leave(self, failed=exc_type is not None)
 
     def __call__(self, func: F) -> F:
-        """Use the guard as a decorator: each call of ``func`` runs watched."""
+        """Use the guard as a decorator: each call of ``func`` runs watched.
 
-        @functools.wraps(func)
-        def watched(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return func(*args, **kwargs)
-
-        watched.guard = self  # type: ignore[attr-defined]
-        return watched  # type: ignore[return-value]
+        A recursive call runs inside the outer one's watch; a generator is
+        watched over its iterations, a coroutine until it returns (see
+        ``session/lifecycle``).
+        """
+        return lifecycle.decorate(self, func)
 
     # -- steps --------------------------------------------------------------
     def step(self) -> None:
@@ -354,10 +365,7 @@ class Guard:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._manual:
             return
-        lead = self._lead
-        if lead is None:
-            self._lead = lead = id(optimizer)
-        if id(optimizer) == lead:
+        for _ in range(self._optimizer_steps.boundaries(id(optimizer))):
             self._advance()
 
     def _advance(self) -> None:

@@ -118,7 +118,7 @@ def test_no_detection_is_said_plainly() -> None:
 
 
 def test_ranks_section() -> None:
-    from _ranks_sample import merged_report
+    from _samples import merged_report
 
     text = render(merged_report(2)).splitlines()
     start = text.index(
@@ -139,7 +139,7 @@ def test_ranks_section() -> None:
 
 
 def test_many_ranks_are_cut_short() -> None:
-    from _ranks_sample import merged_report
+    from _samples import merged_report
 
     text = render(merged_report(20))
     assert "  ... and 4 more ranks (rank_summaries in the JSON)" in text
