@@ -254,7 +254,7 @@ def _finish(
         except OSError as err:
             raise BarrierGuardError(f"{ns.out}: {err.strerror or err}") from err
         who = f"rank {report.rank} " if world > 1 and report.rank is not None else ""
-        print(f"barrierguard: {who}report written to {path}", file=sys.stderr)
+        print(f"barrierguard: {who}report written to {_shown(path)}", file=sys.stderr)
         if world > 1 and not report.rank:
             _say_rank_files(ns.out, world, started)
     if world <= 1 or not report.rank:
@@ -266,20 +266,26 @@ def _finish(
     return code
 
 
+def _shown(path: str) -> str:
+    """``path`` as the console shows it: relative to the current directory when under it."""
+    here = os.getcwd()
+    return os.path.relpath(path, here) if path.startswith(here + os.sep) else path
+
+
 def _say_rank_files(out: str, world: int, started: float) -> None:
     """Rank 0's line on the rank files: those written by now, and those missing."""
     found = follow.wait_for_ranks(out, world, since=started, timeout=RANK_FILES_WAIT_S)
     missing = [r for r in range(world) if r not in found]
     text = (
         f"barrierguard: {len(found)} of {world} rank reports written "
-        f"({', '.join(found.values()) or 'none'})"
+        f"({', '.join(map(_shown, found.values())) or 'none'})"
     )
     if missing:
         text += (
             f"; none yet from rank {', '.join(map(str, missing))} (a rank still running, or "
             "one that barrierguard did not follow: see docs/distributed.md)"
         )
-    pattern = ranks.rank_path(out, rank="*", world=world)
+    pattern = _shown(ranks.rank_path(out, rank="*", world=world))
     print(f"{text}; merge them with barrierguard merge '{pattern}'", file=sys.stderr)
 
 

@@ -116,6 +116,8 @@ class Guard:
     :meth:`step`; once :meth:`step` has been called, optimizer steps no
     longer count. Everything before the first step, and the first
     ``warmup_steps`` steps, is setup: recorded, never held against the policy.
+    What follows the last step, at sites no closed step saw, is after the
+    loop (phase ``"after-loop"``), counted apart: see ``loop_end``.
 
     Example:
         >>> import barrierguard, torch
