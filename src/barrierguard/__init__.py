@@ -10,6 +10,9 @@ Example:
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from barrierguard._errors import (
     BarrierGuardError,
     MemoryGrowthError,
@@ -18,12 +21,14 @@ from barrierguard._errors import (
     SyncWarning,
 )
 from barrierguard._version import __version__
-from barrierguard.integrations.hf import HFBarrierGuard
-from barrierguard.integrations.lightning import BarrierGuard
 from barrierguard.metrics.buffer import MetricBuffer
 from barrierguard.report.records import MemoryReport, Report, Site, Violation
 from barrierguard.session.guard import Guard
 from barrierguard.session.watch import watch
+
+if TYPE_CHECKING:
+    from barrierguard.integrations.hf_callback import HFBarrierGuard
+    from barrierguard.integrations.lightning_callback import BarrierGuard
 
 __all__ = [
     "BarrierGuard",
@@ -42,3 +47,49 @@ __all__ = [
     "__version__",
     "watch",
 ]
+
+# The callbacks need a framework: each is loaded on first use (PEP 562), so that
+# ``import barrierguard`` imports neither Lightning nor transformers. Name ->
+# (module, the framework package, how to install it).
+_LAZY = {
+    "BarrierGuard": (
+        "barrierguard.integrations.lightning_callback",
+        "lightning",
+        "pip install lightning",
+    ),
+    "HFBarrierGuard": (
+        "barrierguard.integrations.hf_callback",
+        "transformers",
+        "pip install 'barrierguard[hf]' (or pip install transformers)",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, package, install = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'barrierguard' has no attribute {name!r}") from None
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != package:
+            raise
+        # Not kept: installing the framework later in the process is enough.
+        return _unavailable(name, package, install)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+def _unavailable(name: str, package: str, install: str) -> type:
+    """A stand-in for a callback whose framework is not installed: creating one says so."""
+    text = f"{name} needs the {package} package, which is not installed here: {install}"
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise ModuleNotFoundError(text, name=package)
+
+    return type(name, (), {"__init__": __init__, "__doc__": text, "__module__": __name__})

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _gate_helpers import PLAIN_LOOP, READ_IN_LOOP
 from barrierguard.cli.main import main
 
 FAKE = str(Path(__file__).with_name("_fake_cuda.py").parent)
@@ -57,7 +58,8 @@ def test_run_by_a_relative_path_stores_absolute_files(
         (str(tmp_path / "train.py"), 3, "copy")
     ]
     err = capsys.readouterr().err
-    assert "train.py:3" in err and str(tmp_path) not in err  # the console shows short paths
+    # The console shows short paths (the line naming the report file is absolute).
+    assert "train.py:3" in err and str(tmp_path / "train.py") not in err
 
 
 def test_run_module(
@@ -91,15 +93,37 @@ def test_error_policy_violation_exits_3(
         from _fake_cuda import FakeTensor
         model = torch.nn.Linear(2, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        model(torch.ones(1, 2)).sum().backward()
-        opt.step()
-        FakeTensor().item()
+        for _ in range(3):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+            FakeTensor().item()
         """,
     )
     code = main(["run", "--policy", "error", "--engine", "cuda", str(script)])
     err = capsys.readouterr().err
     assert code == 3
-    assert "SyncError" in err and "train.py:8" in err
+    assert "SyncError" in err and "train.py:9" in err
+
+
+@pytest.mark.parametrize(("inside", "code"), [(False, 0), (True, 3)])
+def test_a_read_after_the_loop_passes_the_error_policy_one_inside_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], inside: bool, code: int
+) -> None:
+    source = READ_IN_LOOP if inside else PLAIN_LOOP
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    out = tmp_path / "r.json"
+    assert main(["run", "--policy", "error", "--out", str(out), str(script)]) == code
+    err = capsys.readouterr().err
+    report = json.loads(out.read_text())
+    if inside:
+        assert "SyncError: item sync at" in err and f"{script}:14 in step 2" in err
+        assert "print(loss.item())" in err
+    else:
+        read = next(s for s in report["sites"] if s["code"].startswith("print("))
+        assert read["phases"] == {"after-loop": 1} and read["step_count"] == 0
+        assert report["violations"] == [] and "SyncError" not in err
+        assert "after-loop 1" in err
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _gate_helpers import PLAIN_LOOP, READ_IN_LOOP
 from barrierguard import Report
 from barrierguard.cli.main import main
 from barrierguard.integrations import pytest_plugin as _pytest_plugin
@@ -417,3 +418,108 @@ def test_an_internal_fault_is_a_warning_not_a_failure(
     result = sandbox.runpytest(*PLUGIN, "--barrierguard=error")
     result.assert_outcomes(passed=2, warnings=1)
     assert "internal error in barrierguard: RuntimeError: boom" in result.stdout.str()
+
+
+# The plain loop of the fix messages, run by tests: a read after the loop, a read inside.
+PLAIN = """\
+import runpy
+
+
+def test_read_after_the_loop():
+    runpy.run_path("loop_after.py")
+
+
+def test_read_inside_the_loop():
+    runpy.run_path("loop_inside.py")
+"""
+
+
+def test_a_read_after_the_loop_passes_one_inside_fails(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain=PLAIN, loop_after=PLAIN_LOOP, loop_inside=READ_IN_LOOP)
+    result = pytester.runpytest(*PLUGIN, "--barrierguard=error")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*FAILED test_plain.py::test_read_inside_the_loop*"])
+    line = _line(READ_IN_LOOP, "print(loss.item())")
+    assert f"loop_inside.py:{line}" in result.stdout.str()
+
+
+# Seven watched tests with different steps and syncs, for the xdist run.
+MANY = """\
+import pytest
+import torch
+
+from _fake_cuda import FakeTensor
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_loop(n):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    t = FakeTensor()
+    t.item()  # setup
+    for _ in range(n + 1):
+        for _ in range(n % 3):
+            t.tolist()  # in the loop
+        opt.step()
+    t.item()  # after the loop
+"""
+
+
+def _summary(report: Report) -> tuple[object, ...]:
+    sites = sorted(
+        (s.code, s.count, s.setup_count, s.step_count, dict(s.phases).get("after-loop", 0))
+        for s in report.sites
+    )
+    return (report.steps, report.measured_steps, report.total_syncs, report.step_syncs, sites)
+
+
+def test_xdist_workers_make_the_serial_report(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(_fake_cuda=FAKE.read_text(), conftest=CONFTEST, test_many=MANY)
+    serial, parallel = pytester.path / "serial.json", pytester.path / "parallel.json"
+    args = (*PLUGIN, "-p", "xdist.plugin", "--barrierguard=record")
+    pytester.runpytest_subprocess(*args, f"--barrierguard-report={serial}").assert_outcomes(
+        passed=7
+    )
+    result = pytester.runpytest_subprocess(*args, "-n", "2", f"--barrierguard-report={parallel}")
+    result.assert_outcomes(passed=7)
+    assert "7 test(s) watched" in result.stdout.str()
+    one, two = Report.load(serial), Report.load(parallel)
+    assert _summary(one) == _summary(two)
+    assert one.steps == sum(n + 1 for n in range(1, 8))
+
+
+_EXIT_BODIES = {
+    "return": ("pass", pytest.ExitCode.OK),
+    "exception": ("raise ValueError('out')", pytest.ExitCode.TESTS_FAILED),
+    "keyboard_interrupt": ("raise KeyboardInterrupt", pytest.ExitCode.INTERRUPTED),
+    "system_exit": ("raise SystemExit(3)", pytest.ExitCode.TESTS_FAILED),
+    "hook_exception": (
+        "opt.register_step_post_hook(lambda *a: 1 / 0); opt.step()",
+        pytest.ExitCode.TESTS_FAILED,
+    ),
+}
+
+
+@pytest.mark.parametrize("exit_path", sorted(_EXIT_BODIES))
+def test_every_exit_path_of_a_watched_test_restores_everything(
+    pytester: pytest.Pytester, exit_path: str
+) -> None:
+    from _leaks import global_state
+
+    body, code = _EXIT_BODIES[exit_path]
+    pytester.makepyfile(
+        test_exit=f"""
+        import torch
+
+        def test_exit():
+            opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+            opt.step()
+            torch.ones(2).sum().item()
+            {body}
+        """
+    )
+    before = global_state()
+    result = pytester.runpytest_inprocess(
+        *PLUGIN, "--barrierguard=record", "-p", "no:cacheprovider", no_reraise_ctrlc=True
+    )
+    assert result.ret == code
+    assert global_state() == before

@@ -99,12 +99,14 @@ def test_decorator_forms(fake_cuda: FakeMode) -> None:
 
     @barrierguard.watch(engine="cuda", policy="record")
     def train() -> float:
-        barrierguard_guard.step()
-        return t.item()
+        for _ in range(2):
+            barrierguard_guard.step()
+            value = t.item()
+        return value
 
     barrierguard_guard = train.guard  # type: ignore[attr-defined]
     assert train() == 1.0
-    assert train.guard.report.step_syncs == 1  # type: ignore[attr-defined]
+    assert train.guard.report.step_syncs == 2  # type: ignore[attr-defined]
 
     @barrierguard.watch
     def bare() -> int:

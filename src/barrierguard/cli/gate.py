@@ -47,7 +47,10 @@ def _need_detection(report: Report, path: str) -> None:
 
 def _print_findings(findings: list[Finding], label: str) -> int:
     bad = [f for f in findings if f.fails]
-    gone = [f for f in findings if not f.fails]
+    gone = [f for f in findings if f.change == "gone"]
+    for f in findings:
+        if not f.fails and f.change != "gone":
+            print(f"barrierguard: info: {f.describe()}")
     for f in bad:
         print(f"barrierguard: {f.describe()}")
     if bad:
@@ -105,7 +108,7 @@ def _diff(ns: argparse.Namespace) -> int:
     _need_detection(b, ns.b)
     findings = compare(make_baseline(a, root=ns.root), b, root=ns.root)
     for f in findings:
-        if not f.fails:
+        if f.change == "gone":
             print(f"barrierguard: {f.describe()}")
     per_a = a.step_syncs / a.measured_steps if a.measured_steps else 0.0
     per_b = b.step_syncs / b.measured_steps if b.measured_steps else 0.0

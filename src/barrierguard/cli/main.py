@@ -12,10 +12,13 @@ import importlib.util
 import os
 import runpy
 import sys
+import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 
 from barrierguard._errors import BarrierGuardError, SyncError
+from barrierguard.cli import follow
 from barrierguard.session import ranks
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import ENGINES, POLICIES
@@ -46,7 +49,8 @@ def _guard_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         metavar="FILE",
-        help="write the report as JSON to FILE; under torchrun each rank writes its own "
+        help="write the report as JSON to FILE; under torchrun, and for the ranks that "
+        "'run' follows (children re-running the script), each rank writes its own "
         "(FILE.rank<N>.json, or {rank} in FILE), for barrierguard merge",
     )
 
@@ -150,29 +154,62 @@ def _make_guard(ns: argparse.Namespace) -> Guard:
     return guard
 
 
-def _finish(guard: Guard, ns: argparse.Namespace, code: int) -> int:
+# How long rank 0 waits for the other ranks' files before saying which it found.
+RANK_FILES_WAIT_S = 10.0
+
+
+def _finish(
+    guard: Guard,
+    ns: argparse.Namespace,
+    code: int,
+    probe: follow.RankProbe | None = None,
+    started: float = 0.0,
+) -> int:
     report = guard.report
     world = ranks.world_size()
+    if probe is not None:
+        # The process group may be gone by now: the steps saw the rank.
+        probe(guard.steps)
+        world = max(world, probe.world)
+        if report.rank is None and probe.rank is not None:
+            report = replace(report, rank=probe.rank)
     # Under torchrun every rank finishes here: rank 0 prints the report, the
     # others one line each (their files hold the rest).
     if world <= 1 or not report.rank:
         print(report, file=sys.stderr)
     if ns.out:
+        path = ranks.rank_path(ns.out, rank=report.rank or 0, world=world)
         try:
-            path = ranks.save(report, ns.out)
+            folder = os.path.dirname(path)
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+            report.save(path)
         except OSError as err:
             raise BarrierGuardError(f"{ns.out}: {err.strerror or err}") from err
         who = f"rank {report.rank} " if world > 1 and report.rank is not None else ""
         print(f"barrierguard: {who}report written to {path}", file=sys.stderr)
         if world > 1 and not report.rank:
-            print(
-                f"barrierguard: {world} ranks write their own reports; merge them with "
-                f"barrierguard merge '{ranks.rank_path(ns.out, rank='*', world=world)}'",
-                file=sys.stderr,
-            )
+            _say_rank_files(ns.out, world, started)
     if report.policy == "error" and not report.ok:
         return EXIT_POLICY
     return code
+
+
+def _say_rank_files(out: str, world: int, started: float) -> None:
+    """Rank 0's line on the rank files: those written by now, and those missing."""
+    found = follow.wait_for_ranks(out, world, since=started, timeout=RANK_FILES_WAIT_S)
+    missing = [r for r in range(world) if r not in found]
+    text = (
+        f"barrierguard: {len(found)} of {world} rank reports written "
+        f"({', '.join(found.values()) or 'none'})"
+    )
+    if missing:
+        text += (
+            f"; none yet from rank {', '.join(map(str, missing))} (a rank still running, or "
+            "one that barrierguard did not follow: see docs/distributed.md)"
+        )
+    pattern = ranks.rank_path(out, rank="*", world=world)
+    print(f"{text}; merge them with barrierguard merge '{pattern}'", file=sys.stderr)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -184,33 +221,75 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def _find_module(name: str) -> str | None:
+    """Where ``run -m name`` finds its module (its file), like ``python -m``."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as err:  # a parent package missing, a bad name
+        raise BarrierGuardError(f"run -m {name}: no module named {name!r} ({err})") from err
+    if spec is None:
+        raise BarrierGuardError(f"run -m {name}: no module named {name!r}")
+    return spec.origin
+
+
 def _run(ns: argparse.Namespace) -> int:
-    if ns.module:
-        spec = importlib.util.find_spec(ns.module)
-        if spec is None:
-            raise BarrierGuardError(f"run -m {ns.module}: no module named {ns.module!r}")
-        argv = [spec.origin or ns.module, *ns.target]
-    else:
-        if not ns.target:
-            raise BarrierGuardError("run: expected a script (script.py [args]) or -m module")
-        script = ns.target[0]
-        if not os.path.isfile(script):
-            raise BarrierGuardError(f"run: can't open script {script!r}: no such file")
-        argv = list(ns.target)
-    guard = _make_guard(ns)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        if ns.module:
+            # As python -m: the directory it was started in comes first.
+            sys.path.insert(0, os.getcwd())
+            argv = [_find_module(ns.module) or ns.module, *ns.target]
+        else:
+            if not ns.target:
+                raise BarrierGuardError("run: expected a script (script.py [args]) or -m module")
+            script = ns.target[0]
+            if not os.path.isfile(script):
+                raise BarrierGuardError(f"run: can't open script {script!r}: no such file")
+            argv = list(ns.target)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        if ns.out:
+            # The script may change directory: the report goes where it was asked for.
+            ns.out = os.path.abspath(ns.out)
+        guard = _make_guard(ns)
+        probe = follow.RankProbe()
+        guard.add_step_listener(probe)
+        job = follow.settings(
+            {
+                "policy": ns.policy,
+                "engine": ns.engine,
+                "warmup_steps": ns.warmup_steps,
+                "allow": list(ns.allow),
+                "max_syncs_per_step": ns.max_syncs_per_step,
+                "out": ns.out,
+            },
+            None if ns.module else argv[0],
+            ns.module,
+            ns.target,
+        )
+        started = time.time() - 1.0  # file times may be coarser than the clock
+        # Before the script runs, so that an engine that cannot run here
+        # (--engine cuda without CUDA) is a usage error, not the script's.
+        guard.start()
+    except BaseException:
+        sys.path[:] = saved_path
+        raise
     sys.argv = argv
-    if not ns.module:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     code = 0
     try:
-        with guard:
-            if ns.module:
-                runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
-            else:
-                # An absolute path, as `python train.py` gives the script's code
-                # (the report's files are absolute); argv[0] stays as typed.
-                runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+        with follow.following(job):
+            try:
+                if ns.module:
+                    runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+                else:
+                    # An absolute path, as `python train.py` gives the script's code
+                    # (the report's files are absolute); argv[0] stays as typed.
+                    runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+            except BaseException:
+                # Restore everything; the script's own exception is the news.
+                guard._deferred.clear()
+                guard._stop(act=False)
+                raise
+            guard.stop()
     except SystemExit as exc:
         code = _exit_code(exc)
     except SyncError:
@@ -224,7 +303,7 @@ def _run(ns: argparse.Namespace) -> int:
         code = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    return _finish(guard, ns, code)
+    return _finish(guard, ns, code, probe, started)
 
 
 def _demo(ns: argparse.Namespace) -> int:

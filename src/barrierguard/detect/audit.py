@@ -111,9 +111,13 @@ class AuditEngine:
             if mode is not None:
                 mode.active = False
                 # The stack is per thread: stopped from another thread, the
-                # mode stays on the starting thread's stack, inert.
-                if threading.get_ident() == self._thread and not self._suspended:
-                    _remove_from_stack(mode)
+                # mode stays on the starting thread's stack, inert, until
+                # that thread next enters or leaves a guard (hub.tidy).
+                if threading.get_ident() == self._thread:
+                    if not self._suspended:
+                        _remove_from_stack(mode)
+                else:
+                    hub.defer(self._thread, functools.partial(_remove_from_stack, mode))
                 mode.marks.clear()
         finally:
             while self._hooks:
@@ -121,6 +125,19 @@ class AuditEngine:
             self._patches.undo()
             self._relay.uninstall()
             self._suspended = False
+
+    def release(self, thread_ident: int) -> None:
+        """The last guard of ``thread_ident`` stopped, others run on: leave its stack.
+
+        The mode watches the thread that installed it only; guards of other
+        threads go on with the engine's patches, and nothing of this thread.
+        """
+        mode = self._mode
+        if mode is None or thread_ident != self._thread or threading.get_ident() != thread_ident:
+            return
+        mode.active = False
+        if not self._suspended:
+            _remove_from_stack(mode)
 
     # -- notes to the running guards ------------------------------------------------
     def note(self, text: str) -> None:
@@ -258,6 +275,28 @@ class AuditEngine:
 
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
 
+        # An exception inside optimizer.step() skips the post hook that puts
+        # the mode back; the step's profiler range still closes, so the mode
+        # comes back there, before the exception reaches the training loop.
+        from torch.autograd import profiler
+
+        record_function = profiler.record_function
+        orig_exit = record_function.__exit__
+        resume = self._resume
+
+        @functools.wraps(orig_exit)
+        def range_exit(rf: Any, exc_type: Any, exc: Any, tb: Any) -> Any:
+            if (
+                exc_type is not None
+                and self._suspended
+                and threading.get_ident() == thread
+                and str(getattr(rf, "name", "")).startswith("Optimizer.step#")
+            ):
+                resume(None, (), {})
+            return orig_exit(rf, exc_type, exc, tb)
+
+        self._patches.set(record_function, "__exit__", range_exit)
+
         # torch.distributed's host barriers. A collective on tensors that would
         # live on the device runs on the stream under NCCL: not a barrier. What
         # a recorded call does inside (all_gather_object's copies and reads) is
@@ -290,6 +329,8 @@ def _on_stack(mode: TorchFunctionMode) -> bool:
 
 def _remove_from_stack(mode: TorchFunctionMode) -> None:
     """Take ``mode`` off this thread's function-mode stack, wherever it sits."""
+    if not _on_stack(mode):
+        return
     above: list[Any] = []
     try:
         while _stack_len():

@@ -221,12 +221,12 @@ class AuditMode(TorchFunctionMode):
     ) -> Any:
         if kwargs is None:
             kwargs = {}
+        if not self.active:  # stopped from another thread: inert until removed
+            return func(*args, **kwargs)
         try:
             rule = self.rules.get(func)
         except TypeError:  # an unhashable callable: no rule can name it
             rule = None
-        if not self.active:
-            return func(*args, **kwargs)
         if rule is not None:
             return rule(self, func, args, kwargs)
         out = func(*args, **kwargs)

@@ -28,7 +28,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from barrierguard.detect.frames import OWN, classify_file
 from barrierguard.detect.patch import drop_filter
@@ -63,12 +63,14 @@ class WarningRelay:
 
     def __init__(self) -> None:
         self._filter: Any = None
+        self._home: list[Any] = []
         self._saved_show: Callable[..., Any] | None = None
 
     def install(self) -> None:
         """Add the filter and the show hook (both undone by :meth:`uninstall`)."""
         warnings.filterwarnings("always", module=_MODULES)
         self._filter = warnings.filters[0]
+        self._home = cast("list[Any]", warnings.filters)
         # _showwarnmsg is also called inside catch_warnings(record=True).
         self._saved_show = warnings._showwarnmsg  # type: ignore[attr-defined]
         warnings._showwarnmsg = self._show  # type: ignore[attr-defined]
@@ -80,8 +82,9 @@ class WarningRelay:
                 warnings._showwarnmsg = self._saved_show  # type: ignore[attr-defined]
             self._saved_show = None
         if self._filter is not None:
-            drop_filter(self._filter)
+            drop_filter(self._filter, self._home)
             self._filter = None
+            self._home = []
 
     def _show(self, msg: Any) -> None:
         saved = self._saved_show

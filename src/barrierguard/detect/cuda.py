@@ -21,7 +21,7 @@ import time
 import warnings
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -203,6 +203,7 @@ class CudaEngine:
         self._patches = Patches()
         self._saved_mode: int = 0
         self._filter: Any = None
+        self._filter_list: list[Any] = []
         self._saved_show: Callable[..., Any] | None = None
         self._show_attr = "_showwarnmsg"
         self._index_timed = False
@@ -214,6 +215,9 @@ class CudaEngine:
             # Route the mode's warnings to us first, then arm the mode.
             warnings.filterwarnings("always", message=SYNC_MESSAGE, category=UserWarning)
             self._filter = warnings.filters[0]
+            # The list it went into: a warnings.catch_warnings() entered
+            # meanwhile works on a copy and puts this list back at its exit.
+            self._filter_list = cast("list[Any]", warnings.filters)
             # _showwarnmsg sees warnings even inside catch_warnings(record=True)
             # (pytest records every test that way); showwarning is the fallback.
             if not hasattr(warnings, "_showwarnmsg"):
@@ -238,7 +242,8 @@ class CudaEngine:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None
             if self._filter is not None:
-                drop_filter(self._filter)
+                drop_filter(self._filter, self._filter_list)
+                self._filter_list = []
                 self._filter = None
 
     # -- the sync-debug warning -------------------------------------------

@@ -15,7 +15,18 @@ from typing import Protocol
 
 from barrierguard.detect.frames import Location
 
-__all__ = ["Engine", "Recorder", "attach", "detach", "emit", "fault", "note", "running_recorders"]
+__all__ = [
+    "Engine",
+    "Recorder",
+    "attach",
+    "defer",
+    "detach",
+    "emit",
+    "fault",
+    "note",
+    "running_recorders",
+    "tidy",
+]
 
 
 class Recorder(Protocol):
@@ -51,6 +62,9 @@ class Engine(Protocol):
 _lock = threading.RLock()
 _recorders: dict[str, tuple[Recorder, ...]] = {}
 _engines: dict[str, Engine] = {}
+# Per thread ident: what an engine stopped from another thread left behind on
+# that thread (state only that thread can remove), run by its next tidy().
+_left: dict[int, list[Callable[[], None]]] = {}
 
 
 def attach(recorder: Recorder, engine: Engine) -> None:
@@ -65,15 +79,60 @@ def attach(recorder: Recorder, engine: Engine) -> None:
 
 def detach(recorder: Recorder, engine_name: str) -> None:
     """Stop delivering to ``recorder``; uninstall the engine after its last recorder."""
+    here = threading.get_ident()
     with _lock:
         current = tuple(g for g in _recorders.get(engine_name, ()) if g is not recorder)
         if current:
             _recorders[engine_name] = current
-            return
-        _recorders.pop(engine_name, None)
-        engine = _engines.pop(engine_name, None)
-    if engine is not None:
-        engine.uninstall()
+            engine = _engines.get(engine_name)
+            if any(getattr(g, "_thread_ident", None) == here for g in current):
+                return
+        else:
+            _recorders.pop(engine_name, None)
+            engine = _engines.pop(engine_name, None)
+    if engine is None:
+        return
+    if current:
+        # The last recorder of this thread left, others run elsewhere: what the
+        # engine keeps on this thread alone (a function mode) goes now, since a
+        # thread that ends with a function mode on its stack can abort the
+        # process.
+        release = getattr(engine, "release", None)
+        if release is not None:
+            release(here)
+        return
+    engine.uninstall()
+
+
+def defer(thread_ident: int, cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` at the next :func:`tidy` on the thread ``thread_ident``.
+
+    Nothing is kept for a thread that has already ended.
+    """
+    if not any(t.ident == thread_ident for t in threading.enumerate()):
+        return
+    with _lock:
+        _left.setdefault(thread_ident, []).append(cleanup)
+
+
+def tidy() -> None:
+    """Run what was deferred to this thread (never raises: it is best effort).
+
+    What was deferred to a thread that has ended is dropped: its state ended
+    with it.
+    """
+    if not _left:
+        return
+    alive = {t.ident for t in threading.enumerate()}
+    with _lock:
+        todo = _left.pop(threading.get_ident(), [])
+        for ident in [i for i in _left if i not in alive]:
+            del _left[ident]
+    for cleanup in todo:
+        try:
+            cleanup()
+        except Exception:  # nothing left to report it to; the state was inert
+            continue
 
 
 def running_recorders() -> tuple[Recorder, ...]:

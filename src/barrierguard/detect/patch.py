@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["Patches", "drop_filter"]
 
@@ -48,8 +48,12 @@ class Patches:
         return len(self._stack)
 
 
-def drop_filter(entry: Any) -> None:
+def drop_filter(entry: Any, home: list[Any] | None = None) -> None:
     """Remove one entry of ``warnings.filters`` (if still there), as a context exit would.
+
+    ``home`` is the list the entry was added to: a ``warnings.catch_warnings()``
+    entered since works on a copy and puts ``home`` back at its exit, so the
+    entry must leave both.
 
     Example:
         >>> import warnings
@@ -58,8 +62,10 @@ def drop_filter(entry: Any) -> None:
         ...     for f in warnings.filters)
         False
     """
-    with contextlib.suppress(ValueError):
-        warnings.filters.remove(entry)  # type: ignore[attr-defined]
+    current = cast("list[Any]", warnings.filters)
+    for filters in (current,) if home is None or home is current else (current, home):
+        with contextlib.suppress(ValueError):
+            filters.remove(entry)
     mutated = getattr(warnings, "_filters_mutated", None)
     if mutated is not None:
         mutated()

@@ -1,7 +1,7 @@
 """The Hugging Face ``TrainerCallback``: a thin adapter over the guard that ``watch()`` builds.
 
-Imported only when an :class:`~barrierguard.HFBarrierGuard` is created (it
-imports transformers). What it adds to a plain guard:
+Loaded when ``barrierguard.HFBarrierGuard`` is first used (it imports
+transformers). What it adds to a plain guard:
 
 * steps are the Trainer's optimizer steps (``on_step_end``), not the
   optimizer hook's, so a skipped fp16 step still ends a step;
@@ -10,145 +10,158 @@ imports transformers). What it adds to a plain guard:
   guard itself (``detect/frameworks.PHASES``), since the Trainer has no event
   when an evaluation or a save starts;
 * the report printed and saved at the end of training, and the ranks' reports
-  merged.
+  merged;
+* a failed ``trainer.train()`` stops the guard (the Trainer has no event for
+  it: the callback wraps ``train`` on its own trainer).
 """
 
 from __future__ import annotations
 
-import os
+import functools
+import sys
+import weakref
+from types import FrameType
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
-from barrierguard.report.records import Report
+from barrierguard.integrations.adapter import Adapter
 from barrierguard.session import ranks
-from barrierguard.session.guard import Guard
-from barrierguard.session.options import (
-    GUARD_OPTIONS,
-    REPORT_OPTIONS,
-    make_options,
-    make_report_options,
-    unknown_options,
-)
 from barrierguard.session.ranks import RANK_REPORT_NAME, REPORT_NAME
 
-__all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "HFBarrierGuardCallback"]
+__all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "HFBarrierGuard", "HFBarrierGuardCallback"]
 
 
-_OPTIONS = (*GUARD_OPTIONS, *REPORT_OPTIONS)
+class HFBarrierGuard(Adapter, TrainerCallback):
+    """A ``transformers.TrainerCallback`` that watches a ``Trainer`` run for host-device syncs.
 
+    ``Trainer(..., callbacks=[HFBarrierGuard()])`` runs the same guard as
+    :func:`~barrierguard.watch` around ``trainer.train()``. Steps are the
+    Trainer's optimizer steps (``on_step_end``; with gradient accumulation one
+    step spans several micro-batches). Evaluation, prediction, checkpoint
+    saving and what runs after the last step are counted apart (each site's
+    ``phases``) and never held against the policy. Syncs inside transformers
+    and accelerate are named by mechanism with the ``TrainingArguments``
+    setting that removes them, or plainly that none does (docs/huggingface.md).
 
-class HFBarrierGuardCallback(TrainerCallback):
-    """The transformers implementation behind :class:`~barrierguard.HFBarrierGuard`."""
+    At the end of training the report is printed on the main process and saved
+    as JSON (``barrierguard_report.json`` in ``args.output_dir``). Under DDP
+    every rank collects and rank 0 merges the reports (one collective, after
+    training).
 
-    def __init__(
-        self,
-        *,
-        policy: str | None = None,
-        engine: str = "auto",
-        warmup_steps: int = 0,
-        allow: Any = (),
-        max_syncs_per_step: int | None = None,
-        memory: bool = True,
-        max_growth_per_step: int | str = "1MB",
-        memory_every: int | None = None,
-        memory_children: bool = False,
-        print_report: bool = True,
-        save_report: bool | str | os.PathLike[str] = True,
-        rank_reports: bool | str | os.PathLike[str] = False,
-        merge_ranks: bool = True,
-        **unknown: Any,
-    ) -> None:
-        if unknown:
-            raise unknown_options("HFBarrierGuard", unknown, _OPTIONS)
-        self._options = make_options(
-            policy=policy,
-            engine=engine,
-            warmup_steps=warmup_steps,
-            allow=allow,
-            max_syncs_per_step=max_syncs_per_step,
-            memory=memory,
-            max_growth_per_step=max_growth_per_step,
-            memory_every=memory_every,
-            memory_children=memory_children,
-            owner="HFBarrierGuard",
-        )
-        reports = make_report_options(
-            "HFBarrierGuard",
-            "args.output_dir",
-            print_report=print_report,
-            save_report=save_report,
-            rank_reports=rank_reports,
-            merge_ranks=merge_ranks,
-        )
-        self.print_report = reports.print_report
-        self.save_report = reports.save_report
-        self.rank_reports = reports.rank_reports
-        self.merge_ranks = reports.merge_ranks
-        self.report_path: str | None = None
-        self.rank_report_path: str | None = None
-        self._guard: Guard | None = None
-        self._final: Report | None = None
+    When ``trainer.train()`` raises, the guard stops before the exception
+    reaches the caller: nothing of barrierguard stays installed, whatever the
+    policy. The Trainer has no event for a failed run, so the callback wraps
+    ``train`` on the trainer it belongs to (found at ``on_init_end``, or at the
+    first ``on_train_begin`` for a callback added with ``add_callback``).
 
-    # The Trainer may deep-copy or pickle its callbacks; a running guard holds
-    # locks and hooks, so only the settings travel.
+    A ``transformers.TrainerCallback`` to subclass like any other (override an
+    event and call ``super()``); ``barrierguard.HFBarrierGuard`` loads this
+    module, and transformers, on first use: ``import barrierguard`` does not.
+
+    Args:
+        **options: The options of :func:`~barrierguard.watch` (``policy``,
+            ``engine``, ``warmup_steps`` counted in optimizer steps,
+            ``allow``, where ``"framework:transformers"`` accepts all of
+            transformers' own syncs, ``max_syncs_per_step``, ``memory``, ...,
+            but not ``out``), and those below.
+        print_report: Print the report at the end of training (main process).
+        save_report: Where to save the merged JSON report: ``True`` for
+            ``<args.output_dir>/barrierguard_report.json``, a path, or ``False``.
+        rank_reports: Also write each rank's own report: ``True`` for
+            ``<args.output_dir>/barrierguard_report.rank{rank}.json``, a path
+            (``{rank}`` is replaced, else ``.rank<N>`` is inserted), or ``False``;
+            ``barrierguard merge`` joins the files offline.
+        merge_ranks: Merge the ranks' reports on rank 0 at the end (one
+            collective); ``False`` needs ``rank_reports``.
+
+    Raises:
+        BarrierGuardError: For a bad option value (the message names it and
+            the accepted forms).
+        TypeError: For an unknown keyword argument.
+        ModuleNotFoundError: When transformers is not installed (the message
+            names the extra to install).
+
+    Example:
+        >>> import barrierguard
+        >>> cb = barrierguard.HFBarrierGuard(policy="record")  # doctest: +SKIP
+        >>> trainer = transformers.Trainer(model, args, train_dataset=ds, callbacks=[cb])  # doctest: +SKIP
+        >>> trainer.train()  # doctest: +SKIP
+        >>> cb.report.steps  # doctest: +SKIP
+        60
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self._configure("HFBarrierGuard", "args.output_dir", options)
+        self._trainers: weakref.WeakSet[Any] | None = weakref.WeakSet()
+
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_guard"] = None
+        state = super().__getstate__()
+        state["_trainers"] = None
         return state
 
-    @property
-    def guard(self) -> Guard | None:
-        """The guard behind the callback (``None`` before training begins)."""
-        return self._guard
-
-    @property
-    def report(self) -> Report:
-        """The report so far: merged over ranks after a distributed run."""
-        if self._final is not None and (self._guard is None or not self._guard.is_running):
-            return self._final
-        if self._guard is None:
-            return ranks.not_run_report(self._options.policy)
-        return self._guard.report
-
     # -- the Trainer's events ------------------------------------------------------
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._protect(sys._getframe(1))
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._guard is None:
-            guard = Guard(self._options)
-            # Steps are the Trainer's optimizer steps (on_step_end).
-            guard._manual = True
-            self._guard = guard
-        if not self._guard.is_running:
-            self._final = None
-            self._guard._phase = "train"
-            self._guard.start()
+        self._protect(sys._getframe(1))
+        self._begin("train")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._guard is not None and self._guard.is_running:
             self._guard.step()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        guard = self._guard
-        if guard is None or not guard.is_running:
-            return
-        guard._phase = "teardown"
-        try:
-            guard.stop()
-        finally:
-            self._final, self.rank_report_path, self.report_path = ranks.publish(
-                guard.report,
-                rank_file=self._rank_path(args),
-                merged_file=self._path(args) if self.merge_ranks else None,
-                merge_ranks=self.merge_ranks,
-                print_report=self.print_report,
-                fault=guard._fault,
-            )
+        if self._guard is not None and self._guard.is_running:
+            self._guard._phase = "teardown"
+        self._end(lambda: self._rank_path(args), lambda: self._path(args))
 
     def _path(self, args: Any) -> str | None:
         return ranks.report_file(self.save_report, lambda: _output_dir(args), REPORT_NAME)
 
     def _rank_path(self, args: Any) -> str | None:
         return ranks.report_file(self.rank_reports, lambda: _output_dir(args), RANK_REPORT_NAME)
+
+    # -- the failed run --------------------------------------------------------------
+    def _protect(self, frame: FrameType | None) -> None:
+        """Wrap ``train`` of the Trainer on the stack, so that a failed run stops the guard."""
+        if self._trainers is None:
+            self._trainers = weakref.WeakSet()
+        trainer = _find_trainer(frame)
+        if trainer is None or trainer in self._trainers:
+            return
+        self._trainers.add(trainer)
+        train = trainer.train
+        callback = weakref.ref(self)
+
+        @functools.wraps(train)
+        def guarded_train(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return train(*args, **kwargs)
+            except BaseException:
+                cb = callback()
+                if cb is not None:
+                    cb._abort()
+                raise
+
+        trainer.train = guarded_train
+
+
+# The name this class had before it became the public one.
+HFBarrierGuardCallback = HFBarrierGuard
+
+
+def _find_trainer(frame: FrameType | None) -> Any:
+    """The ``transformers.Trainer`` whose method is on the stack (a few frames up)."""
+    for _ in range(8):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, Trainer):
+            return owner
+        frame = frame.f_back
+    return None
 
 
 def _output_dir(args: Any) -> str:

@@ -1,6 +1,6 @@
 """The Lightning callback: a thin adapter over the guard that ``watch()`` builds.
 
-Imported only when a :class:`~barrierguard.BarrierGuard` is created (it imports
+Loaded when ``barrierguard.BarrierGuard`` is first used (it imports
 Lightning). What it adds to a plain guard:
 
 * steps are training batches, validation/test/predict batches are a phase of
@@ -15,7 +15,6 @@ Lightning). What it adds to a plain guard:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -23,136 +22,104 @@ from typing import Any
 import lightning.pytorch as pl
 
 from barrierguard._errors import BarrierGuardError
+from barrierguard.integrations.adapter import Adapter
 from barrierguard.report.combine import combine
 from barrierguard.report.records import Report
 from barrierguard.session import ranks
-from barrierguard.session.guard import Guard
-from barrierguard.session.options import (
-    GUARD_OPTIONS,
-    REPORT_OPTIONS,
-    make_options,
-    make_report_options,
-    unknown_options,
-)
 from barrierguard.session.ranks import RANK_REPORT_NAME, REPORT_NAME
 
-__all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "BarrierGuardCallback"]
+__all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "BarrierGuard", "BarrierGuardCallback"]
 
 
-_OPTIONS = (*GUARD_OPTIONS, *REPORT_OPTIONS, "log_figures")
+class BarrierGuard(Adapter, pl.Callback):
+    """A Lightning callback that watches a ``Trainer`` run for host-device syncs.
 
+    ``Trainer(callbacks=[BarrierGuard()])`` runs the same guard as
+    :func:`~barrierguard.watch` around ``fit`` (and ``validate``/``test``/
+    ``predict``). Training batches are steps; validation, test and predict
+    batches are counted apart (each site's ``phases``) and never held against
+    the policy; setup and the sanity check count as setup. Lightning's own syncs
+    (the batch copy to the device, ``prog_bar`` metrics, logger conversions,
+    ...) are named by mechanism, with the Lightning hook in flight and the fix,
+    in each site's ``mechanisms``; syncs in your ``training_step`` and friends
+    stay ``origin: "user"``.
 
-class BarrierGuardCallback(pl.Callback):
-    """The Lightning implementation behind :class:`~barrierguard.BarrierGuard`."""
+    At each training epoch end, barrierguard's own figures (syncs per step in
+    the epoch, memory growth per step) go to the trainer's loggers as Python
+    numbers (no sync). At the end of ``fit`` the report is printed on rank 0 and
+    saved as JSON (``barrierguard_report.json`` in ``trainer.log_dir``). Under
+    DDP every rank collects and rank 0 merges the reports (one collective,
+    after training). The counts travel in checkpoints, so a resumed run keeps
+    them.
 
-    def __init__(
-        self,
-        *,
-        policy: str | None = None,
-        engine: str = "auto",
-        warmup_steps: int = 0,
-        allow: Any = (),
-        max_syncs_per_step: int | None = None,
-        memory: bool = True,
-        max_growth_per_step: int | str = "1MB",
-        memory_every: int | None = None,
-        memory_children: bool = False,
-        print_report: bool = True,
-        save_report: bool | str | os.PathLike[str] = True,
-        rank_reports: bool | str | os.PathLike[str] = False,
-        merge_ranks: bool = True,
-        log_figures: bool = True,
-        **unknown: Any,
-    ) -> None:
-        if unknown:
-            raise unknown_options("BarrierGuard", unknown, _OPTIONS)
-        self._options = make_options(
-            policy=policy,
-            engine=engine,
-            warmup_steps=warmup_steps,
-            allow=allow,
-            max_syncs_per_step=max_syncs_per_step,
-            memory=memory,
-            max_growth_per_step=max_growth_per_step,
-            memory_every=memory_every,
-            memory_children=memory_children,
-            owner="BarrierGuard",
-        )
+    A ``lightning.pytorch.Callback`` to subclass like any other (override a
+    hook and call ``super()``); ``barrierguard.BarrierGuard`` loads this
+    module, and Lightning, on first use: ``import barrierguard`` does not.
+
+    Args:
+        **options: The options of :func:`~barrierguard.watch` (``policy``,
+            ``engine``, ``warmup_steps`` counted in training batches,
+            ``allow``, where ``"framework:lightning"`` accepts all of
+            Lightning's own syncs, ``max_syncs_per_step``, ``memory``, ...,
+            but not ``out``), and those below.
+        print_report: Print the report at the end of ``fit`` (rank 0).
+        save_report: Where to save the JSON report: ``True`` for
+            ``<trainer.log_dir>/barrierguard_report.json``, a path, or
+            ``False``. Under DDP, rank 0 saves the merged report.
+        rank_reports: Every rank also saves its own report (atomically, before
+            any merge): ``True`` for
+            ``<trainer.default_root_dir>/barrierguard_report.rank<N>.json``,
+            or a path (``{rank}`` in it is the rank; without it, a run of
+            several ranks inserts ``.rank<N>`` before the suffix); ``barrierguard
+            merge`` joins the files offline.
+        merge_ranks: Merge the ranks' reports on rank 0 at the end of ``fit``
+            (one ``all_gather_object``). ``False`` skips that collective (a
+            multi-node job); it needs ``rank_reports``.
+        log_figures: Send syncs per step and memory growth to the trainer's
+            loggers at each training epoch end.
+
+    Raises:
+        BarrierGuardError: For a bad option value (the message names it and
+            the accepted forms).
+        TypeError: For an unknown keyword argument.
+        ModuleNotFoundError: When Lightning is not installed.
+
+    Example:
+        >>> import barrierguard
+        >>> cb = barrierguard.BarrierGuard(policy="record")  # doctest: +SKIP
+        >>> trainer = lightning.pytorch.Trainer(callbacks=[cb])  # doctest: +SKIP
+        >>> trainer.fit(model)  # doctest: +SKIP
+        >>> cb.report.steps  # doctest: +SKIP
+        200
+    """
+
+    def __init__(self, **options: Any) -> None:
+        own = self._configure("BarrierGuard", "trainer.log_dir", options, own=("log_figures",))
+        log_figures = own.get("log_figures", True)
         if not isinstance(log_figures, bool):
             raise BarrierGuardError(
                 f"BarrierGuard(log_figures={log_figures!r}) is not valid: expected True or False"
             )
-        reports = make_report_options(
-            "BarrierGuard",
-            "trainer.log_dir",
-            print_report=print_report,
-            save_report=save_report,
-            rank_reports=rank_reports,
-            merge_ranks=merge_ranks,
-        )
-        self.print_report = reports.print_report
-        self.save_report = reports.save_report
-        self.rank_reports = reports.rank_reports
-        self.merge_ranks = reports.merge_ranks
-        self.rank_report_path: str | None = None
         self.log_figures = log_figures
-        self.report_path: str | None = None
-        self._guard: Guard | None = None
         self._before: Report | None = None
-        self._final: Report | None = None
         self._epochs: list[int] = []
         self._epoch_start = 0
         self._resume_phase = "setup"
 
-    # Guards hold locks and hooks: ddp_spawn pickles the callback before the
-    # run, so only the settings and the restored counts travel.
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_guard"] = None
-        return state
-
     # -- the report ---------------------------------------------------------
-    @property
-    def guard(self) -> Guard | None:
-        """The guard behind the callback (``None`` before the first ``setup``)."""
-        return self._guard
-
-    @property
-    def report(self) -> Report:
-        """The report so far: merged over ranks after a distributed ``fit``."""
-        if self._final is not None and (self._guard is None or not self._guard.is_running):
-            return self._final
-        return self._local_report()
-
     def _local_report(self) -> Report:
-        if self._guard is None:
-            current = ranks.not_run_report(self._options.policy)
-        else:
-            current = self._guard.report
-        current = replace(current, epochs=tuple(self._epochs))
+        current = replace(super()._local_report(), epochs=tuple(self._epochs))
         if self._before is not None:
             current = combine(self._before, current)
         return current
 
     # -- lifecycle ------------------------------------------------------------
-    def _start(self, phase: str) -> None:
-        if self._guard is None:
-            guard = Guard(self._options)
-            # Steps are training batches (marked at on_train_batch_end), so the
-            # optimizer hook must not count them as well.
-            guard._manual = True
-            self._guard = guard
-        if not self._guard.is_running:
-            self._final = None
-            self._guard._phase = phase
-            self._guard.start()
-
     def _set_phase(self, phase: str) -> None:
         if self._guard is not None:
             self._guard._phase = phase
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._start("setup" if stage == "fit" else _STAGE_PHASES.get(stage, "setup"))
+        self._begin("setup" if stage == "fit" else _STAGE_PHASES.get(stage, "setup"))
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._set_phase("sanity")
@@ -228,34 +195,15 @@ class BarrierGuardCallback(pl.Callback):
         self._finish(trainer)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._guard is not None and self._guard.is_running:
-            self._finish(trainer)
+        self._finish(trainer)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        # The run is failing: restore every global, keep what was found, and
-        # neither merge (the other ranks may be gone) nor raise a policy error.
-        if self._guard is not None and self._guard.is_running:
-            self._guard._deferred.clear()
-            self._guard._stop(act=False)
-            self._final = self._local_report()
+        self._abort()
 
     def _finish(self, trainer: pl.Trainer) -> None:
-        guard = self._guard
-        assert guard is not None
-        try:
-            guard.stop()
-        finally:
-            local = self._local_report()
-            self._final, self.rank_report_path, self.report_path = ranks.publish(
-                local,
-                rank_file=self._rank_path(trainer),
-                merged_file=self._path(trainer) if self.merge_ranks else None,
-                merge_ranks=self.merge_ranks,
-                print_report=self.print_report,
-                fault=guard._fault,
-            )
+        self._end(lambda: self._rank_path(trainer), lambda: self._path(trainer))
 
     def _path(self, trainer: pl.Trainer) -> str | None:
         # trainer.log_dir is a collective under DDP: every rank asks.
@@ -296,3 +244,7 @@ class BarrierGuardCallback(pl.Callback):
 
 
 _STAGE_PHASES = {"validate": "validate", "test": "test", "predict": "predict"}
+
+
+# The name this class had before it became the public one.
+BarrierGuardCallback = BarrierGuard

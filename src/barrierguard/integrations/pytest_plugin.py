@@ -13,12 +13,17 @@ each new site gives one :class:`~barrierguard.SyncWarning` (pytest's warning
 summary shows them); ``record`` only counts. ``--barrierguard-report=FILE``
 writes the sites of all watched tests as one report for ``barrierguard check``.
 
+Under pytest-xdist each worker sends its tests' reports to the controller
+(``workeroutput``, read in ``pytest_testnodedown``, as pytest-cov does), which
+writes the one report file and the summary, as a serial run would.
+
 As everywhere in barrierguard, syncs before the first step (``optimizer.step()``
 or ``guard.step()``) are setup and never held against the policy.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -30,23 +35,24 @@ import pytest
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.records import Report, Site, SiteKey, Violation
 from barrierguard.session.guard import Guard
-from barrierguard.session.options import POLICIES, make_options, parse_bytes, resolve_policy
+from barrierguard.session.options import (
+    GUARD_OPTIONS,
+    POLICIES,
+    make_options,
+    parse_bytes,
+    resolve_policy,
+)
 from barrierguard.session.watch import watch
 
 __all__: list[str] = []
 
-_MARK_OPTIONS = (
-    "policy",
-    "engine",
-    "warmup_steps",
-    "allow",
-    "max_syncs_per_step",
-    "max_growth_per_step",
-)
+# The marker takes watch()'s options; these have a command-line or ini
+# default that the marker's value overrides or (allow) extends.
+_MARK_OPTIONS = GUARD_OPTIONS
+_CONFIGURED = ("policy", "engine", "warmup_steps", "allow", "max_syncs_per_step")
 _MARKER_HELP = (
-    "barrierguard(policy=None, engine='auto', warmup_steps=0, allow=(), max_syncs_per_step=None, "
-    "max_growth_per_step=None): watch this test for host-device synchronizations; "
-    "max_growth_per_step caps the memory growth per step, in bytes"
+    f"barrierguard(**options): watch this test for host-device synchronizations; "
+    f"the options of barrierguard.watch(): {', '.join(GUARD_OPTIONS)}"
 )
 
 
@@ -60,6 +66,8 @@ class _Plan:
     allow: tuple[str, ...]
     max_syncs_per_step: int | None
     max_growth_per_step: int | None
+    # The marker's other options of watch(), passed on as given.
+    extra: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass
@@ -203,6 +211,9 @@ def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
         allow=state.allow + allow,
         max_syncs_per_step=kw.get("max_syncs_per_step", state.max_syncs_per_step),
         max_growth_per_step=growth,
+        extra=tuple(
+            (k, v) for k, v in kw.items() if k not in (*_CONFIGURED, "max_growth_per_step")
+        ),
     )
     # Validate now, so a bad marker is an error at setup, not a surprise later.
     make_options(
@@ -212,6 +223,7 @@ def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
         allow=plan.allow,
         max_syncs_per_step=plan.max_syncs_per_step,
         owner="@pytest.mark.barrierguard",
+        **dict(plan.extra),
     )
     return plan
 
@@ -229,6 +241,7 @@ def _start(plan: _Plan) -> Guard:
         max_growth_per_step=(
             "1MB" if plan.max_growth_per_step is None else plan.max_growth_per_step
         ),
+        **dict(plan.extra),
     )
     return guard.start()
 
@@ -414,10 +427,48 @@ def _merge(outcomes: Sequence[_Outcome]) -> Report:
     )
 
 
+_XDIST_KEY = "barrierguard"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker: hand this worker's outcomes to the controller."""
+    config = session.config
+    state = config.stash.get(_STATE, None)
+    output = getattr(config, "workeroutput", None)
+    if state is None or output is None:
+        return
+    output[_XDIST_KEY] = json.dumps(
+        [
+            {"nodeid": o.nodeid, "failed": o.failed, "report": o.report.to_dict()}
+            for o in state.outcomes
+        ]
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the pytest-xdist controller: take in a finished worker's outcomes."""
+    state = node.config.stash.get(_STATE, None)
+    data = getattr(node, "workeroutput", {}).get(_XDIST_KEY)
+    if state is None or not data:
+        return
+    try:
+        for raw in json.loads(data):
+            report = Report.from_dict(raw["report"], source=f"worker {raw['nodeid']}")
+            state.outcomes.append(_Outcome(str(raw["nodeid"]), report, bool(raw["failed"])))
+    except (BarrierGuardError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(
+            pytest.PytestWarning(f"barrierguard: a worker's reports could not be read: {exc}"),
+            stacklevel=1,
+        )
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(_STATE, None)
     if state is None or not state.outcomes:
         return
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller sums up and writes the report
     outs = state.outcomes
     merged = _merge(outs)
     tr = terminalreporter

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
+import stat
 import tempfile
 from typing import Any
 
@@ -27,7 +29,9 @@ def write_json(path: str | os.PathLike[str], data: Any) -> None:
 
     The text goes to a temporary file in the same directory, which then
     replaces ``path`` (``os.replace``): a reader, or a job killed meanwhile,
-    sees the old file or the new one, never half of one.
+    sees the old file or the new one, never half of one. A symbolic link is
+    written through to its target; a path that is not a regular file (a
+    directory, a device, a pipe) is refused with an ``OSError``.
     """
     write_text(path, json.dumps(data, indent=2) + "\n")
 
@@ -41,7 +45,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         >>> write_text(p, "x"); open(p).read(), os.listdir(d)
         ('x', ['a.txt'])
     """
-    name = os.fspath(path)
+    name = _target(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(name))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(name)}.", suffix=".tmp", dir=folder)
@@ -57,6 +61,28 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _target(name: str) -> str:
+    """The regular file that ``name`` writes: a symbolic link is written through.
+
+    Raises:
+        OSError: When ``name`` is (or links to) something other than a regular
+            file (a directory, a device such as ``/dev/null``, a pipe), which an
+            atomic replace would swap for a regular file.
+    """
+    target = os.path.realpath(name) if os.path.islink(name) else name
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target
+    if not stat.S_ISREG(mode):
+        raise OSError(
+            errno.EINVAL,
+            "not a regular file (a report replaces its file atomically; name a file path)",
+            name,
+        )
+    return target
 
 
 def read_json(path: str | os.PathLike[str], what: str) -> tuple[str, Any]:

@@ -25,7 +25,8 @@ from barrierguard.detect import frameworks, hub
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
 from barrierguard.report.records import MemoryReport, Report, Timeline, Violation
-from barrierguard.session import ranks
+from barrierguard.session import lifecycle, ranks
+from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
 from barrierguard.session.sites import SiteStats, message, site_record
 from barrierguard.session.steps import OptimizerSteps
@@ -45,8 +46,9 @@ _MAX_VIOLATIONS = 1000
 
 # Phases whose syncs are counted apart: outside the training steps' counts,
 # their per-step series and the policy (a Lightning validation batch is not a
-# training step, nor is the teardown after the last one).
-APART_PHASES = frozenset({"validate", "test", "predict", "teardown", "checkpoint"})
+# training step, nor is the teardown after the last one, nor what a plain loop
+# does after its last step: see ``loop_end``).
+APART_PHASES = frozenset({"validate", "test", "predict", "teardown", "checkpoint", AFTER_LOOP})
 
 
 def _thread_name(ident: int) -> str:
@@ -136,12 +138,21 @@ class Guard:
         self._violation_count = 0
         self._thread_names: dict[int, str] = {}
         self._deferred: list[SyncError] = []
+        # Syncs after the latest boundary of sites not yet seen in a closed
+        # step, and the errors of confirmed ones not yet raised (``loop_end``).
+        self._open = OpenStep()
+        self._due: dict[tuple[str, int, str, str, str, int], SyncError] = {}
+        self._loader_end = -1
         self._warned: set[tuple[str, int, str, str, str, int]] = set()
         self._faults: list[str] = []
         self._notes: list[str] = []
         self._engine_name = "none"
         self._running = False
         self._thread_ident: int | None = None
+        # start() and stop() may race across threads; the entries of each
+        # thread (with, decorated calls) are kept apart (see lifecycle).
+        self._life = threading.RLock()
+        self._entries = threading.local()
         self._hook_handle: Any = None
         self._started = 0.0
         self._elapsed = 0.0
@@ -173,11 +184,16 @@ class Guard:
             BarrierGuardError: If this guard is already running, or the engine
                 cannot run here (``engine='cuda'`` without CUDA).
         """
+        with self._life:
+            return self._start()
+
+    def _start(self) -> Guard:
         if self._running:
             raise BarrierGuardError(
-                "this guard is already running - did you call start() twice, or enter the "
-                "same guard in a nested 'with'? Create a second guard with watch() instead"
+                "this guard is already running - did you call start() twice? Create a "
+                "second guard with watch() instead"
             )
+        hub.tidy()
         name, notes = _pick_engine(self._options.engine)
         engine = _make_engine(name)
         self._engine_name = name
@@ -192,7 +208,11 @@ class Guard:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+            watch_loaders(self._on_loader_end)
         except BaseException:
+            if self._hook_handle is not None:
+                self._hook_handle.remove()
+                self._hook_handle = None
             hub.detach(self, name)
             raise
         self._running = True
@@ -252,16 +272,22 @@ class Guard:
         return self._stop(act=True)
 
     def _stop(self, *, act: bool) -> Report:
-        if not self._running:
-            return self.report
-        self._running = False
-        self._elapsed += time.perf_counter() - self._started
+        with self._life:
+            if not self._running:
+                return self.report
+            self._running = False
+            self._elapsed += time.perf_counter() - self._started
+            return self._uninstall(act)
+
+    def _uninstall(self, act: bool) -> Report:
         try:
             if self._hook_handle is not None:
                 self._hook_handle.remove()
                 self._hook_handle = None
         finally:
             hub.detach(self, self._engine_name)
+            unwatch_loaders(self._on_loader_end)
+            self._end_loop(act)
             memory_error = self._stop_memory(act)
             if self._timeline is not None:
                 try:
@@ -301,7 +327,8 @@ class Guard:
         return None
 
     def __enter__(self) -> Guard:
-        return self.start()
+        lifecycle.enter(self)
+        return self
 
     def __exit__(
         self,
@@ -309,24 +336,16 @@ class Guard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None:
-            self.stop()
-            return
-        # An exception is already on its way out: restore everything, and do
-        # not hide it behind a deferred policy error.
-        self._deferred.clear()
-        self._stop(act=False)
+        lifecycle.leave(self, failed=exc_type is not None)
 
     def __call__(self, func: F) -> F:
-        """Use the guard as a decorator: each call of ``func`` runs watched."""
+        """Use the guard as a decorator: each call of ``func`` runs watched.
 
-        @functools.wraps(func)
-        def watched(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return func(*args, **kwargs)
-
-        watched.guard = self  # type: ignore[attr-defined]
-        return watched  # type: ignore[return-value]
+        A recursive call runs inside the outer one's watch; a generator is
+        watched over its iterations, a coroutine until it returns (see
+        ``session/lifecycle``).
+        """
+        return lifecycle.decorate(self, func)
 
     # -- steps --------------------------------------------------------------
     def step(self) -> None:
@@ -355,6 +374,7 @@ class Guard:
         self._step_syncs = 0
         self._steps += 1
         step = self._steps
+        late = self._close_step() if self._open or self._due else None
         for listener in self._step_listeners:
             try:
                 listener(step)
@@ -362,6 +382,54 @@ class Guard:
                 raise  # the error policy's verdict, raised from the step boundary
             except Exception as exc:
                 self._fault(exc)
+        if late is not None:
+            raise late
+
+    def _on_loader_end(self) -> None:
+        self._loader_end = self._steps
+
+    def _close_step(self) -> SyncError | None:
+        """A boundary closed the step: judge its held syncs (``loop_end``).
+
+        Returns the error of a site confirmed at the previous boundary that did
+        not fire again in the step since (so not raised at its line): due now.
+        """
+        opts = self._options
+        actions: list[Callable[[], None]] = []
+        with self._lock:
+            late = next(iter(self._due.values()), None)
+            self._due.clear()
+            for held in self._open.close():
+                stats = held.stats
+                key = stats.loc.key
+                for step, reason, thread, violation in held.pending:
+                    if opts.policy == "record" and not violation:
+                        continue
+                    first_time = key not in self._warned
+                    self._warned.add(key)
+                    if violation:
+                        self._violation_count += 1
+                        if len(self._violations) < _MAX_VIOLATIONS:
+                            self._violations.append((stats.loc, step, reason, thread))
+                    if opts.policy == "error" and violation:
+                        self._due[key] = SyncError(
+                            message(stats, step, reason),
+                            site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
+                        )
+                    elif opts.policy != "record" and first_time:
+                        actions.append(functools.partial(self._warn, stats, step, reason))
+        for act in actions:
+            act()
+        return late
+
+    def _end_loop(self, act: bool) -> None:
+        """At stop: what is still held followed the loop's last step."""
+        with self._lock:
+            self._open.finish(self._steps, self._per_step, self._step_stall)
+            due = next(iter(self._due.values()), None)
+            self._due.clear()
+        if act and due is not None and not self._deferred:
+            self._deferred.append(due)
 
     @property
     def steps(self) -> int:
@@ -434,6 +502,8 @@ class Guard:
                 stats.threads[self._thread_name(ident)] = None
             if mechanism is not None:
                 stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + 1
+            if phase is None and self._loader_end == step > 0 and not stats.in_loop:
+                phase = AFTER_LOOP  # after the epoch's data ran out
             if phase is not None:
                 stats.phases[phase] = stats.phases.get(phase, 0) + 1
                 if phase in APART_PHASES:
@@ -445,6 +515,9 @@ class Guard:
                 if stall is not None:
                     stats.setup_stall += stall
                 return None
+            held = not stats.in_loop
+            if held:
+                self._open.hold(stats, stall)
             stats.step_count += 1
             if stall is not None:
                 stats.stall += stall
@@ -458,6 +531,10 @@ class Guard:
             if not stats.blocking:
                 if opts.policy == "record" or loc.key in self._warned:
                     return None
+                if held:
+                    race = "not a barrier, but a race"
+                    self._open.pend(stats, step, race, self._thread_name(ident), False)
+                    return None
                 self._warned.add(loc.key)
                 return functools.partial(self._warn, stats, step, "not a barrier, but a race")
             if stats.allowed:
@@ -470,6 +547,9 @@ class Guard:
                 reason = "not allowed"
             else:
                 reason = f"{self._step_syncs} syncs in step {step}, budget {budget}"
+            if held:
+                self._open.pend(stats, step, reason, self._thread_name(ident), True)
+                return None
             self._violation_count += 1
             if len(self._violations) < _MAX_VIOLATIONS:
                 self._violations.append((loc, step, reason, self._thread_name(ident)))
@@ -479,6 +559,7 @@ class Guard:
             self._warned.add(loc.key)
             if opts.policy == "warn":
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
+            self._due.pop(loc.key, None)
             error = SyncError(
                 message(stats, step, reason),
                 site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
@@ -537,6 +618,13 @@ class Guard:
             notes.append(
                 "no step boundary was seen (no optimizer.step() and no guard.step()): every "
                 "sync counts as setup, and the policy never applied"
+            )
+        elif steps <= self._options.warmup_steps + 1:
+            notes.append(
+                f"{steps} step boundary(ies) and {self._options.warmup_steps} warm-up step(s): "
+                "what ran before the last boundary is setup or warm-up, what ran after it "
+                "follows the loop, so the policy judged no step; run at least "
+                f"{self._options.warmup_steps + 2} steps for a verdict"
             )
         elapsed = self._elapsed + (time.perf_counter() - self._started if self._running else 0.0)
         memory: MemoryReport | None = None

@@ -98,7 +98,8 @@ def analyze_series(
         >>> v.growing, v.slope, v.began_at
         (True, 100.0, 1)
     """
-    pts = [(s, v) for s, v in zip(steps, values, strict=True) if v is not None]
+    # One sample per step (the last): two at one step would make a zero run.
+    pts = list({s: (s, v) for s, v in zip(steps, values, strict=True) if v is not None}.values())
     if not pts:
         return SeriesVerdict(None, False, None, 0, 0, (), 0)
     peak_step, peak = max(pts, key=lambda p: (p[1], -p[0]))

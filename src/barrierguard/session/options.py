@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import inspect
 import os
 import re
 from collections.abc import Iterable
@@ -188,11 +189,11 @@ def _count(owner: str, name: str, value: object, allow_none: bool) -> int | None
 
 def make_options(
     *,
-    policy: str | None,
-    engine: str,
-    warmup_steps: int,
-    allow: Iterable[str] | str,
-    max_syncs_per_step: int | None,
+    policy: str | None = None,
+    engine: str = "auto",
+    warmup_steps: int = 0,
+    allow: Iterable[str] | str = (),
+    max_syncs_per_step: int | None = None,
     memory: bool = True,
     max_growth_per_step: int | str = "1MB",
     memory_every: int | None = None,
@@ -200,8 +201,13 @@ def make_options(
     out: str | os.PathLike[str] | None = None,
     owner: str = "watch",
 ) -> Options:
-    """Validate and freeze a guard's options; every error names the argument."""
-    rules = [allow] if isinstance(allow, str) else list(allow)
+    """Validate and freeze a guard's options; every error names the argument.
+
+    Its keyword arguments and their defaults are the one declaration of the
+    guard's options: ``watch()``, the callbacks and the pytest marker pass
+    theirs on (:data:`GUARD_OPTIONS` lists them).
+    """
+    rules = _rules(owner, allow)
     warmup = _count(owner, "warmup_steps", warmup_steps, allow_none=False)
     assert warmup is not None
     return Options(
@@ -215,6 +221,17 @@ def make_options(
         memory_every=_stride(owner, memory_every),
         memory_children=_flag(owner, "memory_children", memory_children),
         out=parse_out(out, owner=owner),
+    )
+
+
+def _rules(owner: str, allow: object) -> list[str]:
+    if isinstance(allow, str):
+        return [allow]
+    if isinstance(allow, Iterable) and not isinstance(allow, (bytes, dict)):
+        return list(allow)
+    raise BarrierGuardError(
+        f"{owner}(allow={allow!r}) is not valid: expected a rule or a list of rules "
+        f"(() for none), each {_ALLOW_FORMS}"
     )
 
 
@@ -311,16 +328,8 @@ def _stride(owner: str, value: object) -> int | None:
 
 # The keyword options every entry point takes (watch() and the callbacks), and
 # those of the framework adapters' end-of-run report (make_report_options).
-GUARD_OPTIONS = (
-    "policy",
-    "engine",
-    "warmup_steps",
-    "allow",
-    "max_syncs_per_step",
-    "memory",
-    "max_growth_per_step",
-    "memory_every",
-    "memory_children",
+GUARD_OPTIONS = tuple(
+    name for name in inspect.signature(make_options).parameters if name not in ("out", "owner")
 )
 REPORT_OPTIONS = ("print_report", "save_report", "rank_reports", "merge_ranks")
 

@@ -28,6 +28,7 @@ class SiteStats:
         "blocking",
         "count",
         "events",
+        "in_loop",
         "last_ident",
         "loc",
         "mechanisms",
@@ -57,6 +58,8 @@ class SiteStats:
         self.setup_stall = 0.0
         self.phases: dict[str, int] = {}
         self.mechanisms: dict[str, int] = {}
+        # Whether a closed measured step saw this site (see ``loop_end``).
+        self.in_loop = False
 
 
 def code_at(file: str, line: int) -> str:

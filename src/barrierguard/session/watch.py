@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
@@ -16,26 +15,18 @@ __all__ = ["watch"]
 _WATCH_OPTIONS = (*GUARD_OPTIONS, "out")
 
 
-def watch(
-    func: Callable[..., Any] | None = None,
-    /,
-    *,
-    policy: str | None = None,
-    engine: str = "auto",
-    warmup_steps: int = 0,
-    allow: Iterable[str] | str = (),
-    max_syncs_per_step: int | None = None,
-    memory: bool = True,
-    max_growth_per_step: int | str = "1MB",
-    memory_every: int | None = None,
-    memory_children: bool = False,
-    out: str | os.PathLike[str] | None = None,
-    **unknown: Any,
-) -> Any:
+def watch(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Watch a block of training code for host-device synchronizations.
+
+    The options are keyword arguments, validated here (and passed on the
+    same way by the callbacks and the pytest marker):
 
     Args:
         func: When given (``@watch`` without brackets), the function to watch.
+            A recursive call runs inside the outer call's watch; a call from a
+            second thread while the guard runs in another runs unwatched (the
+            report notes it); a generator function is watched over its
+            iterations, an ``async def`` until it returns (docs/guide.md).
         policy: ``"record"`` (silent), ``"warn"`` (one
             :class:`~barrierguard.SyncWarning` per new site) or ``"error"``
             (raise :class:`~barrierguard.SyncError` at the first site not
@@ -84,21 +75,10 @@ def watch(
         >>> guard.report.policy
         'record'
     """
+    unknown = [name for name in options if name not in _WATCH_OPTIONS]
     if unknown:
         raise unknown_options("watch", unknown, _WATCH_OPTIONS)
-    options = make_options(
-        policy=policy,
-        engine=engine,
-        warmup_steps=warmup_steps,
-        allow=allow,
-        max_syncs_per_step=max_syncs_per_step,
-        memory=memory,
-        max_growth_per_step=max_growth_per_step,
-        memory_every=memory_every,
-        memory_children=memory_children,
-        out=out,
-    )
-    guard = Guard(options)
+    guard = Guard(make_options(**options))
     if func is not None:
         if not callable(func):
             raise BarrierGuardError(

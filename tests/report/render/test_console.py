@@ -51,7 +51,7 @@ def test_console_table_exact() -> None:
         "  1  train.py:7  item  user    4      1.00   -         loss.item()",
         "       fix: keep it on the device",
         "",
-        "setup, warm-up, and phases counted apart (validation, checkpoints, teardown; never counted against the policy):",
+        "setup, warm-up, and phases counted apart (validation, checkpoints, teardown, after the loop; never counted against the policy):",
         "  #  where       kind      origin  count  /step  stall ms  code",
         "  1  train.py:3  copy/h2d  user    2      -      -         model.to(dev)",
     ]
@@ -118,7 +118,7 @@ def test_no_detection_is_said_plainly() -> None:
 
 
 def test_ranks_section() -> None:
-    from _ranks_sample import merged_report
+    from _samples import merged_report
 
     text = render(merged_report(2)).splitlines()
     start = text.index(
@@ -139,7 +139,7 @@ def test_ranks_section() -> None:
 
 
 def test_many_ranks_are_cut_short() -> None:
-    from _ranks_sample import merged_report
+    from _samples import merged_report
 
     text = render(merged_report(20))
     assert "  ... and 4 more ranks (rank_summaries in the JSON)" in text

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from _html_sample import sample_memory, sample_report
 
+from _samples import sample_memory, sample_report
 from barrierguard import Report
 from barrierguard.report.render.html import render
 
@@ -106,7 +106,7 @@ def test_empty_reports_say_so() -> None:
 
 
 def test_ranks_table_marks_the_gating_site() -> None:
-    from _ranks_sample import merged_report
+    from _samples import merged_report
 
     page = render(merged_report(3))
     ranks = page.split('<table id="ranks">')[1].split("</table>")[0]

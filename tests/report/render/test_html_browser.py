@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _html_sample import sample_memory, sample_report
 
+from _samples import sample_memory, sample_report
 from barrierguard.report.render.html import render
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -31,7 +31,7 @@ def _where(site: Site) -> str:
 
 
 # Phases whose syncs a guard counts apart from the training steps.
-_APART = ("validate", "test", "predict", "checkpoint", "teardown")
+_APART = ("validate", "test", "predict", "checkpoint", "teardown", "after-loop")
 
 
 def _apart(site: Site) -> str:
@@ -124,8 +124,8 @@ def render(report: Report) -> str:
     if cold:
         lines.append("")
         lines.append(
-            "setup, warm-up, and phases counted apart (validation, checkpoints, teardown; "
-            "never counted against the policy):"
+            "setup, warm-up, and phases counted apart (validation, checkpoints, teardown, "
+            "after the loop; never counted against the policy):"
         )
         rows = [_row(i, s, False) for i, s in enumerate(cold, 1)]
         table = _table(rows, header)

@@ -277,6 +277,9 @@ def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
         tags.append(f"rank-asymmetric: rank {rank_ranges(r for r, _ in site.rank_counts)} only")
     if site is gate:
         tags.append("gating site")
+    after = dict(site.phases).get("after-loop")
+    if after:
+        tags.append(f"after the loop: {after}")
     tag = f' <span class="small">[{_e(", ".join(tags))}]</span>' if tags else ""
     cls = ' class="allowed"' if site.allowed or not site.blocking else ""
     if site is gate:

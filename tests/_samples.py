@@ -1,10 +1,42 @@
-"""A report with the variety a real one has: hot and cold sites, a framework line, memory."""
+"""Sample reports for the tests: a site, a report around sites, and the rich samples.
+
+``site()`` and ``report()`` give a record with plain defaults that a test
+overrides by keyword; ``sample_report()`` has the variety of a real run (hot and
+cold sites, a framework line, an allowed site, markup to escape);
+``merged_report()`` is a distributed run with a logging line on rank 0 only.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from barrierguard import Report, Site, Violation
+from barrierguard.report.records import Timeline
+
+__all__ = ["merged_report", "report", "sample_memory", "sample_report", "site"]
+
+
+def site(**overrides: Any) -> Site:
+    """A user site of ``loss.item()`` in ``/w/train.py``, once a step; any field overridden."""
+    fields: dict[str, Any] = {
+        "file": "/w/train.py",
+        "line": 12,
+        "function": "train",
+        "code": "loss.item()",
+        "kind": "item",
+        "origin": "user",
+        "count": 1,
+    }
+    fields.update(overrides)
+    fields.setdefault("step_count", fields["count"])
+    return Site(**fields)
+
+
+def report(*sites: Site, **overrides: Any) -> Report:
+    """A CUDA-engine report of ``sites`` under the record policy; any field overridden."""
+    fields: dict[str, Any] = {"engine": "cuda", "detection": True, "policy": "record"}
+    fields.update(overrides)
+    return Report(sites=sites, **fields)
 
 
 def sample_report(steps: int = 40) -> Report:
@@ -104,3 +136,48 @@ def sample_memory(steps: int = 40) -> dict[str, Any]:
         },
         "leak": True,
     }
+
+
+def merged_report(world: int = 2) -> Report:
+    reports = []
+    for rank in range(world):
+        sites: tuple[Site, ...] = ()
+        stall = 0.0
+        if rank == 0:
+            stall = 0.004
+            sites = (
+                Site(
+                    file="/w/train.py",
+                    line=42,
+                    function="train",
+                    code="if rank == 0: log(f'<{loss.item()}>')",
+                    kind="item",
+                    origin="user",
+                    count=10,
+                    step_count=10,
+                    per_step=1.0,
+                    stall_s=stall * 10,
+                    stall_count=10,
+                    fix="keep it on the device",
+                ),
+            )
+        reports.append(
+            Report(
+                engine="cuda",
+                detection=True,
+                policy="record",
+                steps=10,
+                measured_steps=10,
+                sites=sites,
+                rank=rank,
+                timeline=Timeline(
+                    steps=(1, 2),
+                    host_s=(0.010 + stall, 0.010 + stall),
+                    stall_s=(stall, stall),
+                    device_s=(None, 0.008),
+                    ahead=(0, 0),
+                    saving_s=2 * stall,
+                ),
+            )
+        )
+    return Report.merge(reports)

@@ -1,0 +1,145 @@
+"""What the framework callbacks share: their options, and the start and end of a run.
+
+Both callbacks take the options of :func:`~barrierguard.watch` as ``**options``
+(declared once, in ``session/options``), add the report options of an adapter
+and their own, and run the guard the same way: :meth:`Adapter._begin` when the
+framework's run starts, :meth:`Adapter._end` when it ends (stop, print, save,
+merge the ranks), :meth:`Adapter._abort` when it fails (restore every global,
+keep what was found, raise nothing of barrierguard's own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from barrierguard.report.records import Report
+from barrierguard.session import ranks
+from barrierguard.session.guard import Guard
+from barrierguard.session.options import (
+    GUARD_OPTIONS,
+    REPORT_OPTIONS,
+    Options,
+    make_options,
+    make_report_options,
+    unknown_options,
+)
+
+__all__ = ["Adapter"]
+
+_REPORT_DEFAULTS: dict[str, Any] = {
+    "print_report": True,
+    "save_report": True,
+    "rank_reports": False,
+    "merge_ranks": True,
+}
+
+
+class Adapter:
+    """The guard of one framework callback, and the report at its run's end."""
+
+    _options: Options
+    _guard: Guard | None
+    _final: Report | None
+
+    def _configure(
+        self, owner: str, where: str, given: dict[str, Any], own: Iterable[str] = ()
+    ) -> dict[str, Any]:
+        """Validate ``given`` (the callback's keywords); returns those named in ``own``.
+
+        Raises:
+            TypeError: For a keyword that is none of the options, naming the
+                accepted ones.
+            BarrierGuardError: For a bad value (see ``make_options``).
+        """
+        own = tuple(own)
+        unknown = [k for k in given if k not in (*GUARD_OPTIONS, *REPORT_OPTIONS, *own)]
+        if unknown:
+            raise unknown_options(owner, unknown, (*GUARD_OPTIONS, *REPORT_OPTIONS, *own))
+        self._options = make_options(
+            owner=owner, **{k: v for k, v in given.items() if k in GUARD_OPTIONS}
+        )
+        reports = make_report_options(
+            owner,
+            where,
+            **{k: given.get(k, default) for k, default in _REPORT_DEFAULTS.items()},
+        )
+        self.print_report = reports.print_report
+        self.save_report = reports.save_report
+        self.rank_reports = reports.rank_reports
+        self.merge_ranks = reports.merge_ranks
+        self.report_path: str | None = None
+        self.rank_report_path: str | None = None
+        self._guard = None
+        self._final = None
+        return {k: given[k] for k in own if k in given}
+
+    # A running guard holds locks and hooks: a framework that pickles or
+    # deep-copies its callbacks (ddp_spawn, the Trainer) gets the settings only.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_guard"] = None
+        return state
+
+    @property
+    def guard(self) -> Guard | None:
+        """The guard behind the callback (``None`` before the run begins)."""
+        return self._guard
+
+    @property
+    def report(self) -> Report:
+        """The report so far: merged over ranks after a distributed run."""
+        if self._final is not None and (self._guard is None or not self._guard.is_running):
+            return self._final
+        return self._local_report()
+
+    def _local_report(self) -> Report:
+        if self._guard is None:
+            return ranks.not_run_report(self._options.policy)
+        return self._guard.report
+
+    def _begin(self, phase: str) -> Guard:
+        """Start the guard (made on first use) in ``phase``, unless it runs already."""
+        guard = self._guard
+        if guard is None:
+            guard = Guard(self._options)
+            # Steps are the framework's (the callback calls step()), so the
+            # optimizer hook must not count them as well.
+            guard._manual = True
+            self._guard = guard
+        if not guard.is_running:
+            self._final = None
+            guard._phase = phase
+            guard.start()
+        return guard
+
+    def _end(
+        self, rank_file: Callable[[], str | None], merged_file: Callable[[], str | None]
+    ) -> None:
+        """Stop the guard, then print, save and merge the report (a policy error still raises)."""
+        guard = self._guard
+        if guard is None or not guard.is_running:
+            return
+        try:
+            guard.stop()
+        finally:
+            self._final, self.rank_report_path, self.report_path = ranks.publish(
+                self._local_report(),
+                rank_file=rank_file(),
+                merged_file=merged_file() if self.merge_ranks else None,
+                merge_ranks=self.merge_ranks,
+                print_report=self.print_report,
+                fault=guard._fault,
+            )
+
+    def _abort(self) -> None:
+        """The run is failing: restore every global, keep what was found, raise nothing.
+
+        No merge (the other ranks may be gone) and no policy error: the
+        framework's exception is the news.
+        """
+        guard = self._guard
+        if guard is not None and guard.is_running:
+            guard._deferred.clear()
+            guard._stop(act=False)
+            self._final = self._local_report()

@@ -1,0 +1,150 @@
+"""How a guard is entered and left: ``with``, the decorator, re-entry and threads.
+
+The rules (docs/guide.md, "Recursion, threads, generators"):
+
+* The first entry starts the guard; the entry that started it stops it.
+* Entering a running guard again from the thread that runs it (a recursive
+  ``@watch`` function, a nested ``with`` of the same guard) is a no-op: the
+  inner call runs inside the outer watch, and its syncs count there.
+* Entering it from another thread while it runs does not start it twice: that
+  call runs unwatched (the guard keeps watching its own thread) and the report
+  notes it. Nothing is raised into the user's code.
+* A generator function is watched from its first ``next()`` to its end (or
+  ``close()``), a coroutine function from its first ``await`` to its return;
+  an async generator function is refused when decorated.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast
+
+from barrierguard._errors import BarrierGuardError
+from barrierguard.detect import hub
+
+__all__ = ["decorate", "enter", "leave"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_OWN, _NESTED, _ASIDE = "own", "nested", "aside"
+
+ASIDE_NOTE = (
+    "thread {thread!r} entered this guard while it ran in thread {owner!r}: it was not "
+    "started twice, and that call ran unwatched (a guard watches the thread that started "
+    "it; give each thread its own watch())"
+)
+
+
+class Guard(Protocol):
+    """What this module uses of a :class:`~barrierguard.Guard` (which imports it)."""
+
+    _life: Any
+    _entries: threading.local
+    _running: bool
+    _thread_ident: int | None
+    _deferred: list[Any]
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> Any: ...
+
+    def _stop(self, *, act: bool) -> Any: ...
+
+    def _note(self, text: str) -> None: ...
+
+    def _thread_name(self, ident: int) -> str: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+
+def _entries(guard: Guard) -> list[str]:
+    entries: list[str] = guard._entries.__dict__.setdefault("stack", [])
+    return entries
+
+
+def enter(guard: Guard) -> None:
+    """Enter ``guard`` (``with``, a decorated call): start it, or join it."""
+    entries = _entries(guard)
+    with guard._life:
+        if not guard._running:
+            guard.start()
+            entries.append(_OWN)
+            return
+        owner = guard._thread_ident
+    if owner == threading.get_ident():
+        entries.append(_NESTED)
+        return
+    entries.append(_ASIDE)
+    guard._note(
+        ASIDE_NOTE.format(
+            thread=threading.current_thread().name, owner=guard._thread_name(owner or 0)
+        )
+    )
+
+
+def leave(guard: Guard, failed: bool) -> None:
+    """Leave ``guard``: the entry that started it stops it (``failed``: on an exception)."""
+    entries = _entries(guard)
+    # An entry made on another thread (a generator closed by the garbage
+    # collector there) finds no stack here: it was the one that started.
+    kind = entries.pop() if entries else _OWN
+    if kind != _OWN:
+        return
+    try:
+        if not failed:
+            guard.stop()
+            return
+        # An exception is already on its way out: restore everything, and do
+        # not hide it behind a deferred policy error.
+        guard._deferred.clear()
+        guard._stop(act=False)
+    finally:
+        # stop() from another thread may have left this thread's engine state
+        # behind (the audit's function mode is per thread): remove it here.
+        hub.tidy()
+
+
+def decorate(guard: Guard, func: F) -> F:
+    """Wrap ``func`` so that each call runs watched (generators and coroutines too).
+
+    Raises:
+        BarrierGuardError: For an async generator function.
+    """
+    name = getattr(func, "__qualname__", repr(func))
+    if inspect.isasyncgenfunction(func):
+        raise BarrierGuardError(
+            f"@watch cannot watch the async generator function {name}(): use "
+            "'with watch(...):' around the loop that consumes it"
+        )
+    watched: Any
+    if inspect.isgeneratorfunction(func):
+
+        @functools.wraps(func)
+        def watched_gen(*args: Any, **kwargs: Any) -> Any:
+            with guard:
+                return (yield from func(*args, **kwargs))
+
+        watched = watched_gen
+    elif inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def watched_coro(*args: Any, **kwargs: Any) -> Any:
+            with guard:
+                return await func(*args, **kwargs)
+
+        watched = watched_coro
+    else:
+
+        @functools.wraps(func)
+        def watched_call(*args: Any, **kwargs: Any) -> Any:
+            with guard:
+                return func(*args, **kwargs)
+
+        watched = watched_call
+    watched.guard = guard
+    return cast(F, watched)
