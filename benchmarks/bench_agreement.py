@@ -126,6 +126,7 @@ def _command(script: Script, mode: str, out: Path, work: Path) -> tuple[list[str
     else:
         cmd = [sys.executable, "-m", "barrierguard", "run", "--engine", mode, "--policy",
                "record", "--out", str(out), path, *args]  # fmt: skip
+    env.setdefault("OMP_NUM_THREADS", "2")  # several runs share the machine's cores
     if mode == "audit":
         env["CUDA_VISIBLE_DEVICES"] = ""  # the script takes its CPU path
     return cmd, env
