@@ -26,6 +26,7 @@ import inspect
 import linecache
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterable
 from types import FrameType, FunctionType
 from typing import Any
@@ -76,6 +77,34 @@ def _release_failed_capture(graph: Any) -> None:
         pass
 
 
+def _end_generator_capture(stream: Any) -> None:
+    """Leave the CUDA generators as they were after a capture that could not end.
+
+    ``capture_end`` raises at ``cudaStreamEndCapture`` before its epilogue,
+    which would tell the generators that the capture is over: they stay marked
+    as capturing, and every later random op of the training fails ("Offset
+    increment outside graph capture encountered unexpectedly"). An empty
+    capture, begun and ended, runs the prologue and the epilogue once more.
+    """
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(stream), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "The CUDA Graph is empty"
+            graph.capture_begin(capture_error_mode="thread_local")
+            graph.capture_end()
+    finally:
+        with contextlib.suppress(Exception):
+            graph.reset()
+
+
+# A capture on a side stream that autograd had to join to the default stream:
+# an AccumulateGrad node of an earlier iteration (kept alive by a tensor of
+# that iteration, such as the last loss) runs on the default stream.
+_STREAM_MISMATCH = "legacy stream depend on"
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().split("\n", 1)[0]
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -112,6 +141,8 @@ def probe(
             captured=captured,
         )
     saved_grads = [(p, p.grad) for p in params]
+    for p, _ in saved_grads:
+        p.grad = None  # the captured backward makes its own, in the graph's pool
     cpu_rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all()
     error: BaseException | None = None
@@ -139,6 +170,8 @@ def probe(
         # Each restore on its own: one that fails must not skip the others.
         if end_error is not None:
             _release_failed_capture(graph)
+            with contextlib.suppress(Exception):
+                _end_generator_capture(side)
         with contextlib.suppress(Exception):
             graph.reset()
         del graph
@@ -151,6 +184,20 @@ def probe(
         return CaptureProbe(status="capturable", captured=captured)
     file, line, function = blocking_line(blocker)
     reason = _first_line(blocker)
+    if _STREAM_MISMATCH in str(blocker):
+        # Not the step's own doing: the probe's side stream met autograd state
+        # of an earlier iteration. Say so, rather than blame a line.
+        return CaptureProbe(
+            status="not run",
+            reason=(
+                "inconclusive: the backward joined the default stream, because an "
+                "AccumulateGrad node of an earlier iteration is still alive (a tensor of "
+                "that iteration, such as the last loss, holds its graph); run the probe "
+                "where no earlier graph is alive, e.g. with del loss before the call "
+                f"({reason})"
+            ),
+            captured=captured,
+        )
     # The error's traceback holds the step's frames, and with them what it
     # allocated in the capture: let go of it now, not at the next gc.
     error = end_error = blocker = None
