@@ -20,7 +20,8 @@ Design:
     * ``metric_item`` / ``metric_fixed``: a compiled step with ``acc.item()`` inside, and
       the same step returning the metric as a device tensor;
     * ``host_tensor`` / ``host_fixed``: a ``mode="reduce-overhead"`` loss that makes its
-      class weights with ``torch.tensor(...)`` on every call, and the loss with the
+      class weights as a host tensor argument copied to the device on every call (a
+      non-cudagraphable partition in torch 2.9+, a skip before), and the loss with the
       weights made once on the device.
 
     The capture probe captures one call of the eager forward+backward of the same step
@@ -260,6 +261,9 @@ def logged_lines(stderr: str) -> dict[str, list[list[Any]]]:
         if "Graph break" in line and "in user code at" in line:
             records.append(("graph_break", [line]))
         elif "skipping cudagraphs due to" in line:
+            records.append(("cudagraph_skip", [line]))
+        elif "__cudagraphs" in line and re.search(r"\bop\d+: reason=", line):
+            # torch >= 2.9 splits the graph instead: a non-cudagraphable partition.
             records.append(("cudagraph_skip", [line]))
         elif records:
             if (

@@ -104,3 +104,32 @@ def test_listener_reads_loggers_made_before_and_while_running_and_restores_them(
     assert passed_on == ["skipping cudagraphs due to cpu device (arg0_1)"]
     before.debug("%s", DUPLICATE)
     assert len(listener.events) == 2
+
+
+def test_listener_places_each_non_cudagraphable_partition_op_at_its_innermost_user_line() -> None:
+    # torch >= 2.9 logs a partition split, one record per line, as on an H200 run.
+    records = [
+        "Created 2 graph partitions: 1 cudagraphable, 1 non-cudagraphable",
+        "  Partition 0: 1 nodes, non-cudagraphable, inputs=1, outputs=1",
+        "    op3: reason=DeviceCopy ops, ir=DeviceCopy, fx=prims.device_put.default(p, cuda:0)",
+        '         File "/w/train.py", line 40, in step',
+        "             loss = loss_fn(out, y)",
+        '         File "/w/train.py", line 30, in loss_fn',
+        "             w = weights.to(x.device)",
+        "    op5: reason=CPU ops, ir=FallbackKernel, fx=aten.add.Tensor(a, b)",
+        '         File "/w/train.py", line 41, in step',
+        "  Partition 1: 5 nodes, cudagraphable, inputs=7, outputs=11",
+        '         File "/w/train.py", line 99, in elsewhere',
+    ]
+    logger = torch._logging.getArtifactLogger("barrierguard_test.parts", "cudagraphs")
+    listener = CompileListener()
+    listener.start()
+    try:
+        for text in records:
+            logger.debug("%s", text)
+    finally:
+        listener.stop()
+    assert [(e.what, e.line, e.reason) for e in listener.events] == [
+        ("cudagraph_skip", 30, "not in a CUDA graph: DeviceCopy ops"),
+        ("cudagraph_skip", 41, "not in a CUDA graph: CPU ops"),
+    ]

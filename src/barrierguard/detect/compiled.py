@@ -26,6 +26,7 @@ from barrierguard.detect.frames import USER, classify_file
 __all__ = [
     "CompileEvent",
     "CompileListener",
+    "PartitionReader",
     "not_a_dynamo_frame",
     "parse_cudagraph_skip",
     "parse_graph_break",
@@ -161,6 +162,58 @@ def parse_cudagraph_skip(text: str) -> CompileEvent | None:
     )
 
 
+_PARTITION_OP = re.compile(r"^\s*op\d+: reason=(?P<reason>.+?)(?:, ir=|$)")
+
+
+class PartitionReader:
+    """CUDA-graph partitions that inductor could not graph, from consecutive records.
+
+    Where inductor splits a graph into partitions (torch 2.9 and later) instead
+    of skipping CUDA graphs for all of it, it logs each op of a partition that
+    cannot be graphed (``op3: reason=DeviceCopy ops, ...``), then the op's stack
+    one frame per record. The innermost frame of the user's own code places it.
+
+    Example:
+        >>> r = PartitionReader()
+        >>> r.feed("    op3: reason=DeviceCopy ops, ir=DeviceCopy, fx=...") is None
+        True
+        >>> e = r.feed('         File "/w/train.py", line 30, in loss_fn')
+        >>> (e.line, e.reason)
+        (30, 'not in a CUDA graph: DeviceCopy ops')
+    """
+
+    def __init__(self) -> None:
+        self._reason: str | None = None
+        self._placed = False
+        # Whether the last event returned was its op's first (an inner frame of
+        # the same op comes later and places it better).
+        self.first = True
+
+    def feed(self, text: str) -> CompileEvent | None:
+        """Take one record's text; return an event when it places a pending op."""
+        m = _PARTITION_OP.match(text)
+        if m is not None:
+            self._reason = m.group("reason").strip()
+            self._placed = False
+            return None
+        if self._reason is None:
+            return None
+        if "Partition " in text or "graph partitions" in text:
+            self._reason = None  # the op's stack ended without a line of the user's
+            return None
+        where = _user_frame(text)
+        if where is None:
+            return None
+        self.first, self._placed = not self._placed, True
+        return CompileEvent(
+            what="cudagraph_skip",
+            file=where[0],
+            line=where[1],
+            function=where[2],
+            reason=f"not in a CUDA graph: {self._reason}",
+        )
+
+
 def not_a_dynamo_frame(code: CodeType) -> None:
     """Keep dynamo from compiling ``code`` when it runs as a frame of its own.
 
@@ -224,6 +277,9 @@ class CompileListener:
         # logger name -> (level, propagate, effective level) before we touched it
         self._saved: dict[str, tuple[int, bool, int]] = {}
         self._patched: tuple[Any, Any] | None = None
+        self._partitions = PartitionReader()
+        # The partition event placed last: an inner frame of the same op replaces it.
+        self._placed: CompileEvent | None = None
 
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
@@ -289,6 +345,17 @@ class CompileListener:
             event = parse_graph_break(text, exc)
         else:
             event = parse_cudagraph_skip(text)
+            if event is None:
+                placed = self._partitions.feed(text)
+                if placed is not None:
+                    with self._lock:
+                        last = self._placed
+                        if not self._partitions.first and self.events and self.events[-1] is last:
+                            self.events.pop()  # the same op, placed at an inner frame
+                        self.events.append(placed)
+                        self._placed = placed
+                return
         if event is not None:
             with self._lock:
                 self.events.append(event)
+                self._placed = None
