@@ -105,6 +105,20 @@ def _end_generator_capture(stream: Any) -> None:
 _STREAM_MISMATCH = "legacy stream depend on"
 
 
+def _clear_cublas_workspaces() -> None:
+    """Drop cuBLAS's cached workspaces, as inductor does around a capture.
+
+    A matmul in the capture takes a workspace for the side stream from the
+    graph's pool; cached by cuBLAS, it would keep that pool (tens of MB) alive
+    after the graph is gone. Cleared before the capture too, so that the
+    capture does not use a workspace of the training's memory.
+    """
+    import torch
+
+    with contextlib.suppress(Exception):
+        torch._C._cuda_clearCublasWorkspaces()
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().split("\n", 1)[0]
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -154,6 +168,7 @@ def probe(
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     try:
+        _clear_cublas_workspaces()
         with torch.cuda.stream(side):
             graph.capture_begin(capture_error_mode="thread_local")
             try:
@@ -175,6 +190,7 @@ def probe(
         with contextlib.suppress(Exception):
             graph.reset()
         del graph
+        _clear_cublas_workspaces()
         for p, g in saved_grads:
             p.grad = g
         torch.set_rng_state(cpu_rng)
