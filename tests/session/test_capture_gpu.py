@@ -36,8 +36,9 @@ def _train(
                 result = guard.probe_capture(with_item if blocked else fwd_bwd, data[i])
                 expected = "not run" if keep_graph else "blocked" if blocked else "capturable"
                 assert result.status == expected, result
-                # Nothing of the capture stays allocated (a failed one gives its pool back).
-                assert torch.cuda.memory_allocated() == allocated
+                # Nothing of the capture stays allocated (a failed one gives its pool back);
+                # cuBLAS's cached workspaces are dropped too, so it may be less.
+                assert torch.cuda.memory_allocated() <= allocated
             loss = fwd_bwd(data[i])
             opt.step()
             opt.zero_grad()

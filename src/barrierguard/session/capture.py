@@ -110,8 +110,8 @@ def _clear_cublas_workspaces() -> None:
 
     A matmul in the capture takes a workspace for the side stream from the
     graph's pool; cached by cuBLAS, it would keep that pool (tens of MB) alive
-    after the graph is gone. Cleared before the capture too, so that the
-    capture does not use a workspace of the training's memory.
+    after the graph is gone. The training's own workspaces go too: cuBLAS
+    takes new ones at its next matmul, from the caching allocator.
     """
     import torch
 
@@ -168,7 +168,6 @@ def probe(
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     try:
-        _clear_cublas_workspaces()
         with torch.cuda.stream(side):
             graph.capture_begin(capture_error_mode="thread_local")
             try:
@@ -187,10 +186,10 @@ def probe(
             _release_failed_capture(graph)
             with contextlib.suppress(Exception):
                 _end_generator_capture(side)
+        _clear_cublas_workspaces()
         with contextlib.suppress(Exception):
             graph.reset()
         del graph
-        _clear_cublas_workspaces()
         for p, g in saved_grads:
             p.grad = g
         torch.set_rng_state(cpu_rng)
