@@ -269,7 +269,7 @@ def index_lists(d: dict[str, Any]) -> None:
 def rnn_weights(d: dict[str, Any]) -> None:
     rnn = d["cpu_rnn"]
     rnn.to(d["device"])  # expect: copy
-    rnn.flatten_parameters()  # expect: rnn_flatten
+    rnn.flatten_parameters()  # quiet: no sync on an H200 (cuDNN packs on the device)
     rnn.to("cpu")  # expect: copy
     rnn.flatten_parameters()  # quiet
 

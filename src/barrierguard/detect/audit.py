@@ -319,7 +319,7 @@ class AuditEngine:
             record=lambda detail, stall: record("collective", detail),
             hush=aside,
         )
-        # torch.save / torch.load of device tensors, cuDNN's flatten_parameters.
+        # torch.save / torch.load of device tensors.
         install_patches(self._patches, mode, record, aside)
 
 

@@ -502,37 +502,13 @@ def _load_target(mode: AuditMode, state: _Checkpoints, f: Any, where: Any) -> bo
     return bool(mode.training(where))
 
 
-def _flattens_on_gpu(mode: AuditMode, rnn: Any) -> bool:
-    """Whether ``rnn.flatten_parameters()`` would run cuDNN's flatten on a GPU.
-
-    The same conditions as ``RNNBase.flatten_parameters``, with "is on CUDA"
-    read as "would live on the device".
-    """
-    weights = getattr(rnn, "_flat_weights", None)
-    names = getattr(rnn, "_flat_weights_names", None)
-    if not weights or names is None or len(weights) != len(names):
-        return False
-    if not all(isinstance(w, Tensor) for w in weights):
-        return False
-    dtype = weights[0].dtype
-    if not torch.backends.cudnn.enabled:
-        return False
-    for w in weights:
-        if w.dtype != dtype or dtype not in _CUDNN_DTYPES or not mode.is_dev(w):
-            return False
-    return len({w.data_ptr() for w in weights}) == len(weights)
-
-
-_CUDNN_DTYPES = frozenset({torch.float16, torch.float32, torch.float64})
-
-
 def install_patches(
     patches: Patches,
     mode: AuditMode,
     record: Record,
     aside: Callable[[], AbstractContextManager[None]],
 ) -> None:
-    """Audit ``torch.save``, ``torch.load`` and ``RNNBase.flatten_parameters``.
+    """Audit ``torch.save`` and ``torch.load``.
 
     Args:
         patches: Where the patches go (undone when the engine uninstalls).
@@ -584,24 +560,5 @@ def install_patches(
             record("copy", "h2d")
         return out
 
-    orig_flatten = torch.nn.RNNBase.flatten_parameters
-
-    @functools.wraps(orig_flatten)
-    def flatten_parameters(rnn: Any) -> None:
-        orig_flatten(rnn)
-        if not mode.active:
-            return
-        try:
-            hit = _flattens_on_gpu(mode, rnn)
-        except Exception as exc:
-            _fault(exc)
-            return
-        if hit:
-            # The kind of the user's call: `rnn.flatten_parameters()` says
-            # rnn_flatten, `model.to(device)` (which flattens) says copy, as
-            # the CUDA engine reads them.
-            record(None, "")
-
     patches.set(torch, "save", save)
     patches.set(torch, "load", load)
-    patches.set(torch.nn.RNNBase, "flatten_parameters", flatten_parameters)

@@ -112,13 +112,6 @@ KINDS: dict[str, Kind] = {
             "unique) and replace it with a fixed-shape op",
         ),
         Kind(
-            "rnn_flatten",
-            "RNN.flatten_parameters() on cuDNN packs the weights into one new buffer, and the "
-            "host waits for the device there",
-            "call flatten_parameters() once, after the model is on the device or loaded, not in "
-            "every step, forward or evaluation",
-        ),
-        Kind(
             "async_d2h",
             "a non_blocking copy to the host returns before the data has arrived",
             "not a barrier but a race: record a torch.cuda.Event after the copy and call "
@@ -144,7 +137,7 @@ KINDS: dict[str, Kind] = {
 # CI annotations and SARIF name a site by it, and an allow rule may use it
 # (docs/rules.md). A code is never reused for another kind.
 #   BG1xx: a device value read on the host    BG2xx: a copy between host and device
-#   BG3xx: an output size that needs device data    BG4xx: waits, collectives, RNN repacks
+#   BG3xx: an output size that needs device data    BG4xx: explicit waits, collectives
 #   BG5xx: inside backward    BG9xx: not named
 CODES: dict[str, str] = {
     "item": "BG101",
@@ -168,7 +161,6 @@ CODES: dict[str, str] = {
     "dynamic_shape": "BG307",
     "synchronize": "BG401",
     "collective": "BG402",
-    "rnn_flatten": "BG403",
     "backward": "BG501",
     "call": "BG901",
 }
@@ -222,7 +214,6 @@ _CALL_NAMES: dict[str, str] = {
     "save": "copy",
     "load": "copy",
     "load_state_dict": "copy",
-    "flatten_parameters": "rnn_flatten",
     "backward": "backward",
     "grad": "backward",
     "barrier": "collective",
