@@ -135,7 +135,7 @@ def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
                     if state["on"]:
                         guard._stop(act=False)
                     else:
-                        guard_cb._start("train")
+                        guard_cb._begin("train")
                 state["on"] = not state["on"]
             state["t"] = time.perf_counter()
 
