@@ -11,10 +11,10 @@ use lives here:
 * output: markdown tables and the JSON results file (with the machine it ran on);
 * the steps the scripts time: the launch-bound Adam MLP step (``bench_core``,
   ``bench_memory``), the three step shapes (``bench_alternatives``,
-  ``bench_lightning_shapes``), sync-debug mode with a naive stack-walking hook
+  ``bench_metrics``), sync-debug mode with a naive stack-walking hook
   (``bench_core``, ``bench_alternatives``);
 * the Lightning fits: the MLP and TinyLM models, their data and the trainer
-  (``bench_lightning``, ``bench_lightning_costs``).
+  (``bench_lightning``, ``bench_metrics``).
 
 Lightning is imported only by the functions that need it.
 """
@@ -234,7 +234,7 @@ class NaiveSyncDebug:
         self._filters.__exit__(None, None, None)  # restores showwarning and the filters
 
 
-# -- step shapes (bench_alternatives, bench_lightning_shapes) -----------------------
+# -- step shapes (bench_alternatives, bench_metrics) --------------------------------
 
 Step = Callable[[], torch.Tensor]
 
@@ -392,7 +392,7 @@ def build_shape(args: argparse.Namespace, name: str) -> tuple[Step, dict[str, An
     return step, config
 
 
-# -- Lightning fits (bench_lightning, bench_lightning_costs) ------------------------
+# -- Lightning fits (bench_lightning, bench_metrics) -------------------------------
 
 # Each model's shape: batch, width (input or model), hidden (or feed-forward), blocks (or layers).
 MODEL_DEFAULTS: dict[str, dict[str, int]] = {

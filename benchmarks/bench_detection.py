@@ -57,12 +57,14 @@ def corpus_report(engine: str) -> barrierguard.Report:
         with barrierguard.watch(engine="cuda", policy="record") as guard:
             guard.step()
             cases.run_all(d)
+            guard.step()  # closes the measured step
         return guard.report
     # The audit follows tensors from their creation: prepare inside the guard.
     with barrierguard.watch(engine="audit", policy="record") as guard:
         d = cases.prepare("cpu")
         guard.step()
         cases.run_all(d)
+        guard.step()  # closes the measured step
     return guard.report
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import runpy
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -33,3 +35,41 @@ def run_loop(folder: Path, source: str, steps: int = 4) -> barrierguard.Report:
     with barrierguard.watch(engine="cuda", policy="record") as guard:
         namespace["train"](guard, steps=steps)
     return guard.report
+
+
+# A plain loop under `barrierguard run` (the audit engine): its only syncs are
+# setup copies of the model and one read after the loop, as the fix messages advise.
+PLAIN_LOOP = """\
+import torch
+from torch import nn
+
+device = "cpu"
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+total = torch.zeros((), device=device)
+for i in range(4):
+    loss = model(torch.randn(8, 4, device=device)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    total += loss.detach()
+print("mean", (total / 4).item())
+"""
+# The same loop with a read inside: a barrier in every step.
+READ_IN_LOOP = PLAIN_LOOP.replace(
+    "    total += loss.detach()\n", "    total += loss.detach()\n    print(loss.item())\n"
+)
+
+
+def barrierguard_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m barrierguard ARGS`` in a process of its own (as a launcher sees it)."""
+    return subprocess.run(
+        [sys.executable, "-m", "barrierguard", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import warnings
@@ -67,6 +68,14 @@ def global_state() -> dict[str, Any]:
         },
         "warnings_filters_count": sum(1 for f in warnings.filters if _is_ours(f)),
         "torch.cuda.synchronize": torch.cuda.synchronize,
+        "getArtifactLogger": torch._logging.getArtifactLogger,
+        # torch's artifact loggers that still carry a handler of barrierguard's.
+        "artifact_loggers": sorted(
+            name
+            for name, lg in logging.Logger.manager.loggerDict.items()
+            if isinstance(lg, logging.Logger)
+            and any(type(h).__module__.startswith("barrierguard") for h in lg.handlers)
+        ),
     }
     if torch.distributed.is_available():
         from torch.distributed import distributed_c10d

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import socket
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from _spawn import free_port, spawn
 from barrierguard import MetricBuffer
 
 SPECS: dict[str, Any] = {
@@ -107,30 +106,10 @@ def worker(rank: int, world: int, port: int, out: str, backend: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_world(world: int, backend: str, out: Path, timeout_s: float = 120.0) -> dict[str, Any]:
     """Spawn ``world`` ranks, wait for them (killing them past ``timeout_s``), read rank 0."""
-    ctx = torch.multiprocessing.start_processes(
-        worker,
-        args=(world, free_port(), str(out), backend),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{world} {backend} ranks did not finish in {timeout_s} s")
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
+    args = (world, free_port(), str(out), backend)
+    spawn(worker, args, world, timeout_s=timeout_s, what=f"{world} {backend} ranks")
     result: dict[str, Any] = json.loads(out.read_text())
     return result
 

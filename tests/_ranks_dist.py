@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import ProcessExitedException
 
 import barrierguard
-from _metrics_dist import free_port
+from _spawn import free_port, spawn
 
 STEPS = 4
 SYNC_WAIT_S = 0.05  # what rank 0's synchronize() 'waits' for its device
@@ -124,28 +122,9 @@ def worker(rank: int, world: int, port: int, out: str, engine: str) -> None:
 
 def run_world(out: Path, engine: str, world: int = 2, timeout_s: float = 120.0) -> None:
     """Spawn ``world`` gloo ranks of :func:`worker` writing under ``out``; wait for them."""
-    ctx = torch.multiprocessing.start_processes(
-        worker,
-        args=(world, free_port(), str(out), engine),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{world} gloo ranks did not finish in {timeout_s} s")
-    except ProcessExitedException as exc:
-        # Seen now and then: a spawned rank aborts while its interpreter exits
-        # ("terminate called without an active exception", from a C++ thread of
-        # torch.distributed), after its work and its files are done. What the
-        # tests read is those files; any other failure is one.
-        done = (out / "merged.json").exists() and len(list(out.glob("bg.rank*.json"))) == world
-        if "SIGABRT" not in str(exc) or not done:
-            raise
-        warnings.warn(f"a spawned rank aborted at exit after its work: {exc}", stacklevel=1)
-    finally:
-        for proc in ctx.processes:
-            if proc.is_alive():
-                proc.kill()
+
+    def done() -> bool:
+        return (out / "merged.json").exists() and len(list(out.glob("bg.rank*.json"))) == world
+
+    args = (world, free_port(), str(out), engine)
+    spawn(worker, args, world, timeout_s=timeout_s, what=f"{world} gloo ranks", done=done)

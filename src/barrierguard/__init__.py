@@ -23,6 +23,7 @@ from barrierguard._errors import (
 from barrierguard._version import __version__
 from barrierguard.metrics.buffer import MetricBuffer
 from barrierguard.report.records import MemoryReport, Report, Site, Violation
+from barrierguard.session.allowing import allowed
 from barrierguard.session.guard import Guard
 from barrierguard.session.watch import watch
 
@@ -45,6 +46,7 @@ __all__ = [
     "SyncWarning",
     "Violation",
     "__version__",
+    "allowed",
     "watch",
 ]
 

@@ -59,12 +59,3 @@ def test_audit_times_a_step_with_no_sync(tmp_path: Path) -> None:
     (run,) = data["runs"]
     assert set(run["ratio_median"]) == {"audit", "noop_mode"}
     assert data["headline_ratio"] == run["ratio_median"]["audit"]
-
-
-def test_pageable_needs_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    import bench_pageable
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit, match="needs a GPU"):
-        bench_pageable.main([])

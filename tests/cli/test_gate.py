@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from _fake_cuda import FakeMode
-from _gate_helpers import LOOP, run_loop
+from _gate_helpers import LOOP, PLAIN_LOOP, READ_IN_LOOP, run_loop
 from barrierguard import Report
 from barrierguard.cli.main import main
 
@@ -221,3 +221,39 @@ def test_unwritable_output_exits_2(
     capsys.readouterr()
     assert main(["baseline", str(today[0]), "-o", str(target)]) == 2
     assert str(target) in capsys.readouterr().err
+
+
+ONE_MORE_LAYER = PLAIN_LOOP.replace(
+    "nn.Linear(8, 1)).to(device)", "nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).to(device)"
+)
+
+
+def _run_plain(tmp_path: Path, version: str, source: str) -> Path:
+    folder = tmp_path / version
+    folder.mkdir()
+    (folder / "train.py").write_text(source)
+    out = folder / "r.json"
+    assert main(["run", "--policy", "record", "--out", str(out), str(folder / "train.py")]) == 0
+    return out
+
+
+def test_the_ratchet_passes_a_setup_edit_and_fails_a_read_in_the_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "baseline.json"
+    report = _run_plain(tmp_path, "v1", PLAIN_LOOP)
+    assert main(["baseline", str(report), "-o", str(baseline), "--root", str(tmp_path / "v1")]) == 0
+    capsys.readouterr()
+
+    edited = _run_plain(tmp_path, "v2", ONE_MORE_LAYER)
+    code = main(["check", str(edited), "--baseline", str(baseline), "--root", str(tmp_path / "v2")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "info: edited: train.py:5 in <module>()" in out
+    assert "ok, nothing new" in out
+
+    dirty = _run_plain(tmp_path, "v3", READ_IN_LOOP)
+    code = main(["check", str(dirty), "--baseline", str(baseline), "--root", str(tmp_path / "v3")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "new site: train.py:14 in <module>(): 'print(loss.item())' [item]" in out

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _gate_helpers import PLAIN_LOOP, READ_IN_LOOP
 from barrierguard.cli.main import main
 
 FAKE = str(Path(__file__).with_name("_fake_cuda.py").parent)
@@ -44,6 +45,23 @@ def test_run_writes_json(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["schema"] == "barrierguard.report/1"
 
 
+def test_run_by_a_relative_path_stores_absolute_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _script(tmp_path, "import sys, torch\ndevice = 'cpu'\nx = torch.ones(2).to(device)\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "r.json"
+    args = ["run", "--engine", "audit", "--policy", "record", "--out", "r.json", "train.py"]
+    assert main(args) == 0
+    sites = json.loads(out.read_text())["sites"]
+    assert [(s["file"], s["line"], s["kind"]) for s in sites] == [
+        (str(tmp_path / "train.py"), 3, "copy")
+    ]
+    err = capsys.readouterr().err
+    # The console shows short paths (the line naming the report file is absolute).
+    assert "train.py:3" in err and str(tmp_path / "train.py") not in err
+
+
 def test_run_module(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -75,15 +93,37 @@ def test_error_policy_violation_exits_3(
         from _fake_cuda import FakeTensor
         model = torch.nn.Linear(2, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        model(torch.ones(1, 2)).sum().backward()
-        opt.step()
-        FakeTensor().item()
+        for _ in range(3):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+            FakeTensor().item()
         """,
     )
     code = main(["run", "--policy", "error", "--engine", "cuda", str(script)])
     err = capsys.readouterr().err
     assert code == 3
-    assert "SyncError" in err and "train.py:8" in err
+    assert "SyncError" in err and "train.py:9" in err
+
+
+@pytest.mark.parametrize(("inside", "code"), [(False, 0), (True, 3)])
+def test_a_read_after_the_loop_passes_the_error_policy_one_inside_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], inside: bool, code: int
+) -> None:
+    source = READ_IN_LOOP if inside else PLAIN_LOOP
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    out = tmp_path / "r.json"
+    assert main(["run", "--policy", "error", "--out", str(out), str(script)]) == code
+    err = capsys.readouterr().err
+    report = json.loads(out.read_text())
+    if inside:
+        assert "SyncError: BG101 item sync at" in err and f"{script}:14 in step 2" in err
+        assert "print(loss.item())" in err
+    else:
+        read = next(s for s in report["sites"] if s["code"].startswith("print("))
+        assert read["phases"] == {"after-loop": 1} and read["step_count"] == 0
+        assert report["violations"] == [] and "SyncError" not in err
+        assert "after-loop 1" in err
 
 
 @pytest.mark.parametrize(
@@ -127,3 +167,58 @@ def test_python_dash_m(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "hello"
+
+
+def test_every_option_has_help_text() -> None:
+    import argparse
+
+    from barrierguard.cli.main import _parser
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {'/'.join(action.option_strings)}"
+        for name, command in sub.choices.items()
+        for action in command._actions
+        if action.option_strings and not action.help
+    ]
+    assert missing == []
+
+
+def test_demo_help_states_the_policy_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "$BARRIERGUARD_POLICY, else record)" in text
+
+
+def test_allow_help_lists_the_line_range_and_glob_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "train.py:40-50" in text and "'src/*/metrics.py:*'" in text
+
+
+def test_run_capture_probe_names_the_step_function(tmp_path: Path) -> None:
+    script = _script(
+        tmp_path,
+        """
+        import torch
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def train_step(x):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+        for _ in range(3):
+            train_step(torch.ones(1, 2))
+        """,
+    )
+    out = tmp_path / "r.json"
+    argv = ["run", "--policy", "record", "--capture-probe", "train_step", "--out", str(out)]
+    assert main([*argv, str(script)]) == 0
+    probe = json.loads(out.read_text())["compile"]["probe"]
+    assert "train_step" in probe["captured"]
+    assert probe["status"] in ("not run", "capturable")

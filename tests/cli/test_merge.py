@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from barrierguard import Report, Site
+from _samples import site
+from barrierguard import Report
 from barrierguard.cli.main import main
 
 
@@ -16,15 +18,11 @@ def _rank_file(folder: Path, rank: int | None, *, item: bool, name: str | None =
     sites = ()
     if item:
         sites = (
-            Site(
-                file="/w/train.py",
+            site(
                 line=42,
                 function="main",
                 code="log(loss.item())",
-                kind="item",
-                origin="user",
                 count=5,
-                step_count=5,
                 per_step=1.0,
                 stall_s=0.02,
                 stall_count=5,
@@ -144,4 +142,26 @@ def test_run_under_a_launcher_writes_this_ranks_file(
         # Rank 0 prints the report and how to merge; the others one line.
         assert ("barrierguard report" in err) == (rank == 0)
         assert ("barrierguard merge" in err) == (rank == 0)
+        assert ("2 of 2 rank reports written" in err) == (rank == 0)
     assert [Report.load(tmp_path / f"bg.rank{r}.json").rank for r in (0, 1)] == [0, 1]
+
+
+def test_rank_zero_says_which_rank_files_were_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from barrierguard.cli import main as cli_main
+
+    script = tmp_path / "train.py"
+    script.write_text("x = 1\n")
+    out = tmp_path / "bg.json"
+    monkeypatch.setattr(cli_main, "RANK_FILES_WAIT_S", 0.0)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    (tmp_path / "bg.rank1.json").write_text("{}")  # a file of an earlier run: too old
+    os.utime(tmp_path / "bg.rank1.json", (1.0, 1.0))
+    assert main(["run", "--policy", "record", "--out", str(out), str(script)]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"1 of 2 rank reports written ({tmp_path / 'bg.rank0.json'}); none yet from rank 1" in err
+    )
+    assert f"barrierguard merge '{tmp_path / 'bg.rank*.json'}'" in err

@@ -53,6 +53,7 @@ def prepare(device: str) -> dict[str, Any]:
     d["acc"] = torch.zeros((), device=device)
     d["scaler"] = torch.amp.GradScaler(device)
     d["host_labels"] = torch.from_numpy(np.arange(32) % 4)
+    d["cpu_rnn"] = nn.LSTM(8, 16)
     if device == "cuda":
         d["event"] = torch.cuda.Event()
     return d
@@ -235,6 +236,42 @@ def host_after_moves(d: dict[str, Any]) -> None:
     n_pos = int(scores.sum())  # quiet
     text = f"{scores.mean():.3f}"  # quiet
     del on_dev, spread, hits, n_pos, text
+
+
+@case
+def checkpoints(d: dict[str, Any]) -> None:
+    model, dev = d["model"], d["device"]
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)  # expect: copy
+    buf.seek(0)
+    back = torch.load(buf)  # expect: copy
+    buf.seek(0)
+    onto = torch.load(buf, map_location=dev)  # expect: copy
+    buf.seek(0)
+    on_host = torch.load(buf, map_location="cpu")  # quiet
+    model.load_state_dict(on_host)  # expect: copy
+    del back, onto
+
+
+@case
+def index_lists(d: dict[str, Any]) -> None:
+    x, labels = d["probs"].clone(), d["labels"][:8]
+    picked = x[range(8), labels]  # expect: index
+    rows = x[[0, 2]]  # expect: index
+    x[range(8), labels] = 0.0  # expect: index
+    on_dev = torch.arange(8, device=d["device"])  # quiet
+    fine = x[on_dev, labels]  # quiet
+    basic = x[0, 2]  # quiet
+    del picked, rows, fine, basic
+
+
+@case
+def rnn_weights(d: dict[str, Any]) -> None:
+    rnn = d["cpu_rnn"]
+    rnn.to(d["device"])  # expect: copy
+    rnn.flatten_parameters()  # expect: rnn_flatten
+    rnn.to("cpu")  # expect: copy
+    rnn.flatten_parameters()  # quiet
 
 
 _ANNOTATION = re.compile(r"#\s*(expect:\s*(?P<kind>\w+)(?:\s+(?P<origin>[\w:.]+))?|quiet)\s*$")

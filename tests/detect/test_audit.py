@@ -147,8 +147,9 @@ def test_error_policy_raises_at_the_user_line() -> None:
     with pytest.raises(barrierguard.SyncError, match="item") as info:  # noqa: SIM117
         with barrierguard.watch(engine="audit", policy="error") as guard:
             x = torch.ones(4).to(DEV)
-            guard.step()
-            x.sum().item()  # L-error
+            for _ in range(2):  # raised in its second step, at its line
+                guard.step()
+                x.sum().item()  # L-error
     assert info.value.site is not None
     assert info.value.site["line"] == _line("# L-error")
     assert torch._C._len_torch_function_stack() == 0

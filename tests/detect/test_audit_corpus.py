@@ -34,6 +34,7 @@ def _audit_report() -> barrierguard.Report:
         d = cases.prepare("cpu")
         guard.step()
         cases.run_all(d)
+        guard.step()  # closes the measured step
     return guard.report
 
 

@@ -110,9 +110,10 @@ def test_warn_policy_one_warning_per_site_at_user_line(fake_cuda: FakeMode) -> N
     t = FakeTensor()
     with pytest.warns(barrierguard.SyncWarning) as caught:  # noqa: SIM117
         with barrierguard.watch(engine="cuda", policy="warn") as guard:
-            guard.step()
-            for _ in range(3):
-                t.item()  # W-site
+            for _ in range(2):  # two steps: a sync after the last one only is after the loop
+                guard.step()
+                for _ in range(3):
+                    t.item()  # W-site
     ours = [w for w in caught if w.category is barrierguard.SyncWarning]
     assert len(ours) == 1
     assert ours[0].filename == HERE and ours[0].lineno == _line("# W-site")
@@ -124,8 +125,9 @@ def test_error_policy_raises_from_the_user_line(fake_cuda: FakeMode) -> None:
     t = FakeTensor()
     with pytest.raises(barrierguard.SyncError) as info:  # noqa: SIM117
         with barrierguard.watch(engine="cuda", policy="error") as guard:
-            guard.step()
-            t.item()  # E-site
+            for _ in range(2):  # raised in its second step, at its line
+                guard.step()
+                t.item()  # E-site
     frames = [f for f in traceback.extract_tb(info.value.__traceback__) if f.filename == HERE]
     assert frames[-1].lineno == _line("# E-site")
     assert info.value.site is not None and info.value.site["line"] == _line("# E-site")
@@ -149,8 +151,9 @@ def test_allow_rules_under_error_policy(fake_cuda: FakeMode, allow: list[str], o
     guard = barrierguard.watch(engine="cuda", policy="error", allow=allow)
     try:
         with guard:
-            guard.step()
-            t.item()
+            for _ in range(2):
+                guard.step()
+                t.item()
     except barrierguard.SyncError:
         assert not ok
     else:
@@ -168,12 +171,10 @@ def test_budget_per_step(fake_cuda: FakeMode) -> None:
     assert guard.report.ok
     with pytest.raises(barrierguard.SyncError, match="3 syncs in step 2, budget 2"):  # noqa: SIM117
         with barrierguard.watch(engine="cuda", policy="error", max_syncs_per_step=2) as guard:
-            guard.step()
-            t.item()
-            guard.step()
-            t.item()
-            t.item()
-            t.item()
+            for n in (1, 3):
+                guard.step()
+                for _ in range(n):
+                    t.item()
 
 
 def test_warmup_steps_are_setup(fake_cuda: FakeMode) -> None:
@@ -200,6 +201,7 @@ def test_other_thread_recorded_with_name_and_error_deferred(fake_cuda: FakeMode)
         th = threading.Thread(target=worker, name="logger-thread")
         th.start()
         th.join()
+    guard.step()  # the step is closed: the worker's sync was in it
     with pytest.raises(barrierguard.SyncError):
         guard.stop()
     site = guard.report.sites[0]

@@ -30,6 +30,7 @@ def _corpus_report() -> barrierguard.Report:
     with barrierguard.watch(engine="cuda", policy="record") as guard:
         guard.step()
         cases.run_all(d)
+        guard.step()  # closes the measured step
         torch.cuda.synchronize()  # not in the corpus file: must not appear there
     return guard.report
 
@@ -69,8 +70,9 @@ def test_error_policy_raises_at_the_user_line() -> None:
     x = torch.ones(4, device="cuda")
     with pytest.raises(barrierguard.SyncError) as info:  # noqa: SIM117
         with barrierguard.watch(engine="cuda", policy="error") as guard:
-            guard.step()
-            x.sum().item()  # the offending line
+            for _ in range(2):  # raised in its second step, at its line
+                guard.step()
+                x.sum().item()  # the offending line
     frames = traceback.extract_tb(info.value.__traceback__)
     user = [f for f in frames if f.filename == __file__]
     assert user[-1].line == "x.sum().item()  # the offending line"
@@ -113,11 +115,12 @@ def test_allow_rules_and_budget() -> None:
             x.sum().item()
             x.sum().item()
     assert guard.report.ok
-    with pytest.raises(barrierguard.SyncError, match="3 syncs in step 1, budget 2"):  # noqa: SIM117
+    with pytest.raises(barrierguard.SyncError, match="3 syncs in step 2, budget 2"):  # noqa: SIM117
         with barrierguard.watch(engine="cuda", policy="error", max_syncs_per_step=2) as guard:
-            guard.step()
-            for _ in range(3):
-                x.sum().item()
+            for n in (1, 3):
+                guard.step()
+                for _ in range(n):
+                    x.sum().item()
 
 
 def test_setup_and_optimizer_steps() -> None:
@@ -132,9 +135,11 @@ def test_setup_and_optimizer_steps() -> None:
             opt.step()
             opt.zero_grad()
         with pytest.raises(barrierguard.SyncError):
-            loss.item()
+            for _ in range(2):  # a read in the loop: raised in its second measured step
+                loss.item()
+                opt.step()
     report = guard.report
-    assert report.steps == 2 and report.measured_steps == 1
+    assert report.steps == 3 and report.measured_steps == 2
     site = next(s for s in report.sites if s.kind == "item" and s.setup_count)
     assert site.setup_count == 2
 
@@ -169,6 +174,7 @@ def test_error_in_another_thread_is_raised_at_stop() -> None:
         t = threading.Thread(target=worker, name="bg")
         t.start()
         t.join()
+    guard.step()  # the step is closed: the worker's sync was in it
     with pytest.raises(barrierguard.SyncError):
         guard.stop()
     assert torch.cuda.get_sync_debug_mode() == 0
@@ -231,8 +237,9 @@ def test_metricbuffer_compute_is_reported_and_allowed() -> None:
             buf.update(loss=x.sum())
         result = buf.compute()  # the one deliberate transfer
     assert result["loss"] == 4.0
-    sites = [s for s in guard.report.sites if s.step_count]
+    sites = [s for s in guard.report.sites if s.count]
     assert sites and all(s.origin == "framework:barrierguard" and s.allowed for s in sites)
+    assert all(dict(s.phases).get("after-loop") == s.count for s in sites)  # after the loop
     framework_file = sites[0].framework_file
     assert framework_file is not None
     assert framework_file.replace("\\", "/").split("/")[-2] == "metrics"

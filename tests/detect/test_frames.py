@@ -55,6 +55,14 @@ def test_locate_names_the_caller_and_reads_the_call() -> None:
     assert loc.origin == "user"
 
 
+def test_a_relative_filename_is_stored_absolute() -> None:
+    scope: dict[str, object] = {"probe": _probe}
+    exec(compile("loc = probe()", "relative_train.py", "exec"), scope)
+    loc = scope["loc"]
+    assert isinstance(loc, _frames.Location)
+    assert loc.file == os.path.abspath("relative_train.py")
+
+
 def test_locations_are_interned() -> None:
     first = [_probe() for _ in range(3)]
     assert first[0] is first[1] is first[2]

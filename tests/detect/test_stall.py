@@ -59,6 +59,7 @@ def test_nested_syncs_are_counted_once(
     with barrierguard.watch(engine="cuda", policy="record") as guard:
         guard.step()
         f"{x:.2f}"  # Tensor.__format__ -> item(): one sync of 10 ms
+        guard.step()
     sites = [s for s in guard.report.sites if s.step_count]
     assert len(sites) == 1 and sites[0].kind == "format"
     assert sites[0].stall_s == pytest.approx(0.010)
@@ -86,6 +87,7 @@ def test_sites_rank_by_stall(
         for _ in range(5):
             FakeTensor().tolist()  # frequent but untimed
         x.item()  # rare but slow
+        guard.step()
     ranked = guard.report.ranked()
     assert ranked[0].kind == "item"
     assert "stalled 50.00 ms in all" in str(guard.report)
@@ -106,6 +108,7 @@ def test_indexing_is_timed_once_it_has_synced(
         for _ in range(3):
             x[mask]  # I-site
         assert torch.Tensor.__getitem__ is not wrapped_before  # timed from now on
+        guard.step()
     site = next(s for s in guard.report.sites if s.kind == "index")
     assert site.count == 3 and site.stall_count == 2
     assert site.stall_s == pytest.approx(0.010)

@@ -60,6 +60,7 @@ def test_stall_matches_the_kernel(op: str, ms: int, cycles_per_ms: float) -> Non
         guard.step()
         torch.cuda._sleep(int(ms * cycles_per_ms))
         OPS[op](x)
+        guard.step()  # closes the measured step
     sites = [s for s in guard.report.sites if s.step_count and s.file == __file__]
     assert all(s.stall_count == s.step_count for s in sites), sites
     stall = sum(s.stall_s or 0.0 for s in sites)
@@ -91,6 +92,7 @@ def test_stalls_add_up_to_what_the_syncs_cost(cycles_per_ms: float) -> None:
         guard.step()
         t0 = time.perf_counter()
         loop(True)
+        guard.step()  # closes the measured step
         torch.cuda.synchronize()
         with_syncs = time.perf_counter() - t0
     stalls = sum(s.stall_s or 0.0 for s in guard.report.sites if s.kind in ("item", "copy"))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _gate_helpers import PLAIN_LOOP, READ_IN_LOOP
 from barrierguard import Report
 from barrierguard.cli.main import main
 from barrierguard.integrations import pytest_plugin as _pytest_plugin
@@ -124,7 +125,7 @@ def test_warn_policy_passes_with_one_warning_per_site(sandbox: pytest.Pytester) 
     result = sandbox.runpytest(*PLUGIN, "--barrierguard=warn")
     result.assert_outcomes(passed=2, warnings=1)
     out = result.stdout.str()
-    assert "SyncWarning: item sync at" in out
+    assert "SyncWarning: BG101 item sync at" in out
     assert "1 test(s) failed by barrierguard" not in out
 
 
@@ -422,6 +423,73 @@ def test_an_internal_fault_is_a_warning_not_a_failure(
     assert "internal error in barrierguard: RuntimeError: boom" in result.stdout.str()
 
 
+# The plain loop of the fix messages, run by tests: a read after the loop, a read inside.
+PLAIN = """\
+import runpy
+
+
+def test_read_after_the_loop():
+    runpy.run_path("loop_after.py")
+
+
+def test_read_inside_the_loop():
+    runpy.run_path("loop_inside.py")
+"""
+
+
+def test_a_read_after_the_loop_passes_one_inside_fails(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain=PLAIN, loop_after=PLAIN_LOOP, loop_inside=READ_IN_LOOP)
+    result = pytester.runpytest(*PLUGIN, "--barrierguard=error")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*FAILED test_plain.py::test_read_inside_the_loop*"])
+    line = _line(READ_IN_LOOP, "print(loss.item())")
+    assert f"loop_inside.py:{line}" in result.stdout.str()
+
+
+# Seven watched tests with different steps and syncs, for the xdist run.
+MANY = """\
+import pytest
+import torch
+
+from _fake_cuda import FakeTensor
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_loop(n):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    t = FakeTensor()
+    t.item()  # setup
+    for _ in range(n + 1):
+        for _ in range(n % 3):
+            t.tolist()  # in the loop
+        opt.step()
+    t.item()  # after the loop
+"""
+
+
+def _summary(report: Report) -> tuple[object, ...]:
+    sites = sorted(
+        (s.code, s.count, s.setup_count, s.step_count, dict(s.phases).get("after-loop", 0))
+        for s in report.sites
+    )
+    return (report.steps, report.measured_steps, report.total_syncs, report.step_syncs, sites)
+
+
+def test_xdist_workers_make_the_serial_report(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(_fake_cuda=FAKE.read_text(), conftest=CONFTEST, test_many=MANY)
+    serial, parallel = pytester.path / "serial.json", pytester.path / "parallel.json"
+    args = (*PLUGIN, "-p", "xdist.plugin", "--barrierguard=record")
+    pytester.runpytest_subprocess(*args, f"--barrierguard-report={serial}").assert_outcomes(
+        passed=7
+    )
+    result = pytester.runpytest_subprocess(*args, "-n", "2", f"--barrierguard-report={parallel}")
+    result.assert_outcomes(passed=7)
+    assert "7 test(s) watched" in result.stdout.str()
+    one, two = Report.load(serial), Report.load(parallel)
+    assert _summary(one) == _summary(two)
+    assert one.steps == sum(n + 1 for n in range(1, 8))
+
+
 _EXIT_BODIES = {
     "return": ("pass", pytest.ExitCode.OK),
     "exception": ("raise ValueError('out')", pytest.ExitCode.TESTS_FAILED),
@@ -458,3 +526,62 @@ def test_every_exit_path_of_a_watched_test_restores_everything(
     )
     assert result.ret == code
     assert global_state() == before
+
+
+def test_github_format_annotates_the_failing_line(sandbox: pytest.Pytester) -> None:
+    result = sandbox.runpytest(*PLUGIN, "--barrierguard=error", "--barrierguard-format=github")
+    result.assert_outcomes(passed=1, failed=1)
+    line = _line(LOOP, "BAD-ITEM")
+    result.stdout.fnmatch_lines(
+        [f"::error file=test_loop.py,line={line},title=barrierguard BG101 item::item sync: *"]
+    )
+
+
+def test_sarif_format_writes_a_log(sandbox: pytest.Pytester) -> None:
+    result = sandbox.runpytest(*PLUGIN, "--barrierguard=warn", "--barrierguard-format=sarif")
+    result.assert_outcomes(passed=2, warnings=1)
+    log = json.loads((sandbox.path / "barrierguard.sarif").read_text())
+    (res,) = log["runs"][0]["results"]
+    assert (res["ruleId"], res["level"]) == ("BG101", "warning")
+    region = res["locations"][0]["physicalLocation"]["region"]
+    assert region["startLine"] == _line(LOOP, "BAD-ITEM")
+
+
+ALLOWED_LOOP = """\
+import barrierguard
+import torch
+
+from _fake_cuda import FakeTensor
+
+
+def test_allowed_where_the_code_is():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    t = FakeTensor(2.0)
+    opt.step()
+    for _ in range(3):
+        t.item()  # barrierguard: allow[BG101]
+        with barrierguard.allowed("tolist", first_only=True):
+            t.tolist()
+        opt.step()
+
+
+def test_first_only_admits_one():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    t = FakeTensor(2.0)
+    opt.step()
+    with barrierguard.allowed("tolist", first_only=True):
+        for _ in range(2):
+            t.tolist()  # SECOND-HIT
+            opt.step()
+"""
+
+
+def test_inline_and_scoped_allow_rules_in_the_plugin(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(_fake_cuda=FAKE.read_text(), conftest=CONFTEST)
+    pytester.makepyfile(test_allowed=ALLOWED_LOOP)
+    result = pytester.runpytest(*PLUGIN, "--barrierguard=error")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "FAILED test_allowed.py::test_first_only_admits_one" in out
+    line = _line(ALLOWED_LOOP, "SECOND-HIT")
+    assert f"test_allowed.py:{line}: tolist (user) first in step 2" in out

@@ -1,4 +1,4 @@
-"""MetricBuffer on CUDA: no sync in 2148 logged steps, one transfer in compute(), NCCL ranks."""
+"""MetricBuffer on CUDA: no sync in 1124 logged steps, one transfer in compute(), NCCL ranks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from _metrics_dist import assert_same, reference, run_world
 from _runif import run_if
 from barrierguard import MetricBuffer
-from barrierguard.metrics.buffer import FLUSH_EVERY
+from barrierguard.metrics.buffer import BLOCK_STEPS
 
 SPECS: dict[str, Any] = {
     "loss": ("mean", "weighted"),
@@ -26,7 +26,7 @@ SPECS: dict[str, Any] = {
     "steps": "count",
 }
 NAMES = tuple(SPECS)
-STEPS = 2 * FLUSH_EVERY + 100  # two folds inside the loop, one in compute()
+STEPS = BLOCK_STEPS + 100  # folds inside the loop, and one in compute()
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 
 
@@ -40,6 +40,12 @@ def _reference(name: str, xs: list[float], ws: list[float]) -> float:
     if red == "count":
         return sum(w)
     return {"min": min, "max": max}[red](xs) if red in ("min", "max") else xs[-1]
+
+
+def _weight(i: int) -> float:
+    """Step ``i``'s weight: 8.0 is logged as a device tensor, the others as Python numbers."""
+    kind = (i // 100) % 3
+    return 8.0 if kind == 0 else 32.0 if kind == 1 else 16.0 + i % 3
 
 
 @run_if(min_cuda_gpus=1)
@@ -57,12 +63,13 @@ def test_steps_of_8_metrics_never_sync_and_compute_transfers_once(nan: str) -> N
     torch.cuda.set_sync_debug_mode("error")
     try:
         for i in range(STEPS):
-            # Views into base (32 KiB) are copied when logged; views into a row of
-            # its own (32 bytes) are kept as they are until the fold.
+            # Views into base, and into a row of its own: copied when logged either way.
             row = base[i] if i % 3 else base[i].clone()
             values = dict(zip(NAMES, row.unbind(0), strict=True))
-            # Python weights on odd steps, a device weight on even ones.
-            buf.update(**values, n=32 if i % 2 else weight_tensor)
+            # Python weights in some blocks of steps, a device weight in the others
+            # (a change of kind folds the rows in), and varying Python weights.
+            w = _weight(i)
+            buf.update(**values, n=weight_tensor if w == 8.0 else w)
             side.update(lr=0.1 / (i + 1), per_step=row)  # slow path: a number and a cat
     finally:
         torch.cuda.set_sync_debug_mode(previous)
@@ -78,7 +85,7 @@ def test_steps_of_8_metrics_never_sync_and_compute_transfers_once(nan: str) -> N
     assert len(syncs) == 1, [str(w.message) for w in caught]
 
     table = base.double().cpu().tolist()
-    ws = [32.0 if i % 2 else 8.0 for i in range(STEPS)]
+    ws = [_weight(i) for i in range(STEPS)]
     for j, name in enumerate(NAMES):
         want = _reference(name, [r[j] for r in table], ws)
         assert math.isclose(out[name], want, rel_tol=1e-9, abs_tol=1e-9), (name, out[name], want)
@@ -102,7 +109,7 @@ def test_integer_counts_beside_a_bfloat16_loss_stay_exact_without_a_sync() -> No
     loss = torch.full((), 0.5, device=device, dtype=torch.bfloat16)
     tokens = torch.full((), 3001, device=device, dtype=torch.long)
     buf = MetricBuffer({"loss": "mean", "tokens": "sum"})
-    steps = 2 * FLUSH_EVERY + 88  # two folds inside the loop and one in compute()
+    steps = 2 * BLOCK_STEPS + 88  # two folds inside the loop, and one in compute()
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:

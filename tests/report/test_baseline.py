@@ -9,7 +9,8 @@ import pytest
 
 from _fake_cuda import FakeMode
 from _gate_helpers import LOOP, run_loop
-from barrierguard import BarrierGuardError, Report, Site
+from _samples import report, site
+from barrierguard import BarrierGuardError, Site
 from barrierguard.report.baseline import (
     BASELINE_SCHEMA,
     Baseline,
@@ -21,23 +22,11 @@ from barrierguard.report.baseline import (
 
 
 def _site(**kw: object) -> Site:
-    base: dict[str, object] = {
-        "file": "/repo/pkg/train.py",
-        "line": 10,
-        "function": "train",
-        "code": "loss.item()",
-        "kind": "item",
-        "origin": "user",
-        "count": 4,
-        "step_count": 4,
-        "per_step": 1.0,
-    }
-    base.update(kw)
-    return Site(**base)  # type: ignore[arg-type]
+    base: dict[str, object] = {"file": "/repo/pkg/train.py", "line": 10, "count": 4}
+    return site(**{**base, "per_step": 1.0, **kw})
 
 
-def _report(*sites: Site) -> Report:
-    return Report(engine="cuda", detection=True, policy="record", sites=sites)
+_report = report
 
 
 @pytest.mark.parametrize(
@@ -74,8 +63,65 @@ def test_site_key_file_is_relative_to_root_else_basename(
 def test_line_numbers_do_not_matter_code_does() -> None:
     base = make_baseline(_report(_site(line=10)), root="/repo")
     assert not [f for f in compare(base, _report(_site(line=99)), root="/repo") if f.fails]
-    found = compare(base, _report(_site(line=10, code="loss.tolist()")), root="/repo")
+    # Other code far away is another site; the old one is gone.
+    found = compare(base, _report(_site(line=40, code="acc = hits.sum().item()")), root="/repo")
     assert [f.change for f in found] == ["new", "gone"]
+
+
+@pytest.mark.parametrize(
+    ("line", "code"),
+    [
+        (10, "value = loss.item() * 2"),  # reworded in place
+        (13, "value = float(loss.item())"),  # reworded and moved a few lines
+        (30, "val = loss.item()"),  # moved further, but alike
+    ],
+)
+def test_an_edited_line_is_matched_by_its_place(line: int, code: str) -> None:
+    base = make_baseline(_report(_site(line=10, code="value = loss.item()")), root="/repo")
+    found = compare(base, _report(_site(line=line, code=code)), root="/repo")
+    assert [f.change for f in found] == ["matched"]
+    assert not found[0].fails
+    assert "is the baseline's 'value = loss.item()' (line 10)" in found[0].describe()
+
+
+def test_an_edited_loop_line_that_syncs_more_still_fails() -> None:
+    base = make_baseline(_report(_site(code="value = loss.item()")), root="/repo")
+    now = _report(_site(code="value = loss.item() + 1", per_step=2.0))
+    assert [(f.change, f.fails) for f in compare(base, now, root="/repo")] == [
+        ("matched", False),
+        ("grew", True),
+    ]
+
+
+def _setup_site(**kw: object) -> Site:
+    return _site(**{"step_count": 0, "per_step": 0.0, "setup_count": 4, **kw})
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        _setup_site(code="opt = make_optimizer(model)", line=3),  # a new setup line
+        _setup_site(code="model = build().to(device)", line=3),  # twice as many setup lines
+        _setup_site(kind="copy", code="x = batch.to(device)", line=3),
+    ],
+)
+def test_sites_outside_the_loop_never_regress(now: Site) -> None:
+    base = make_baseline(
+        _report(_site(), _setup_site(code="model = build().to(device)", line=2)), root="/repo"
+    )
+    found = compare(
+        base,
+        _report(_site(), _setup_site(code="model = build().to(device)", line=2), now),
+        root="/repo",
+    )
+    assert found and not [f for f in found if f.fails]
+    assert "outside the loop" in found[0].describe()
+
+
+def test_a_setup_line_moved_into_the_loop_fails() -> None:
+    base = make_baseline(_report(_setup_site()), root="/repo")
+    found = compare(base, _report(_site()), root="/repo")
+    assert [(f.change, f.fails) for f in found] == [("grew", True)]
 
 
 @pytest.mark.parametrize(

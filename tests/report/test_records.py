@@ -8,18 +8,14 @@ from pathlib import Path
 import pytest
 
 import barrierguard
-from barrierguard import Report, Site, Violation
+from _samples import site
+from barrierguard import Report, Violation
 
 
 def _report() -> Report:
     sites = (
-        Site(
-            file="/w/train.py",
-            line=12,
-            function="train",
+        site(
             code="running += loss.item()",
-            kind="item",
-            origin="user",
             count=11,
             setup_count=1,
             step_count=10,
@@ -27,8 +23,7 @@ def _report() -> Report:
             steps=((1, 10),),
             fix="keep it on the device",
         ),
-        Site(
-            file="/w/train.py",
+        site(
             line=30,
             function="fit",
             code="trainer.fit(model)",

@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import pytest
 
+from _samples import report, site
 from barrierguard import BarrierGuardError, Report, Site
 
 
 def _site(line: int, count: int, step_count: int, **kw: object) -> Site:
-    return Site(
-        file="/w/train.py",
-        line=line,
-        function="main",
-        code="x",
-        kind="item",
-        origin="user",
-        count=count,
-        step_count=step_count,
-        **kw,  # type: ignore[arg-type]
-    )
+    return site(line=line, function="main", code="x", count=count, step_count=step_count, **kw)
 
 
 def _report(*sites: Site, steps: int = 4) -> Report:
-    return Report(
+    return report(
+        *sites,
         engine="audit",
-        detection=True,
-        policy="record",
         steps=steps,
         measured_steps=steps,
-        sites=sites,
         syncs_per_step=(1,) * (steps + 1),
     )
 

@@ -6,21 +6,19 @@ from dataclasses import replace
 
 import pytest
 
+from _samples import site
 from barrierguard import Report, Site
 from barrierguard.report.ranks import RankSummary, hidden_fraction, job_cost, rank_ranges
 from barrierguard.report.records import Timeline
 
 
 def _site(line: int, steps: int, stall: float | None, kind: str = "item") -> Site:
-    return Site(
-        file="/w/train.py",
+    return site(
         line=line,
         function="main",
         code=f"line {line}",
         kind=kind,
-        origin="user",
         count=steps,
-        step_count=steps,
         per_step=1.0,
         steps=((1, steps),),
         stall_s=stall,

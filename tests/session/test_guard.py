@@ -41,6 +41,30 @@ def test_two_optimizers_make_one_step() -> None:
     assert guard.report.steps == 3
 
 
+def test_layer_wise_optimizers_count_every_step() -> None:
+    first, opt_a = _sgd()
+    second, opt_b = _sgd()
+    with barrierguard.watch(policy="record") as guard:
+        for _ in range(30):
+            _train_step(first, opt_a)
+        for _ in range(30):
+            _train_step(second, opt_b)
+    assert guard.report.steps == 60
+    assert len(guard.report.syncs_per_step) == 61
+
+
+def test_gan_optimizers_after_a_generator_warmup_make_one_step_each_iteration() -> None:
+    gen, opt_g = _sgd()
+    disc, opt_d = _sgd()
+    with barrierguard.watch(policy="record") as guard:
+        for _ in range(2):
+            _train_step(gen, opt_g)  # the generator alone first
+        for _ in range(3):
+            _train_step(disc, opt_d)
+            _train_step(gen, opt_g)
+    assert guard.report.steps == 5
+
+
 def test_manual_steps_take_over_from_optimizer_steps() -> None:
     model, opt = _sgd()
     with barrierguard.watch(policy="record") as guard:
@@ -75,12 +99,14 @@ def test_decorator_forms(fake_cuda: FakeMode) -> None:
 
     @barrierguard.watch(engine="cuda", policy="record")
     def train() -> float:
-        barrierguard_guard.step()
-        return t.item()
+        for _ in range(2):
+            barrierguard_guard.step()
+            value = t.item()
+        return value
 
     barrierguard_guard = train.guard  # type: ignore[attr-defined]
     assert train() == 1.0
-    assert train.guard.report.step_syncs == 1  # type: ignore[attr-defined]
+    assert train.guard.report.step_syncs == 2  # type: ignore[attr-defined]
 
     @barrierguard.watch
     def bare() -> int:

@@ -23,6 +23,7 @@ def test_apart_phases_stay_out_of_steps_and_policy(
     guard._phase = phase
     monkeypatch.setattr(frameworks, "annotate", lambda frame: ("logger", None))
     guard._record(LOC, 1)
+    guard.step()  # closes step 1: the verdict on a site first seen there is given here
     report = guard.report
     (site,) = report.sites
     assert site.count == 1

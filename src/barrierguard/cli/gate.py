@@ -47,7 +47,10 @@ def _need_detection(report: Report, path: str) -> None:
 
 def _print_findings(findings: list[Finding], label: str) -> int:
     bad = [f for f in findings if f.fails]
-    gone = [f for f in findings if not f.fails]
+    gone = [f for f in findings if f.change == "gone"]
+    for f in findings:
+        if not f.fails and f.change != "gone":
+            print(f"barrierguard: info: {f.describe()}")
     for f in bad:
         print(f"barrierguard: {f.describe()}")
     if bad:
@@ -72,7 +75,25 @@ def _check(ns: argparse.Namespace) -> int:
     report = Report.load(ns.report)
     _need_detection(report, ns.report)
     findings = compare(baseline, report, root=ns.root, tolerance=ns.tolerance)
-    return _print_findings(findings, f"check of {ns.report} against {ns.baseline}")
+    code = _print_findings(findings, f"check of {ns.report} against {ns.baseline}")
+    fmt = getattr(ns, "format", "text")
+    if fmt != "text":
+        from dataclasses import replace
+
+        from barrierguard.cli.output import emit
+
+        # Only the regressions are annotated, each with what the check says of it.
+        failed = [f for f in findings if f.fails and f.site is not None]
+        messages = {f.site.key: f.describe() for f in failed if f.site is not None}
+        sites = tuple({f.site.key: f.site for f in failed if f.site is not None}.values())
+        emit(
+            replace(report, policy="error", sites=sites),
+            fmt,
+            getattr(ns, "format_out", None),
+            failing=set(messages),
+            messages=messages,
+        )
+    return code
 
 
 def _render(report: Report, fmt: str, path: str | None) -> str:
@@ -105,7 +126,7 @@ def _diff(ns: argparse.Namespace) -> int:
     _need_detection(b, ns.b)
     findings = compare(make_baseline(a, root=ns.root), b, root=ns.root)
     for f in findings:
-        if not f.fails:
+        if f.change == "gone":
             print(f"barrierguard: {f.describe()}")
     per_a = a.step_syncs / a.measured_steps if a.measured_steps else 0.0
     per_b = b.step_syncs / b.measured_steps if b.measured_steps else 0.0

@@ -12,10 +12,14 @@ import importlib.util
 import os
 import runpy
 import sys
+import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 
 from barrierguard._errors import BarrierGuardError, SyncError
+from barrierguard.cli import follow
+from barrierguard.cli.output import CI_FORMATS, FORMAT_HELP, emit, write_html
 from barrierguard.session import ranks
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import ENGINES, POLICIES
@@ -28,26 +32,60 @@ EXIT_USAGE = 2
 EXIT_REGRESSION = 1
 
 
-def _guard_options(p: argparse.ArgumentParser) -> None:
+def _guard_options(p: argparse.ArgumentParser, default_policy: str = "warn") -> None:
     p.add_argument(
         "--policy",
-        help=f"one of {', '.join(POLICIES)} (default: $BARRIERGUARD_POLICY, else warn)",
+        help=f"one of {', '.join(POLICIES)}: record counts, warn warns once per line, error "
+        f"fails (exit 3) (default: $BARRIERGUARD_POLICY, else {default_policy})",
     )
-    p.add_argument("--engine", default="auto", help=f"one of {', '.join(ENGINES)} (default auto)")
-    p.add_argument("--warmup-steps", type=int, default=0, metavar="N")
+    p.add_argument(
+        "--engine",
+        default="auto",
+        help=f"one of {', '.join(ENGINES)}: cuda on a GPU, audit on a CPU (default auto: "
+        "cuda when CUDA is available, else audit)",
+    )
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="treat the first N steps as setup: recorded, never held against the policy "
+        "(default 0; everything before the first step is setup anyway)",
+    )
     p.add_argument(
         "--allow",
         action="append",
         default=[],
         metavar="RULE",
-        help="allow rule: a kind, framework:<name>, mechanism:<name>, or file.py:LINE (repeatable)",
+        help="accept matching syncs (repeatable): a kind or rule code (item, BG101), an origin "
+        "(user, framework:lightning, framework:*), mechanism:<name>, or a file and lines: "
+        "train.py:42, train.py:40-50, train.py:*, or a glob such as 'src/*/metrics.py:*'",
     )
-    p.add_argument("--max-syncs-per-step", type=int, default=None, metavar="N")
+    p.add_argument(
+        "--max-syncs-per-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a budget: up to N not-allowed syncs per measured step pass, the N+1th breaks "
+        "the policy (default: none pass)",
+    )
     p.add_argument(
         "--out",
         metavar="FILE",
-        help="write the report as JSON to FILE; under torchrun each rank writes its own "
+        help="write the report as JSON to FILE; under torchrun, and for the ranks that "
+        "'run' follows (children re-running the script), each rank writes its own "
         "(FILE.rank<N>.json, or {rank} in FILE), for barrierguard merge",
+    )
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the report as one self-contained HTML page to FILE",
+    )
+    p.add_argument("--format", choices=CI_FORMATS, default="text", help=FORMAT_HELP)
+    p.add_argument(
+        "--format-out",
+        metavar="FILE",
+        help="write the --format output (github, sarif) to FILE instead of stdout",
     )
 
 
@@ -63,12 +101,28 @@ def _parser() -> argparse.ArgumentParser:
         usage="barrierguard run [options] (script.py | -m module) [args ...]",
     )
     _guard_options(run)
-    run.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    run.add_argument(
+        "-m", dest="module", metavar="MODULE", help="run a module, like python -m MODULE"
+    )
+    run.add_argument(
+        "--capture-probe",
+        metavar="FUNC",
+        default=False,
+        help="after warm-up, try to capture the first call of the function named FUNC (the "
+        "step) with torch.cuda.graph, never replayed, and report the first line that blocks "
+        "capture (docs/compile.md)",
+    )
     run.add_argument("target", nargs=argparse.REMAINDER, help="script.py [args ...]")
-    demo = sub.add_parser("demo", help="train a small model with typical barriers, then report")
-    _guard_options(demo)
+    demo = sub.add_parser(
+        "demo",
+        help="train a small model with typical barriers, then report (policy record: it shows "
+        "the report and exits 0)",
+    )
+    _guard_options(demo, default_policy="record")
     demo.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
-    demo.add_argument("--steps", type=int, default=30)
+    demo.add_argument(
+        "--steps", type=int, default=30, metavar="N", help="training steps (default 30)"
+    )
     _gate_commands(sub)
     return parser
 
@@ -110,9 +164,25 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="X",
         help="how much a site's syncs per step may grow before it fails (default 0)",
     )
+    check.add_argument(
+        "--format",
+        choices=CI_FORMATS,
+        default="text",
+        help="also print each regression as: " + FORMAT_HELP,
+    )
+    check.add_argument(
+        "--format-out",
+        metavar="FILE",
+        help="write the --format output (github, sarif) to FILE instead of stdout",
+    )
     show = sub.add_parser("report", help="show a saved report as text, JSON or HTML")
     show.add_argument("report", metavar="REPORT.json")
-    show.add_argument("--format", choices=("text", "json", "html"), default="text")
+    show.add_argument(
+        "--format",
+        choices=("text", "json", "html"),
+        default="text",
+        help="text (the console report, the default), json, or html (one self-contained page)",
+    )
     show.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout")
     diff = sub.add_parser(
         "diff", help="what report B adds over report A (exit 1 when B has new sites)"
@@ -146,33 +216,71 @@ def _make_guard(ns: argparse.Namespace) -> Guard:
         warmup_steps=ns.warmup_steps,
         allow=ns.allow,
         max_syncs_per_step=ns.max_syncs_per_step,
+        capture_probe=getattr(ns, "capture_probe", False),
     )
     return guard
 
 
-def _finish(guard: Guard, ns: argparse.Namespace, code: int) -> int:
+# How long rank 0 waits for the other ranks' files before saying which it found.
+RANK_FILES_WAIT_S = 10.0
+
+
+def _finish(
+    guard: Guard,
+    ns: argparse.Namespace,
+    code: int,
+    probe: follow.RankProbe | None = None,
+    started: float = 0.0,
+) -> int:
     report = guard.report
     world = ranks.world_size()
+    if probe is not None:
+        # The process group may be gone by now: the steps saw the rank.
+        probe(guard.steps)
+        world = max(world, probe.world)
+        if report.rank is None and probe.rank is not None:
+            report = replace(report, rank=probe.rank)
     # Under torchrun every rank finishes here: rank 0 prints the report, the
     # others one line each (their files hold the rest).
     if world <= 1 or not report.rank:
         print(report, file=sys.stderr)
     if ns.out:
+        path = ranks.rank_path(ns.out, rank=report.rank or 0, world=world)
         try:
-            path = ranks.save(report, ns.out)
+            folder = os.path.dirname(path)
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+            report.save(path)
         except OSError as err:
             raise BarrierGuardError(f"{ns.out}: {err.strerror or err}") from err
         who = f"rank {report.rank} " if world > 1 and report.rank is not None else ""
         print(f"barrierguard: {who}report written to {path}", file=sys.stderr)
         if world > 1 and not report.rank:
-            print(
-                f"barrierguard: {world} ranks write their own reports; merge them with "
-                f"barrierguard merge '{ranks.rank_path(ns.out, rank='*', world=world)}'",
-                file=sys.stderr,
-            )
+            _say_rank_files(ns.out, world, started)
+    if world <= 1 or not report.rank:
+        emit(report, ns.format, ns.format_out)
+        if ns.html:
+            write_html(report, ns.html)
     if report.policy == "error" and not report.ok:
         return EXIT_POLICY
     return code
+
+
+def _say_rank_files(out: str, world: int, started: float) -> None:
+    """Rank 0's line on the rank files: those written by now, and those missing."""
+    found = follow.wait_for_ranks(out, world, since=started, timeout=RANK_FILES_WAIT_S)
+    missing = [r for r in range(world) if r not in found]
+    text = (
+        f"barrierguard: {len(found)} of {world} rank reports written "
+        f"({', '.join(found.values()) or 'none'})"
+    )
+    if missing:
+        text += (
+            f"; none yet from rank {', '.join(map(str, missing))} (a rank still running, or "
+            "one that barrierguard did not follow: see docs/distributed.md)"
+        )
+    pattern = ranks.rank_path(out, rank="*", world=world)
+    print(f"{text}; merge them with barrierguard merge '{pattern}'", file=sys.stderr)
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -214,6 +322,22 @@ def _run(ns: argparse.Namespace) -> int:
             # The script may change directory: the report goes where it was asked for.
             ns.out = os.path.abspath(ns.out)
         guard = _make_guard(ns)
+        probe = follow.RankProbe()
+        guard.add_step_listener(probe)
+        job = follow.settings(
+            {
+                "policy": ns.policy,
+                "engine": ns.engine,
+                "warmup_steps": ns.warmup_steps,
+                "allow": list(ns.allow),
+                "max_syncs_per_step": ns.max_syncs_per_step,
+                "out": ns.out,
+            },
+            None if ns.module else argv[0],
+            ns.module,
+            ns.target,
+        )
+        started = time.time() - 1.0  # file times may be coarser than the clock
         # Before the script runs, so that an engine that cannot run here
         # (--engine cuda without CUDA) is a usage error, not the script's.
         guard.start()
@@ -223,17 +347,20 @@ def _run(ns: argparse.Namespace) -> int:
     sys.argv = argv
     code = 0
     try:
-        try:
-            if ns.module:
-                runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(argv[0], run_name="__main__")
-        except BaseException:
-            # Restore everything; the script's own exception is the news.
-            guard._deferred.clear()
-            guard._stop(act=False)
-            raise
-        guard.stop()
+        with follow.following(job):
+            try:
+                if ns.module:
+                    runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+                else:
+                    # An absolute path, as `python train.py` gives the script's code
+                    # (the report's files are absolute); argv[0] stays as typed.
+                    runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+            except BaseException:
+                # Restore everything; the script's own exception is the news.
+                guard._deferred.clear()
+                guard._stop(act=False)
+                raise
+            guard.stop()
     except SystemExit as exc:
         code = _exit_code(exc)
     except SyncError:
@@ -247,7 +374,7 @@ def _run(ns: argparse.Namespace) -> int:
         code = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    return _finish(guard, ns, code)
+    return _finish(guard, ns, code, probe, started)
 
 
 def _demo(ns: argparse.Namespace) -> int:
@@ -284,6 +411,9 @@ def _split_module(argv: list[str]) -> list[str]:
         "--allow",
         "--max-syncs-per-step",
         "--out",
+        "--format",
+        "--format-out",
+        "--html",
     }
     i = 1
     while i < len(argv):

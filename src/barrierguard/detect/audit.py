@@ -62,7 +62,8 @@ from barrierguard.detect.audit_provenance import (
     _stack_push,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
-from barrierguard.detect.audit_rules import build_rules, tagged_ops
+from barrierguard.detect.audit_rules import build_rules, install_patches, tagged_ops
+from barrierguard.detect.audit_warnings import WarningRelay
 from barrierguard.detect.frames import locate
 from barrierguard.detect.patch import Patches
 
@@ -81,6 +82,7 @@ class AuditEngine:
         self._thread = 0
         self._suspended = False
         self._depth = 0
+        self._relay = WarningRelay()
 
     # -- install / uninstall --------------------------------------------------
     def install(self) -> None:
@@ -94,6 +96,7 @@ class AuditEngine:
         try:
             mode = AuditMode(self, build_rules())
             self._patch_calls(mode)
+            self._relay.install()
             self._hooks.append(register_optimizer_step_pre_hook(self._pause))
             self._hooks.append(register_optimizer_step_post_hook(self._resume))
             self._mode = mode
@@ -120,6 +123,7 @@ class AuditEngine:
             while self._hooks:
                 self._hooks.pop().remove()
             self._patches.undo()
+            self._relay.uninstall()
             self._suspended = False
 
     def release(self, thread_ident: int) -> None:
@@ -179,7 +183,7 @@ class AuditEngine:
 
         node.register_prehook(prehook)
 
-    def _record(self, kind: str, detail: str) -> None:
+    def _record(self, kind: str | None, detail: str) -> None:
         mode = self._mode
         if mode is None or not mode.active:
             return
@@ -315,6 +319,8 @@ class AuditEngine:
             record=lambda detail, stall: record("collective", detail),
             hush=aside,
         )
+        # torch.save / torch.load of device tensors, cuDNN's flatten_parameters.
+        install_patches(self._patches, mode, record, aside)
 
 
 def _on_stack(mode: TorchFunctionMode) -> bool:

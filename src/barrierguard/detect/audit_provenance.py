@@ -24,6 +24,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from barrierguard.detect import hub
+from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.cuda import PAGEABLE_BLOCKING_BYTES
 from barrierguard.detect.frames import (
     OWN,
@@ -84,6 +85,13 @@ class EngineHooks(Protocol):
         """Watch the backward of ``node`` (a mask index's gradient syncs there)."""
 
 
+# While dynamo traces a compiled function it runs this mode's Python too: the
+# mode steps aside there (its stack walks would break the graph), and sees the
+# calls when the compiled code runs them, or where a graph break left them to
+# eager mode. ``torch.compiler.is_compiling`` is constant-folded by dynamo.
+_compiling = torch.compiler.is_compiling
+
+
 def _is_param(t: Tensor) -> bool:
     # Parameter's metaclass makes isinstance() a Python call: plain tensors
     # (the hot case) skip it.
@@ -108,6 +116,7 @@ class AuditMode(TorchFunctionMode):
 
     def __init__(self, engine: EngineHooks, rules: dict[Any, Rule]) -> None:
         super().__init__()
+        not_a_dynamo_frame(type(self).__torch_function__.__code__)
         self.engine = engine
         self.rules = rules
         self.active = True
@@ -196,11 +205,18 @@ class AuditMode(TorchFunctionMode):
         """Whether the call that asked for the "cpu" device names it literally."""
         cache = _classifier._cache
         f: FrameType | None = sys._getframe(1)
+        first = True
         while f is not None:
             name = f.f_code.co_filename
             category = (cache.get(name) or classify_file(name))[0]
             if category != OWN and category != TORCH:
                 break
+            if category == TORCH and first:
+                first = False
+                # dynamo's calling convention wraps a Python number as a CPU
+                # scalar tensor for a compiled graph: a host tensor.
+                if f.f_code.co_name == "_as_tensor_fullprec":
+                    return True
             f = f.f_back
         if f is None:
             return False
@@ -221,7 +237,9 @@ class AuditMode(TorchFunctionMode):
     ) -> Any:
         if kwargs is None:
             kwargs = {}
-        if not self.active:  # stopped from another thread: inert until removed
+        # Inert once stopped from another thread (until removed), and while
+        # dynamo traces: the compiled graph's own calls are seen when they run.
+        if not self.active or _compiling():
             return func(*args, **kwargs)
         try:
             rule = self.rules.get(func)

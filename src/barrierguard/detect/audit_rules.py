@@ -9,9 +9,13 @@ a release of barrierguard.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import sys
+import weakref
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import FrameType
 from typing import Any
 
@@ -27,8 +31,9 @@ from barrierguard.detect.audit_provenance import (
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.cuda import _nonblocking
 from barrierguard.detect.frameworks import package_path
+from barrierguard.detect.patch import Patches
 
-__all__ = ["build_rules", "tagged_ops"]
+__all__ = ["build_rules", "install_patches", "tagged_ops"]
 
 
 @functools.cache
@@ -63,16 +68,28 @@ def tagged_ops() -> dict[str, str]:
     return found
 
 
-def _reader(kind: str) -> Rule:
+def _reader(
+    kind: str,
+    detail: str = "",
+    when: Callable[[], bool] | None = None,
+    hit: Callable[[], None] | None = None,
+) -> Rule:
+    """A rule that records ``kind`` when the call's tensor is a device tensor
+    (and ``when()``, if given, says the call counts); ``hit()`` is told."""
+
     def rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)
+        if when is not None and not when():
+            return out
         try:
-            hit = bool(args) and isinstance(args[0], Tensor) and mode.is_dev(args[0])
+            dev = bool(args) and isinstance(args[0], Tensor) and mode.is_dev(args[0])
         except Exception as exc:
             _fault(exc)
             return out
-        if hit:
-            mode.record(kind)
+        if dev:
+            if hit is not None:
+                hit()
+            mode.record(kind, detail)
         return out
 
     return rule
@@ -243,18 +260,50 @@ def _tensor_rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict
     return out
 
 
+def _host_index(index: Any) -> bool:
+    """Whether ``index`` holds a Python list or range (or a numpy array) of integers.
+
+    Torch turns such an index into a host tensor and copies it to the indexed
+    tensor's device with a blocking copy: ``x[[0, 2]]``, ``x[range(n), y]``.
+
+    Example:
+        >>> _host_index([0, 2]), _host_index((range(3), 1)), _host_index((0, 1))
+        (True, True, False)
+    """
+    parts = index if isinstance(index, tuple) else (index,)
+    for part in parts:
+        if isinstance(part, range):
+            if len(part):
+                return True
+        elif isinstance(part, list):
+            if part and all(isinstance(i, int) for i in part):
+                return True
+        elif type(part).__name__ == "ndarray" and part.size:
+            return True
+    return False
+
+
+def _index_verdict(mode: AuditMode, args: tuple[Any, ...]) -> tuple[str, str] | None:
+    index = args[1]
+    if any(mode.is_dev(m) for m in _masks(index)):
+        return ("index", "")
+    if isinstance(args[0], Tensor) and _host_index(index) and mode.is_dev(args[0]):
+        return ("index", "list")
+    return None
+
+
 def _getitem_rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     out = func(*args, **kwargs)
     try:
         mode.propagate(args, kwargs, out)
-        hit = any(mode.is_dev(m) for m in _masks(args[1])) if len(args) > 1 else False
-        if hit and isinstance(out, Tensor) and out.grad_fn is not None:
+        verdict = _index_verdict(mode, args) if len(args) > 1 else None
+        if verdict == ("index", "") and isinstance(out, Tensor) and out.grad_fn is not None:
             mode.engine.watch_backward(out.grad_fn)
     except Exception as exc:
         _fault(exc)
         return out
-    if hit:
-        mode.record("index")
+    if verdict is not None:
+        mode.record(*verdict)
     return out
 
 
@@ -263,9 +312,10 @@ def _setitem_rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dic
     verdict: tuple[str, str] | None = None
     try:
         if len(args) >= 3:
-            dst, index, value = args[0], args[1], args[2]
-            if any(mode.is_dev(m) for m in _masks(index)):
-                verdict = ("index", "")
+            dst, value = args[0], args[2]
+            verdict = _index_verdict(mode, args)
+            if verdict is not None:
+                pass
             elif (
                 isinstance(dst, Tensor)
                 and isinstance(value, Tensor)
@@ -366,3 +416,192 @@ def build_rules() -> dict[Any, Rule]:
     rules[Tensor.__getitem__] = _getitem_rule
     rules[Tensor.__setitem__] = _setitem_rule
     return rules
+
+
+# -- checkpoints and cuDNN RNNs: calls the mode does not see whole ----------------
+Record = Callable[[str | None, str], None]
+
+
+class _Checkpoints:
+    """What ``torch.save`` wrote from the device, for ``torch.load`` to read back.
+
+    A GPU run's ``torch.save`` copies every device tensor to the host (one
+    blocking copy each); a ``torch.load`` without ``map_location`` puts them
+    back where they were saved, onto the device.
+    """
+
+    def __init__(self) -> None:
+        self.saving = 0
+        self.device_tensors = 0
+        self.paths: set[str] = set()
+        self.buffers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def saw_device_tensor(self) -> None:
+        self.device_tensors += 1
+
+    def remember(self, f: Any) -> None:
+        key = _file_key(f)
+        if isinstance(key, str):
+            self.paths.add(key)
+        elif key is not None:
+            with contextlib.suppress(TypeError):
+                self.buffers.add(key)
+
+    def holds_device_tensors(self, f: Any) -> bool:
+        key = _file_key(f)
+        if isinstance(key, str):
+            return key in self.paths
+        try:
+            return key is not None and key in self.buffers
+        except TypeError:
+            return False
+
+
+def _file_key(f: Any) -> Any:
+    """A file's path, absolute, or the file object itself (a ``BytesIO``)."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(f))
+    name = getattr(f, "name", None)
+    if isinstance(name, str) and not name.startswith("<"):
+        return os.path.abspath(name)
+    return f
+
+
+def _mark_loaded(mode: AuditMode, obj: Any, dev: bool, depth: int = 0) -> bool:
+    """Mark every tensor in what ``torch.load`` returned as on the device (``dev``)
+    or the host; whether there was one."""
+    if depth > 20:
+        return False
+    if isinstance(obj, Tensor):
+        mode.mark(obj, dev)
+        return True
+    if isinstance(obj, torch.nn.Module):
+        found = False
+        for t in (*obj.parameters(), *obj.buffers()):
+            mode.mark(t, dev)
+            found = True
+        return found
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        found = False
+        for item in obj:
+            found = _mark_loaded(mode, item, dev, depth + 1) or found
+        return found
+    return False
+
+
+def _load_target(mode: AuditMode, state: _Checkpoints, f: Any, where: Any) -> bool:
+    """Whether ``torch.load(f, map_location=where)`` would load onto the device."""
+    if where is None:
+        return state.holds_device_tensors(f)
+    if isinstance(where, dict):
+        return any(mode.training(v) for v in where.values())
+    if callable(where):
+        return False  # a function decides per storage: not known here, stay quiet
+    return bool(mode.training(where))
+
+
+def _flattens_on_gpu(mode: AuditMode, rnn: Any) -> bool:
+    """Whether ``rnn.flatten_parameters()`` would run cuDNN's flatten on a GPU.
+
+    The same conditions as ``RNNBase.flatten_parameters``, with "is on CUDA"
+    read as "would live on the device".
+    """
+    weights = getattr(rnn, "_flat_weights", None)
+    names = getattr(rnn, "_flat_weights_names", None)
+    if not weights or names is None or len(weights) != len(names):
+        return False
+    if not all(isinstance(w, Tensor) for w in weights):
+        return False
+    dtype = weights[0].dtype
+    if not torch.backends.cudnn.enabled:
+        return False
+    for w in weights:
+        if w.dtype != dtype or dtype not in _CUDNN_DTYPES or not mode.is_dev(w):
+            return False
+    return len({w.data_ptr() for w in weights}) == len(weights)
+
+
+_CUDNN_DTYPES = frozenset({torch.float16, torch.float32, torch.float64})
+
+
+def install_patches(
+    patches: Patches,
+    mode: AuditMode,
+    record: Record,
+    aside: Callable[[], AbstractContextManager[None]],
+) -> None:
+    """Audit ``torch.save``, ``torch.load`` and ``RNNBase.flatten_parameters``.
+
+    Args:
+        patches: Where the patches go (undone when the engine uninstalls).
+        mode: The running mode; a rule for ``Tensor.untyped_storage`` is added
+            to its table (``torch.save`` reads each tensor's storage once).
+        record: Records a sync at the caller's line: ``record(kind, detail)``,
+            the kind read from the user's call when ``None``.
+        aside: A context in which the mode is off the stack (``torch.load``'s
+            own calls say nothing about the GPU run).
+    """
+    state = _Checkpoints()
+
+    mode.rules[Tensor.untyped_storage] = _reader(
+        "copy", "d2h", when=lambda: state.saving > 0, hit=state.saw_device_tensor
+    )
+    orig_save = torch.save
+    orig_load = torch.load
+
+    @functools.wraps(orig_save)
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        before = state.device_tensors
+        state.saving += 1
+        try:
+            return orig_save(obj, f, *args, **kwargs)
+        finally:
+            state.saving -= 1
+            if state.device_tensors > before:
+                try:
+                    state.remember(f)
+                except Exception as exc:
+                    _fault(exc)
+
+    @functools.wraps(orig_load)
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        if not mode.active:
+            return orig_load(f, *args, **kwargs)
+        # torch.load's own calls (device= of the saved location) say nothing
+        # about the GPU run: the mode steps aside, and the result is marked.
+        with aside():
+            out = orig_load(f, *args, **kwargs)
+        try:
+            where = kwargs.get("map_location", args[0] if args else None)
+            dev = _load_target(mode, state, f, where)
+            hit = _mark_loaded(mode, out, dev) and dev
+        except Exception as exc:
+            _fault(exc)
+            return out
+        if hit:
+            record("copy", "h2d")
+        return out
+
+    orig_flatten = torch.nn.RNNBase.flatten_parameters
+
+    @functools.wraps(orig_flatten)
+    def flatten_parameters(rnn: Any) -> None:
+        orig_flatten(rnn)
+        if not mode.active:
+            return
+        try:
+            hit = _flattens_on_gpu(mode, rnn)
+        except Exception as exc:
+            _fault(exc)
+            return
+        if hit:
+            # The kind of the user's call: `rnn.flatten_parameters()` says
+            # rnn_flatten, `model.to(device)` (which flattens) says copy, as
+            # the CUDA engine reads them.
+            record(None, "")
+
+    patches.set(torch, "save", save)
+    patches.set(torch, "load", load)
+    patches.set(torch.nn.RNNBase, "flatten_parameters", flatten_parameters)

@@ -13,7 +13,6 @@ too soon.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
 import sys
@@ -27,8 +26,9 @@ from typing import Any, cast
 import torch
 
 from barrierguard.detect import distributed, hub
+from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.frames import locate
-from barrierguard.detect.patch import Patches
+from barrierguard.detect.patch import Patches, drop_filter
 
 __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 
@@ -123,6 +123,7 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
         finally:
             tls.t0 = None
 
+    not_a_dynamo_frame(timed.__code__)  # type: ignore[attr-defined]
     return timed
 
 
@@ -151,6 +152,7 @@ def _timed_no_args(orig: Callable[..., Any], compiling: Callable[[], bool]) -> C
         finally:
             tls.t0 = None
 
+    not_a_dynamo_frame(timed.__code__)  # type: ignore[attr-defined]
     return timed
 
 
@@ -243,14 +245,8 @@ class CudaEngine:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None
             if self._filter is not None:
-                lists = [cast("list[Any]", warnings.filters), self._filter_list]
-                for filters in lists[: 1 if lists[0] is lists[1] else 2]:
-                    with contextlib.suppress(ValueError):
-                        filters.remove(self._filter)
+                drop_filter(self._filter, self._filter_list)
                 self._filter_list = []
-                mutated = getattr(warnings, "_filters_mutated", None)
-                if mutated is not None:
-                    mutated()
                 self._filter = None
 
     # -- the sync-debug warning -------------------------------------------

@@ -18,7 +18,7 @@ from types import CodeType, FrameType
 
 from barrierguard.detect.kinds import kind_for_call
 
-__all__ = ["Location", "classify_file", "kind_at", "locate"]
+__all__ = ["Location", "absolute", "classify_file", "kind_at", "locate"]
 
 USER = 0
 TORCH = 1
@@ -58,6 +58,14 @@ _OWN_EXCEPTIONS = {
     _OWN_ROOT + os.path.join("cli", "demo.py"): (USER, ""),
 }
 _OWN_FRAMEWORK_DIRS = ((_OWN_ROOT + "metrics" + os.sep, "barrierguard"),)
+
+
+def _inductor_generated(path: str) -> bool:
+    """Whether ``path`` is code that inductor generated (its cache: kernels, wrappers)."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache and path.startswith(os.path.abspath(cache) + os.sep):
+        return True
+    return any(part.startswith("torchinductor_") for part in path.split(os.sep)[:-1])
 
 
 def _package_root(name: str) -> str | None:
@@ -107,10 +115,15 @@ class _Classifier:
     @staticmethod
     def _classify(filename: str, roots: list[tuple[str, int, str]]) -> tuple[int, str]:
         if filename.startswith("<"):
-            # <frozen runpy> is the standard library; <string>, <stdin> and
-            # notebook cells are the user's own code.
+            # <frozen runpy> is the standard library; <eval_with_key>.N is a
+            # torch.fx graph's code; <string>, <stdin> and notebook cells are
+            # the user's own code.
+            if filename.startswith("<eval_with_key>"):
+                return TORCH, "torch"
             return (LIBRARY, "python") if filename.startswith("<frozen") else (USER, "")
         path = os.path.abspath(filename)
+        if _inductor_generated(path):
+            return TORCH, "torch"
         if path in _OWN_EXCEPTIONS:
             return _OWN_EXCEPTIONS[path]
         for prefix, name in _OWN_FRAMEWORK_DIRS:
@@ -281,7 +294,15 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
         return "call", ""
     kind = kind_for_call(name)
     if kind == "copy":
-        direction = {"cpu": "d2h", "numpy": "d2h", "cuda": "h2d", "tensor": "h2d"}.get(name, "")
+        direction = {
+            "cpu": "d2h",
+            "numpy": "d2h",
+            "save": "d2h",
+            "cuda": "h2d",
+            "tensor": "h2d",
+            "load": "h2d",
+            "load_state_dict": "h2d",
+        }.get(name, "")
         return kind, direction
     return kind, (name if kind in ("call", "collective") else "")
 
@@ -325,6 +346,22 @@ def kind_at(frame: FrameType) -> tuple[str, str]:
 # Keyed by the ids of the code objects (hashing a code object hashes its constants
 # and names); each entry keeps its code objects alive, so the ids stay theirs.
 _location_cache: dict[tuple[object, ...], tuple[Location, CodeType, CodeType]] = {}
+
+
+def absolute(filename: str) -> str:
+    """``filename`` as an absolute path (a script run by a relative path has a
+    relative ``co_filename``); ``<stdin>``, ``<string>`` and the like unchanged.
+
+    Example:
+        >>> import os
+        >>> absolute("train.py") == os.path.join(os.getcwd(), "train.py")
+        True
+        >>> absolute("<stdin>")
+        '<stdin>'
+    """
+    if filename.startswith("<") or os.path.isabs(filename):
+        return filename
+    return os.path.abspath(filename)
 
 
 def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -> Location | None:
@@ -379,19 +416,19 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
         kind, detail = kind_at(probe)
     if framework is not None:
         loc = Location(
-            file=user.f_code.co_filename,
+            file=absolute(user.f_code.co_filename),
             line=user.f_lineno,
             function=user.f_code.co_name,
             kind=kind,
             detail=detail,
             origin="framework:" + framework_name,
-            framework_file=framework.f_code.co_filename,
+            framework_file=absolute(framework.f_code.co_filename),
             framework_line=framework.f_lineno,
             framework_function=framework.f_code.co_name,
         )
     else:
         loc = Location(
-            file=user.f_code.co_filename,
+            file=absolute(user.f_code.co_filename),
             line=user.f_lineno,
             function=user.f_code.co_name,
             kind=kind,

@@ -390,6 +390,24 @@ PHASES.update(
         "transformers/trainer.py:save_model": "checkpoint",
         "transformers/trainer.py:_finalize_training": "teardown",
         "transformers/trainer.py:_load_best_model": "teardown",
+        # torch.compile at work: dynamo tracing a frame, inductor compiling a
+        # graph (the backward one at the first backward), and inductor's
+        # autotuning, which times kernels at their first call (a cold cache).
+        "torch/_dynamo/convert_frame.py:_compile": "compile",
+        "torch/_inductor/compile_fx.py:compile_fx_inner": "compile",
+        "torch/_inductor/compile_fx.py:fx_codegen_and_compile": "compile",
+        "torch/_inductor/runtime/triton_heuristics.py:precompile": "compile",
+        "torch/_inductor/runtime/triton_heuristics.py:benchmark_all_configs": "compile",
+        "torch/_inductor/runtime/triton_heuristics.py:autotune_to_one_config": "compile",
+        "torch/_inductor/runtime/benchmarking.py:benchmark": "compile",
+        "torch/_inductor/runtime/benchmarking.py:benchmark_gpu": "compile",
+        "torch/_inductor/runtime/coordinate_descent_tuner.py:autotune": "compile",
+        "torch/_inductor/select_algorithm.py:__call__": "compile",
+        # mode="reduce-overhead": CUDA-graph trees' warm-up runs and recordings,
+        # once per graph (a replay is none of these).
+        "torch/_inductor/cudagraph_trees.py:run_eager": "compile",
+        "torch/_inductor/cudagraph_trees.py:record_function": "compile",
+        "torch/_inductor/cudagraph_trees.py:_allocate_and_copy_recording_inputs": "compile",
     }
 )
 
@@ -487,7 +505,7 @@ def _entry(code: CodeType) -> _Entry:
 
 # Packages whose functions mark phases; without one of them imported, no sync
 # can be inside such a function and the walk looks only for mechanisms.
-_PHASE_PACKAGES = ("lightning", "pytorch_lightning", "transformers")
+_PHASE_PACKAGES = ("lightning", "pytorch_lightning", "transformers", "torch._dynamo")
 
 
 def annotate(frame: FrameType | None) -> tuple[str | None, str | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["KINDS", "Kind", "fix_for", "kind_for_call"]
+__all__ = ["CODES", "KINDS", "Kind", "code_for", "fix_for", "kind_for_call"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ KINDS: dict[str, Kind] = {
         Kind("complex", "complex(t) reads a device value", "keep it a tensor"),
         Kind(
             "index",
-            "boolean-mask indexing or assignment needs the number of selected elements",
+            "boolean-mask indexing or assignment needs the number of selected elements; "
+            "a Python list or range as an index is copied to the device with a blocking copy",
             "use torch.where(mask, x, 0) or x.masked_fill(~mask, 0) to keep the shape fixed",
         ),
         Kind(
@@ -111,6 +112,13 @@ KINDS: dict[str, Kind] = {
             "unique) and replace it with a fixed-shape op",
         ),
         Kind(
+            "rnn_flatten",
+            "RNN.flatten_parameters() on cuDNN packs the weights into one new buffer, and the "
+            "host waits for the device there",
+            "call flatten_parameters() once, after the model is on the device or loaded, not in "
+            "every step, forward or evaluation",
+        ),
+        Kind(
             "async_d2h",
             "a non_blocking copy to the host returns before the data has arrived",
             "not a barrier but a race: record a torch.cuda.Event after the copy and call "
@@ -131,6 +139,50 @@ KINDS: dict[str, Kind] = {
         ),
     )
 }
+
+# The stable rule code of each kind, as linters number their rules: reports,
+# CI annotations and SARIF name a site by it, and an allow rule may use it
+# (docs/rules.md). A code is never reused for another kind.
+#   BG1xx: a device value read on the host    BG2xx: a copy between host and device
+#   BG3xx: an output size that needs device data    BG4xx: waits, collectives, RNN repacks
+#   BG5xx: inside backward    BG9xx: not named
+CODES: dict[str, str] = {
+    "item": "BG101",
+    "tolist": "BG102",
+    "numpy": "BG103",
+    "int": "BG104",
+    "float": "BG105",
+    "complex": "BG106",
+    "bool": "BG107",
+    "compare": "BG108",
+    "print": "BG111",
+    "format": "BG112",
+    "copy": "BG201",
+    "async_d2h": "BG202",
+    "index": "BG301",
+    "nonzero": "BG302",
+    "masked_select": "BG303",
+    "unique": "BG304",
+    "repeat_interleave": "BG305",
+    "one_hot": "BG306",
+    "dynamic_shape": "BG307",
+    "synchronize": "BG401",
+    "collective": "BG402",
+    "rnn_flatten": "BG403",
+    "backward": "BG501",
+    "call": "BG901",
+}
+
+
+def code_for(kind: str) -> str:
+    """The rule code of ``kind`` (``BG901``, the unnamed call's, for a kind not in the table).
+
+    Example:
+        >>> code_for("item"), code_for("index"), code_for("frobnicate")
+        ('BG101', 'BG301', 'BG901')
+    """
+    return CODES.get(kind, CODES["call"])
+
 
 # Attribute or function names seen at the call site, mapped to a kind.
 _CALL_NAMES: dict[str, str] = {
@@ -167,6 +219,10 @@ _CALL_NAMES: dict[str, str] = {
     "allclose": "compare",
     "equal": "compare",
     "synchronize": "synchronize",
+    "save": "copy",
+    "load": "copy",
+    "load_state_dict": "copy",
+    "flatten_parameters": "rnn_flatten",
     "backward": "backward",
     "grad": "backward",
     "barrier": "collective",
@@ -201,6 +257,11 @@ _COPY_FIXES = {
     ),
 }
 
+
+_INDEX_LIST_FIX = (
+    "build the index on the device once (torch.arange(n, device=x.device), or a tensor "
+    "made before the loop) and index with that tensor"
+)
 
 _BARRIER_FIX = (
     "take it out of the training loop: the gradient all-reduce already keeps the ranks in "
@@ -244,6 +305,8 @@ def fix_for(kind: str, detail: str = "") -> str:
         True
         >>> fix_for("copy", "h2d").startswith("pin the source")
         True
+        >>> fix_for("index", "list").startswith("build the index on the device")
+        True
         >>> fix_for("collective", "all_reduce (gloo)").startswith("a collective on CPU")
         True
     """
@@ -251,6 +314,8 @@ def fix_for(kind: str, detail: str = "") -> str:
         direction = detail.split(" ", 1)[0]
         if direction in _COPY_FIXES:
             return _COPY_FIXES[direction]
+    if kind == "index" and detail == "list":
+        return _INDEX_LIST_FIX
     if kind == "collective" and detail:
         call = detail.split(" ", 1)[0]
         return _COLLECTIVE_FIXES.get(call, _HOST_TENSOR_FIX)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import warnings
+from typing import Any, cast
 
-__all__ = ["Patches"]
+__all__ = ["Patches", "drop_filter"]
 
 _MISSING = object()
 
@@ -45,3 +46,26 @@ class Patches:
 
     def __len__(self) -> int:
         return len(self._stack)
+
+
+def drop_filter(entry: Any, home: list[Any] | None = None) -> None:
+    """Remove one entry of ``warnings.filters`` (if still there), as a context exit would.
+
+    ``home`` is the list the entry was added to: a ``warnings.catch_warnings()``
+    entered since works on a copy and puts ``home`` back at its exit, so the
+    entry must leave both.
+
+    Example:
+        >>> import warnings
+        >>> warnings.filterwarnings("ignore", message="x-test")
+        >>> drop_filter(warnings.filters[0]); any(f[1] and f[1].pattern == "x-test"
+        ...     for f in warnings.filters)
+        False
+    """
+    current = cast("list[Any]", warnings.filters)
+    for filters in (current,) if home is None or home is current else (current, home):
+        with contextlib.suppress(ValueError):
+            filters.remove(entry)
+    mutated = getattr(warnings, "_filters_mutated", None)
+    if mutated is not None:
+        mutated()

@@ -13,12 +13,17 @@ each new site gives one :class:`~barrierguard.SyncWarning` (pytest's warning
 summary shows them); ``record`` only counts. ``--barrierguard-report=FILE``
 writes the sites of all watched tests as one report for ``barrierguard check``.
 
+Under pytest-xdist each worker sends its tests' reports to the controller
+(``workeroutput``, read in ``pytest_testnodedown``, as pytest-cov does), which
+writes the one report file and the summary, as a serial run would.
+
 As everywhere in barrierguard, syncs before the first step (``optimizer.step()``
 or ``guard.step()``) are setup and never held against the policy.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -103,6 +108,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="FILE",
         help="write the sites of every watched test as one JSON report to FILE",
+    )
+    group.addoption(
+        "--barrierguard-format",
+        dest="barrierguard_format",
+        default="text",
+        choices=("text", "github", "sarif"),
+        help="also write the sites in the measured steps as github (GitHub Actions "
+        "annotations, one per site, on stdout) or sarif (a SARIF 2.1.0 log for code scanning)",
+    )
+    group.addoption(
+        "--barrierguard-format-out",
+        dest="barrierguard_format_out",
+        default=None,
+        metavar="FILE",
+        help="write the --barrierguard-format output to FILE instead of the terminal "
+        "(for sarif: default barrierguard.sarif)",
     )
     parser.addini("barrierguard", "watch every test: record, warn or error", default="")
     parser.addini("barrierguard_engine", "barrierguard engine: auto, cuda or audit", default="")
@@ -319,7 +340,8 @@ def _failure_text(report: Report, plan: _Plan) -> str:
         first = offenders[0][0]
         lines.append(
             "  to accept a line: @pytest.mark.barrierguard(allow="
-            f"['{os.path.basename(first.file)}:{first.line}']) or allow=['{first.kind}']"
+            f"['{os.path.basename(first.file)}:{first.line}']) or allow=['{first.kind}'], "
+            "or '# barrierguard: allow' on the line (docs/ci-gate.md)"
         )
     return "\n".join(lines)
 
@@ -422,10 +444,80 @@ def _merge(outcomes: Sequence[_Outcome]) -> Report:
     )
 
 
+_XDIST_KEY = "barrierguard"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker: hand this worker's outcomes to the controller."""
+    config = session.config
+    state = config.stash.get(_STATE, None)
+    output = getattr(config, "workeroutput", None)
+    if state is None or output is None:
+        return
+    output[_XDIST_KEY] = json.dumps(
+        [
+            {"nodeid": o.nodeid, "failed": o.failed, "report": o.report.to_dict()}
+            for o in state.outcomes
+        ]
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the pytest-xdist controller: take in a finished worker's outcomes."""
+    state = node.config.stash.get(_STATE, None)
+    data = getattr(node, "workeroutput", {}).get(_XDIST_KEY)
+    if state is None or not data:
+        return
+    try:
+        for raw in json.loads(data):
+            report = Report.from_dict(raw["report"], source=f"worker {raw['nodeid']}")
+            state.outcomes.append(_Outcome(str(raw["nodeid"]), report, bool(raw["failed"])))
+    except (BarrierGuardError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(
+            pytest.PytestWarning(f"barrierguard: a worker's reports could not be read: {exc}"),
+            stacklevel=1,
+        )
+
+
+def _ci_output(tr: Any, config: pytest.Config, merged: Report, outs: Sequence[_Outcome]) -> None:
+    """GitHub annotations or a SARIF log of the watched tests' sites."""
+    fmt = config.getoption("barrierguard_format", "text")
+    if fmt == "text":
+        return
+    from barrierguard.report.render import github, sarif
+    from barrierguard.session.sites import rule_table
+
+    # A site fails where a test that barrierguard failed has a violation there.
+    failed = [o.report for o in outs if o.failed]
+    broke = {(v.file, v.line, v.kind, v.origin) for r in failed for v in r.violations}
+    failing = {s.key for s in merged.sites if (s.file, s.line, s.kind, s.origin) in broke}
+    if failing:
+        merged = replace(merged, policy="error")
+    path = config.getoption("barrierguard_format_out", None)
+    if fmt == "github":
+        text = github.render(merged, failing=failing)
+    else:
+        text = sarif.render(merged, rules=rule_table(), failing=failing)
+        path = path or "barrierguard.sarif"
+    if path is None:
+        for line in text.splitlines():
+            tr.write_line(line)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        tr.write_line(f"{fmt} output written to {path}")
+    except OSError as err:
+        tr.write_line(f"could not write the {fmt} output to {path}: {err}", red=True)
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash.get(_STATE, None)
     if state is None or not state.outcomes:
         return
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller sums up and writes the report
     outs = state.outcomes
     merged = _merge(outs)
     tr = terminalreporter
@@ -452,6 +544,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
                 f"  {site.location} {site.kind} ({site.origin}): {site.step_count} in steps, "
                 f"{site.per_step:.2f} per step: {site.code}"
             )
+    _ci_output(tr, config, merged, outs)
     if state.report_path:
         try:
             merged.save(state.report_path)

@@ -2,7 +2,7 @@
 
 Independent of the rest of barrierguard: imports only the leaf ``_errors``.
 ``buffer`` holds the public class; it composes ``spec`` (the vocabulary and its
-checks), ``slots`` (per-metric state and the plans of the fast path), ``fold``
+checks), ``slots`` (per-metric state and the blocks of device rows), ``fold``
 (the reductions), ``readback`` (the one transfer and the gather across ranks)
 and ``state`` (the ``state_dict`` format).
 """

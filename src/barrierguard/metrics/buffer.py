@@ -5,37 +5,28 @@
 instead, folds Python numbers into host-side floats, and reads everything back
 with one device-to-host transfer in :meth:`MetricBuffer.compute`.
 
-This module owns the public class and the state it holds: the slots, the device,
-the plans of the fast path with their pending steps, and the per-step control
-flow of :meth:`MetricBuffer.update`. The arithmetic is in the sibling modules.
-It stays some 530 lines, about 215 of them the public docstrings: moving the
-fast path's planning out would put an attribute lookup on every ``update``.
+This module owns the public class, the slots and blocks it holds, and the
+per-step control flow of :meth:`MetricBuffer.update`; the arithmetic is in
+the sibling modules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.metrics.fold import (
-    flush,
+    fold_block,
     update_cat,
     update_number,
-    update_tensor,
     update_torchmetric,
 )
 from barrierguard.metrics.readback import read_back
-from barrierguard.metrics.slots import (
-    FLUSH_EVERY,
-    HOLD_BYTES,
-    Plan,
-    Slot,
-    admit,
-    holdable,
-)
+from barrierguard.metrics.slots import BLOCK_STEPS, Block, Slot
 from barrierguard.metrics.spec import (
     NAN_POLICIES,
     REDUCTIONS,
@@ -45,6 +36,8 @@ from barrierguard.metrics.spec import (
     check_torchmetric,
     describe,
     is_number,
+    not_real,
+    not_single_value,
     other_device,
     parse_spec,
     quote_all,
@@ -55,12 +48,7 @@ from barrierguard.metrics.state import check_version, restore_metrics, restore_s
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-# The vocabulary keeps its documented home here (barrierguard.metrics.buffer.FLUSH_EVERY).
-__all__ = ["FLUSH_EVERY", "HOLD_BYTES", "NAN_POLICIES", "REDUCTIONS", "WEIGHTABLE", "MetricBuffer"]
-
-_TENSOR: Final = torch.Tensor
-_UNPLANNED: Final = object()
-_MAX_PLAN_REBUILDS: Final = 3
+__all__ = ["BLOCK_STEPS", "NAN_POLICIES", "REDUCTIONS", "WEIGHTABLE", "MetricBuffer"]
 
 
 class MetricBuffer:
@@ -77,21 +65,16 @@ class MetricBuffer:
     * ``"cat"``: keeps every value (tensors of any shape, concatenated on dim 0).
 
     Running reductions keep float64 state of constant size, however many steps
-    are logged. :meth:`update` never synchronizes and, for a repeated set of
-    names, launches no kernel: it keeps references to the step's tensors, and
-    every :data:`FLUSH_EVERY` steps (or before :meth:`compute`,
-    :meth:`state_dict` and :meth:`load_state_dict`) the pending steps are folded
-    into the state with one ``torch.stack`` and a few reductions. Python numbers
-    are folded in with host arithmetic. A logged tensor must therefore keep its
-    value until it is folded in: one changed in place earlier raises
-    :class:`BarrierGuardError` at the fold. Tensors that require grad are
-    detached. Two kinds are copied, one element with one kernel: leaves that
-    require grad, such as parameters, and views into a storage larger than
-    :data:`HOLD_BYTES` (``logits[0, 0]`` would
-    otherwise keep ``logits`` alive). After the first step of a set of names,
-    ``update`` reads only each tensor's version counter, ``requires_grad`` and
-    storage size; the fold's stack checks the rest (one element, real, on the
-    buffer's device) and raises for a value that does not fit.
+    are logged. :meth:`update` never synchronizes and keeps nothing of the
+    caller's: for a repeated set of names it checks each tensor's metadata and
+    copies the step's values into the next row of a preallocated float64 block
+    on the device with one kernel (``torch._foreach_copy_``); every
+    :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps, and before
+    :meth:`compute`, :meth:`state_dict` and :meth:`load_state_dict`, the rows
+    are folded into the state with a few reductions. Python numbers are folded
+    in with host arithmetic. Tensors that require grad are copied without
+    their graph. A logged tensor may be changed in place right after
+    :meth:`update` returns.
 
     Args:
         reductions: Metric name to reduction spec, e.g.
@@ -149,11 +132,10 @@ class MetricBuffer:
         self._sync_dist = sync_dist
         self._group = process_group
         self._slots: dict[str, Slot] = {}
-        # Fast paths by names in call order; None: use the slow path for that set.
-        self._plans: dict[tuple[str, ...], Plan | None] = {}
-        self._plan_builds: dict[tuple[str, ...], int] = {}
-        # Plans with pending steps, by id.
-        self._pending: dict[int, Plan] = {}
+        # A block per set of names in call order, and the block of the last update().
+        self._blocks: dict[tuple[str, ...], Block] = {}
+        self._patterns: dict[tuple[tuple[str, ...], tuple[str, ...]], Block] = {}
+        self._last: Block | None = None
         for name, spec in (reductions or {}).items():
             check_name(name, "reductions")
             self._slots[name] = Slot(*parse_spec("MetricBuffer(reductions", name, spec))
@@ -195,9 +177,9 @@ class MetricBuffer:
     ) -> None:
         """Log one step's values, without synchronizing with the device.
 
-        For a set of names logged before, this only checks metadata and queues
-        references to the tensors; the device work happens once per
-        :data:`FLUSH_EVERY` steps. Raising for NaN (``nan="error"``) waits for
+        For a set of names logged before, this checks metadata and launches one
+        copy kernel (a few more every :data:`~barrierguard.metrics.slots.BLOCK_STEPS`
+        steps, to fold the rows in). Raising for NaN (``nan="error"``) waits for
         :meth:`compute`.
 
         Args:
@@ -213,10 +195,8 @@ class MetricBuffer:
         Raises:
             BarrierGuardError: An unknown name when ``default=None``; a tensor with
                 more than one element for a running reduction, a complex tensor or
-                a tensor on another device than the buffer's (for a set of names
-                logged before, raised by the call that folds its step in); a value
-                that is not a number or tensor; a tensor logged earlier was changed
-                in place before this call folded it in.
+                a tensor on another device than the buffer's; a value that is not a
+                number or tensor.
 
         Example:
             >>> import torch
@@ -228,75 +208,23 @@ class MetricBuffer:
             2.5
         """
         items = kwargs if values is None else {**values, **kwargs} if kwargs else values
-        # The hot path: a set of names logged before, tensors only, a Python weight.
-        plan = self._plans.get(tuple(items))
+        # The hot path: a set of names logged before, with a Python weight.
+        block = self._blocks.get(tuple(items))
         if (
-            plan is not None
-            and plan.steady
+            block is not None
             and (n is None or type(n) is int or type(n) is float)
-            and plan.queue(items, 1.0 if n is None else float(n))
+            and self._log(block, items, 1.0 if n is None else float(n), None)
         ):
-            if plan.steps == 1:
-                self._pending[id(plan)] = plan
-            if plan.steps >= FLUSH_EVERY:
-                self._flush(plan)
             return
-        n_tensor: torch.Tensor | None = None
-        n_float = 1.0
-        if type(n) is int or type(n) is float:
-            n_float = float(n)
-        elif n is not None:
-            if isinstance(n, torch.Tensor):
-                if n.numel() != 1:
-                    raise BarrierGuardError(
-                        f"MetricBuffer.update(n={describe(n)}) is not a valid weight: "
-                        f"expected a Python number or a tensor with one element"
-                    )
-                self._claim_device("n", n)
-                n_tensor = n.reshape(())
-            elif is_number(n):
-                n_float = float(n)
-            else:
-                raise BarrierGuardError(
-                    f"MetricBuffer.update(n={n!r}) is not a valid weight: expected a "
-                    f"Python number or a tensor with one element"
-                )
-        if self._defer(items, n_tensor, n_float):
+        n_tensor, n_float = self._weight(n)
+        if block is not None and self._log(block, items, n_float, n_tensor):
             return
-        # no_grad: a value that requires grad must not pull the state into the graph.
-        with torch.no_grad():
-            for name in items:
-                # The slow path updates rows in place: fold earlier steps in first, so
-                # that order-dependent reductions (last) see the values in call order.
-                slot = self._slots.get(name)
-                if slot is not None and slot.plan is not None and slot.plan.steps:
-                    self._flush(slot.plan)
-            for name, value in items.items():
-                metric = self._metrics.get(name)
-                if metric is not None:
-                    update_torchmetric(metric, value)
-                    continue
-                slot = self._slots.get(name)
-                if slot is None:
-                    slot = self._register(name)
-                if isinstance(value, torch.Tensor):
-                    self._claim_device(name, value)
-                    if slot.reduction == "cat":
-                        update_cat(name, slot, value, self._nan, self._device)
-                    else:
-                        update_tensor(name, slot, value, n_tensor, n_float, self._nan, self._device)
-                elif is_number(value):
-                    update_number(slot, float(value), n_tensor, n_float, self._nan, self._device)
-                else:
-                    raise BarrierGuardError(
-                        f"MetricBuffer.update({name}={value!r}) is not a valid value: "
-                        f"expected a tensor or a Python number"
-                    )
+        self._update_slow(items, n_tensor, n_float)
 
     def compute(self) -> dict[str, Any]:
         """Reduce every metric, with one device-to-host transfer for all of them.
 
-        Pending steps are folded in first (device work, no transfer).
+        The blocks' rows are folded in first (device work, no transfer).
         All running states are packed into one float64 tensor on the device and
         read back at once. With ``torch.distributed`` initialised (and
         ``sync_dist=True``) that tensor is first gathered from every rank with one
@@ -312,8 +240,7 @@ class MetricBuffer:
 
         Raises:
             BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; the
-                ranks registered different metrics; or a pending tensor was changed
-                in place after it was logged.
+                ranks registered different metrics.
 
         Example:
             >>> from barrierguard import MetricBuffer
@@ -323,7 +250,7 @@ class MetricBuffer:
             >>> buf.compute()
             {'lr': 0.05, 'steps': 2.0}
         """
-        self._flush_all()
+        self._fold_all()
         results = read_back(
             self._slots,
             nan=self._nan,
@@ -346,9 +273,8 @@ class MetricBuffer:
             >>> buf.compute()
             {'loss': 0.0}
         """
-        for plan in self._pending.values():
-            plan.clear()  # pending values are dropped, never folded in
-        self._pending.clear()
+        for block in self._patterns.values():
+            block.clear()  # its rows are dropped, never folded in
         for slot in self._slots.values():
             slot.clear()
         for metric in self._metrics.values():
@@ -371,7 +297,7 @@ class MetricBuffer:
             >>> other.compute()
             {'loss': 3.0}
         """
-        self._flush_all()
+        self._fold_all()
         return snapshot(self._slots, self._metrics, self._nan, self._device)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -397,9 +323,8 @@ class MetricBuffer:
             {'best': 0.5}
         """
         check_version(state_dict)
-        self._flush_all()  # slots the snapshot does not name keep their values
+        self._fold_all()  # slots the snapshot does not name keep their values
         restore_slots(state_dict["slots"], self._slots, self._adopt)
-        self._plans.clear()  # their blocks no longer hold the rows
         restore_metrics(state_dict.get("metrics", {}), self._metrics)
 
     def __repr__(self) -> str:
@@ -407,7 +332,7 @@ class MetricBuffer:
         extra = f", metrics={sorted(self._metrics)}" if self._metrics else ""
         return f"MetricBuffer({{{specs}}}{extra}, nan={self._nan!r}, device={self._device})"
 
-    # -- internals: registration, the device, the fast path and its flushes ------------
+    # -- internals: registration, the device, the blocks ---------------------------------
 
     def _register(self, name: str) -> Slot:
         if self._default is None:
@@ -420,7 +345,7 @@ class MetricBuffer:
         slot = self._slots[name] = Slot(*self._default)
         return slot
 
-    def _claim_device(self, name: str, tensor: torch.Tensor) -> None:
+    def _claim_device(self, name: str, tensor: torch.Tensor) -> torch.device:
         device = tensor.device
         if self._device is None or (
             self._device.index is None and device.type == self._device.type
@@ -428,6 +353,7 @@ class MetricBuffer:
             self._device = device
         elif not same_device(device, self._device):
             raise other_device(name, tensor, self._device)
+        return self._device
 
     def _adopt(self, tensor: torch.Tensor) -> torch.Tensor:
         if self._device is None:
@@ -435,110 +361,145 @@ class MetricBuffer:
             return tensor
         return tensor.to(self._device)
 
-    def _plan_for(self, items: Mapping[str, Any]) -> Plan | None:
-        key = tuple(items)
-        if key in self._plans:
-            return self._plans[key]
-        device = self._device
-        if device is None or (device.index is None and device.type not in ("cpu", "meta")):
-            return None  # the slow path claims the device; the next call builds the plan
-        plan: Plan | None = None
-        builds = self._plan_builds.get(key, 0)
-        tensors = tuple(name for name, v in items.items() if isinstance(v, torch.Tensor))
-        numbers = tuple(name for name, v in items.items() if is_number(v))
-        eligible = (
-            builds < _MAX_PLAN_REBUILDS  # sets of names that keep stealing rows: slow path
-            and tensors
-            and len(tensors) + len(numbers) == len(items)
-            and not any(name in self._metrics for name in items)
+    def _weight(self, n: object) -> tuple[torch.Tensor | None, float]:
+        """The step's weight ``n``, checked: a device tensor, or a Python number."""
+        if n is None:
+            return None, 1.0
+        if isinstance(n, torch.Tensor):
+            if n.numel() != 1:
+                raise BarrierGuardError(
+                    f"MetricBuffer.update(n={describe(n)}) is not a valid weight: "
+                    f"expected a Python number or a tensor with one element"
+                )
+            self._claim_device("n", n)
+            return n.detach().reshape(()), 1.0
+        if is_number(n):
+            return None, float(n)  # type: ignore[arg-type]
+        raise BarrierGuardError(
+            f"MetricBuffer.update(n={n!r}) is not a valid weight: expected a "
+            f"Python number or a tensor with one element"
         )
-        if eligible:
-            slots = {name: self._slots.get(name) or self._register(name) for name in items}
-            if all(slot.reduction != "cat" for slot in slots.values()):
-                # Rows move into the new block: plans that held them as views are stale.
-                # Their pending steps are folded in first.
-                owners = (slots[name].plan for name in tensors)
-                stale = {id(owner): owner for owner in owners if owner is not None}
-                for other in stale.values():
-                    self._flush(other)
-                for other_key, other_plan in list(self._plans.items()):
-                    if other_plan is not None and id(other_plan) in stale:
-                        del self._plans[other_key]
-                plan = Plan({name: slots[name] for name in tensors}, numbers, device)
-                self._plan_builds[key] = builds + 1
-        self._plans[key] = plan
-        return plan
 
-    def _defer(
-        self, items: Mapping[str, Any], n_tensor: torch.Tensor | None, n_float: float
+    def _log(
+        self,
+        block: Block,
+        items: Mapping[str, Any],
+        n_float: float,
+        n_tensor: torch.Tensor | None,
     ) -> bool:
-        """The fast path: queue one step without any device work.
+        """Copy one step into the next row of ``block``; ``False``, doing nothing, for a misfit.
 
-        Only metadata is read here. The steps of a set of names read all of it
-        (type, number of elements, device, dtype, requires_grad, storage size)
-        until one passes; later steps read only the type, ``requires_grad`` and
-        storage size (see :func:`~barrierguard.metrics.slots.holdable`), and
-        the fold's one stack checks the rest for all pending steps at once.
-        :meth:`update` queues the later steps of a plan of tensors with a
-        Python weight itself (:meth:`Plan.queue
-        <barrierguard.metrics.slots.Plan.queue>`). Anything unusual returns
-        ``False`` before any state changes, leaving every check (and error) to
-        the slow path.
+        A misfit (a value of another type than the block's, on another device,
+        with more than one element, complex) is left to :meth:`_update_slow`,
+        which explains it or makes a new block.
         """
-        if not items:
-            return True
-        plan = self._plans.get(tuple(items), _UNPLANNED)
-        if plan is _UNPLANNED:
-            plan = self._plan_for(items)
-        if not isinstance(plan, Plan):
-            return False
-        first = not plan.checked  # until one step has passed every check
-        for name in plan.numbers:
+        values = block.take(items)
+        device = block.device
+        grad = False
+        src: list[torch.Tensor] | None = None
+        for i, v in enumerate(values):
+            if not isinstance(v, torch.Tensor) or v.device != device or v.is_complex():
+                return False
+            if v.dim():
+                if v.numel() != 1:
+                    return False
+                src = src or list(values)
+                src[i] = v.reshape(())
+            grad = grad or v.requires_grad
+        for name in block.numbers:
             x = items[name]
             if type(x) is not float and type(x) is not int and not is_number(x):
                 return False
-        device = plan.device
-        # The step's tensor weight, if its plan has weighted metrics to give it to.
-        n_held = n_tensor if plan.sizes[0] else None
-        if n_held is not None and n_held.device != device:
+        if n_tensor is not None and block.weighted and n_tensor.device != device:
             return False
-        # The step is built apart and queued whole: a value that does not fit leaves
-        # the plan as it was.
-        step: list[torch.Tensor] = []
-        try:
-            for name in plan.order:
-                v = items[name]
-                if first or type(v) is not _TENSOR:
-                    v = admit(v, device)  # every check; None: not a fit for the plan
-                    if v is None:
-                        return False
-                else:
-                    v = holdable(v)
-                step.append(v)
-            if n_held is not None:
-                n_held = n_tensor = holdable(n_held)
-        except RuntimeError:  # no storage: the slow path folds it now
-            return False
-        plan.pending.extend(step)
-        plan.versions.extend(v._version for v in step)
-        if plan.sizes[0]:
-            if n_held is not None:
-                plan.weights.append(n_held)
-                plan.wversions.append(n_held._version)
-            plan.add_weight(n_float if n_held is None else None)
-        plan.steps += 1
-        if plan.steps == 1:
-            self._pending[id(plan)] = plan
-        if first:
-            plan.check({v.dtype for v in step})
-        for name in plan.numbers:
-            slot = self._slots[name]
-            if slot.reduction == "last" and slot.plan is not None and slot.plan.steps:
-                self._flush(slot.plan)  # its pending tensors come before this value
-            update_number(slot, float(items[name]), n_tensor, n_float, self._nan, self._device)
-        if plan.steps >= FLUSH_EVERY:
-            self._flush(plan)
+        src = src or list(values)
+        if block.weighted:
+            if block.steps and block.tensor_weights != (n_tensor is not None):
+                fold_block(block, self._nan)  # one kind of weight per fold
+            block.tensor_weights = n_tensor is not None
+        if self._last is not block:
+            self._settle(block)
+        dst = block.row()
+        if block.weighted:
+            if n_tensor is not None:
+                src.append(n_tensor)
+            else:
+                dst = dst[:-1]
+                block.weights.append(n_float)
+        groups = block.groups.get(len(src))
+        if groups is None:
+            groups = block.groups[len(src)] = _by_dtype(src)
+        with torch.no_grad() if grad else contextlib.nullcontext():
+            if len(groups) == 1:
+                torch._foreach_copy_(dst, src)
+            else:  # one kernel per dtype: mixed dtypes would make torch copy one by one
+                for index in groups:
+                    torch._foreach_copy_([dst[i] for i in index], [src[i] for i in index])
+        if not block.steps:
+            for slot in block.slots:
+                slot.block = block
+        block.steps += 1
+        for name, slot in zip(block.numbers, block.number_slots, strict=True):
+            update_number(slot, float(items[name]), n_tensor, n_float, self._nan, device)
+        if block.steps == BLOCK_STEPS:
+            fold_block(block, self._nan)
         return True
+
+    def _settle(self, block: Block) -> None:
+        """Fold in other blocks with rows of ``block``'s metrics: they come first (``last``)."""
+        for slot in (*block.slots, *block.number_slots):
+            other = slot.block
+            if other is not None and other is not block:
+                fold_block(other, self._nan)
+        self._last = block
+
+    def _update_slow(
+        self, items: Mapping[str, Any], n_tensor: torch.Tensor | None, n_float: float
+    ) -> None:
+        """A step no block takes as it is: check it, and give its tensors a block."""
+        running: dict[str, Any] = {}
+        for name, value in items.items():
+            metric = self._metrics.get(name)
+            if metric is not None:
+                update_torchmetric(metric, value)
+                continue
+            slot = self._slots.get(name) or self._register(name)
+            if isinstance(value, torch.Tensor):
+                device = self._claim_device(name, value)
+                if slot.reduction == "cat":
+                    update_cat(name, slot, value, self._nan, device)
+                    continue
+                if value.numel() != 1:
+                    raise not_single_value(name, value, slot.reduction)
+                if value.is_complex():
+                    raise not_real(name)
+            elif not is_number(value):
+                raise BarrierGuardError(
+                    f"MetricBuffer.update({name}={value!r}) is not a valid value: "
+                    f"expected a tensor or a Python number"
+                )
+            running[name] = value
+        tensors = tuple(name for name, v in running.items() if isinstance(v, torch.Tensor))
+        if tensors and self._device is not None:
+            key = tuple(running)
+            numbers = tuple(name for name in key if name not in tensors)
+            # A block per pattern of tensors and numbers: a name that changes kind
+            # from call to call switches blocks, it does not rebuild one.
+            block = self._patterns.get((key, tensors))
+            if block is None:
+                block = Block(self._slots, tensors, numbers, self._device)
+                self._patterns[key, tensors] = block
+            if len(running) == len(items):
+                self._blocks[key] = block  # the hot path takes the next step
+            logged = self._log(block, running, n_float, n_tensor)
+            assert logged, "a checked step fits its block"
+            return
+        self._last = None
+        for name, value in running.items():
+            slot = self._slots[name]
+            if slot.block is not None:
+                fold_block(slot.block, self._nan)  # its rows come before this value
+            update_number(slot, float(value), n_tensor, n_float, self._nan, self._device)
 
     def _distributed(self) -> bool:
         return (
@@ -547,12 +508,14 @@ class MetricBuffer:
             and torch.distributed.is_initialized()
         )
 
-    def _flush_all(self) -> None:
-        for plan in list(self._pending.values()):
-            self._flush(plan)
+    def _fold_all(self) -> None:
+        for block in self._patterns.values():
+            fold_block(block, self._nan)
 
-    def _flush(self, plan: Plan) -> None:
-        """Fold the pending steps of ``plan`` in (see :func:`~barrierguard.metrics.fold.flush`)."""
-        if plan.steps:
-            self._pending.pop(id(plan), None)
-            flush(plan, self._nan)
+
+def _by_dtype(values: Sequence[torch.Tensor]) -> list[list[int]]:
+    """The indices of ``values``, grouped by dtype: one copy kernel per group."""
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, v in enumerate(values):
+        groups.setdefault(v.dtype, []).append(i)
+    return list(groups.values())

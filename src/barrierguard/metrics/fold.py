@@ -1,293 +1,128 @@
 """Folding logged values into the running state: the reductions themselves.
 
-Owns the arithmetic of every running reduction under every NaN policy, in its
-two forms: per value, for the slow path of :meth:`MetricBuffer.update
-<barrierguard.MetricBuffer.update>` (:func:`update_tensor`, :func:`update_number`,
-:func:`update_cat`), and per block of pending steps, for the fast path
-(:func:`flush`, which folds a whole :class:`~barrierguard.metrics.slots.Plan`
-in with one ``torch.stack``, after checking that no pending tensor changed).
-Nothing here reads a device value back.
+Owns the arithmetic of every running reduction under every NaN policy:
+:func:`fold_columns` folds a ``(steps, metrics)`` float64 block of device
+values into the slots (:func:`fold_block`: a
+:class:`~barrierguard.metrics.slots.Block`'s rows);
+:func:`update_number` folds a Python number with host arithmetic;
+:func:`update_cat` keeps a ``cat`` value. Nothing here reads a device value back.
 """
 
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.metrics.slots import F64, Plan, Slot, admit
-from barrierguard.metrics.spec import (
-    SUM_KINDS,
-    describe,
-    not_real,
-    not_single_value,
-    other_device,
-)
+from barrierguard.metrics.slots import F64, Block, Slot
+from barrierguard.metrics.spec import SUM_KINDS, describe
 
-__all__ = ["flush", "update_cat", "update_number", "update_tensor", "update_torchmetric"]
+__all__ = [
+    "fold_block",
+    "fold_columns",
+    "update_cat",
+    "update_number",
+    "update_torchmetric",
+]
 
-_VERSION: Final = operator.attrgetter("_version")
+Weight = float | torch.Tensor
+"""A step's weight: a Python number, or a float64 device vector with one weight a row."""
 
 
-def flush(plan: Plan, nan: str) -> None:
-    """Fold the pending steps of ``plan`` into its block: one stack, a few reductions.
-
-    After the first step of a plan, :meth:`MetricBuffer.update
-    <barrierguard.MetricBuffer.update>` checks only each value's type and
-    ``requires_grad``; the stack checks the rest at once (one element, real,
-    on the plan's device), and a value that fails is explained here.
-    The plan is left with no pending steps, whether or not this raises.
-
-    Raises:
-        BarrierGuardError: A pending tensor was changed in place after it was
-            logged (its version counter moved), so its logged value is lost; or a
-            pending tensor has more than one element, is complex, or is on
-            another device than the plan.
-    """
-    steps = plan.steps
+def fold_block(block: Block, nan: str) -> None:
+    """Fold the rows of ``block`` into its slots; the block is then empty."""
+    steps = block.steps
     if not steps:
         return
-    values, versions = plan.pending, plan.versions
-    weights, wversions, runs = plan.weights, plan.wversions, plan.runs
-    plan.clear()
-    with torch.no_grad():
-        # The stack first: the version counters it leaves in the cache are then cheap.
-        block = _stack(plan, values, steps)
-        _check_versions(plan, values, versions)
-        if list(map(_VERSION, weights)) != wversions:
-            raise BarrierGuardError(
-                "MetricBuffer.update(n=<tensor>) was changed in place after it was logged: "
-                "expected logged tensors to keep their value until they are folded in "
-                "(pass a copy)"
-            )
-        _fold(plan, block, weights, runs, steps, nan)
-
-
-def _check_versions(plan: Plan, values: list[torch.Tensor], versions: list[int]) -> None:
-    if list(map(_VERSION, values)) != versions:
-        i = next(i for i, v in enumerate(values) if v._version != versions[i])
-        raise BarrierGuardError(
-            f"MetricBuffer.update({plan.column(i)}=<tensor>) was changed in place "
-            f"after it was logged: expected logged tensors to keep their value "
-            f"until they are folded in (log a copy, e.g. value.detach().clone())"
-        )
-
-
-def _stack(plan: Plan, values: list[torch.Tensor], steps: int) -> torch.Tensor:
-    """The ``(steps, metrics)`` block of the pending values: the one stack."""
-    k = len(plan.order)
-    try:
-        block: torch.Tensor | None = _stack_block(plan, values, k)
-    except (RuntimeError, TypeError):  # shapes or devices differ, or not a tensor
-        block = None
-    if (
-        block is None
-        or block.shape != (steps, k)
-        or block.device != plan.device
-        or block.is_complex()
-    ):
-        # Rare: a value of one element in another shape is reshaped; any other
-        # value that does not fit gets the error update() gives it on a first step.
-        fit = [_fit(plan, i, v, steps) for i, v in enumerate(values)]
-        block = _stack_block(plan, fit, k)
-    return block
-
-
-def _stack_block(plan: Plan, values: list[torch.Tensor], k: int) -> torch.Tensor:
-    if plan.by_column:
-        # Integer columns beside floats below float64: a stack per column keeps each
-        # column's dtype until its conversion to float64.
-        return torch.stack([torch.stack(values[j::k]).to(F64) for j in range(k)], dim=1)
-    flat = torch.stack(values)
-    return flat.view(-1, k) if flat.dim() == 1 else flat
-
-
-def _fit(plan: Plan, index: int, value: object, steps: int) -> torch.Tensor:
-    """Pending value ``index`` as a 0-d tensor, or the error that explains why it cannot be."""
-    fit = admit(value, plan.device)  # the fast path's own test of a value
-    if fit is not None:
-        return fit
-    name = plan.column(index)
-    if not isinstance(value, torch.Tensor):
-        error = BarrierGuardError(
-            f"MetricBuffer.update({name}={value!r}) is not a valid value: expected a "
-            f"tensor or a Python number"
-        )
-    elif value.device != plan.device:
-        error = other_device(name, value, plan.device)
-    elif value.numel() != 1:
-        error = not_single_value(name, value, plan.reductions[index % len(plan.order)])
-    else:
-        error = not_real(name)
-    # Found at the fold, not in the update() that logged it: say so.
-    raise BarrierGuardError(f"{error} (found when the last {steps} steps were folded in)")
-
-
-def _fold(
-    plan: Plan,
-    block: torch.Tensor,
-    weights: list[torch.Tensor],
-    runs: list[list[Any]],
-    steps: int,
-    nan: str,
-) -> None:
-    """The device work of a flush, over the ``(steps, metrics)`` block of values."""
-    if block.dtype != F64:
-        block = block.to(F64)
-    s_w, s_u, s_min, s_max, s_last = plan.sizes
-    o_min = s_w + s_u
-    o_max = o_min + s_min
-    o_last = o_max + s_max
-    (a_w, w_w), (a_u, _), (a_min, _), (a_max, _), (a_last, _) = plan.groups
-    finite: torch.Tensor | None = None
-    counts: torch.Tensor | None = None
-    src = block
-    if nan == "ignore":
-        # Non-finite values contribute nothing: fixed-shape masking, no branch on data.
-        finite = torch.isfinite(block)
-        counts = finite.to(F64)
-        src = torch.where(finite, block, 0.0)
-    if s_w:
-        n_block = torch.stack(weights).to(F64) if weights else None
-        row = n_i = 0
-        for weight, count in runs:
-            rows = src[row : row + count, :s_w]
-            if weight is None:  # a run of tensor weights
-                assert n_block is not None
-                n_run = n_block[n_i : n_i + count]
-                n_i += count
-                a_w.addmv_(rows.T, n_run)
-                if counts is not None:
-                    w_w.addmv_(counts[row : row + count, :s_w].T, n_run)
-                else:
-                    w_w.add_(n_run.sum())
-            else:  # a run of steps with the same Python weight: a kernel argument
-                a_w.add_(rows.sum(0), alpha=weight)
-                if counts is not None:
-                    w_w.add_(counts[row : row + count, :s_w].sum(0), alpha=weight)
-                else:
-                    for slot in plan.host_weighted:
-                        slot.host_w += weight * count
-            row += count
-    if s_u:
-        a_u.add_(src[:, s_w:o_min].sum(0))
-    if counts is None:
-        for slot in plan.host_unit:
-            slot.host_w += steps
-    elif len(plan.order) > s_w:
-        plan.w_unit.add_(counts[:, s_w:].sum(0))
-    if s_min:
-        part = block[:, o_min:o_max]
-        if finite is not None:
-            part = torch.where(finite[:, o_min:o_max], part, math.inf)
-        torch.minimum(a_min, part.amin(0), out=a_min)
-    if s_max:
-        part = block[:, o_max:o_last]
-        if finite is not None:
-            part = torch.where(finite[:, o_max:o_last], part, -math.inf)
-        torch.maximum(a_max, part.amax(0), out=a_max)
-    if s_last:
-        part = block[:, o_last:]
-        if finite is not None:
-            # The latest finite value of each column, or the previous value if none.
-            for slot in plan.lasts:
-                if slot.last_on_host:
-                    assert slot.a is not None
-                    slot.a.fill_(slot.host_last)  # a kernel argument, not a copy
-            index = torch.arange(steps, device=block.device).unsqueeze(1)
-            latest = torch.where(finite[:, o_last:], index, -1).amax(0)
-            picked = part.gather(0, latest.clamp(min=0).unsqueeze(0)).squeeze(0)
-            a_last.copy_(torch.where(latest >= 0, picked, a_last))
+    data = block.data[:steps]
+    weight: Weight = 1.0
+    if block.tensor_weights:
+        weight = data[:, -1]
+    elif block.weighted:
+        values = block.weights
+        if all(v == values[0] for v in values):
+            weight = values[0]  # a kernel argument
         else:
-            a_last.copy_(part[-1])
-        for slot in plan.lasts:
-            slot.last_on_host = False
-    if nan == "error":
-        # Count the non-finite values of every column: min, max, last and count
-        # could hide one otherwise (a mean or sum also ends non-finite).
-        plan.bad.add_(torch.isfinite(block).logical_not().sum(0))
+            # One pinned staging tensor, copied without blocking the host.
+            pinned = block.device.type == "cuda"
+            staged = torch.tensor(values, dtype=F64, pin_memory=pinned)
+            weight = staged.to(block.device, non_blocking=True)
+    block.clear()
+    fold_columns(block.slots, data, weight, nan, block.device)
 
 
-def update_tensor(
-    name: str,
-    slot: Slot,
-    x: torch.Tensor,
-    n_tensor: torch.Tensor | None,
-    n_float: float,
-    nan: str,
-    device: torch.device | None,
+def fold_columns(
+    slots: Sequence[Slot], data: torch.Tensor, weight: Weight, nan: str, device: torch.device
 ) -> None:
-    """Fold one single-value tensor into ``slot`` (slow path): device kernels, no sync.
+    """Fold column ``j`` of the float64 ``(steps, metrics)`` ``data`` into ``slots[j]``.
 
-    Raises:
-        BarrierGuardError: ``x`` has more than one element or is complex.
+    Device kernels only, with host numbers as kernel arguments: no sync.
     """
-    if x.numel() != 1:
-        raise not_single_value(name, x, slot.reduction)
-    if x.is_complex():
-        raise not_real(name)
-    x = x.reshape(())
-    a, w, bad = slot.device_row(device)
+    steps = data.shape[0]
+    finite = torch.isfinite(data) if nan != "propagate" else None
+    with torch.no_grad():
+        for j, slot in enumerate(slots):
+            col = data[:, j]
+            a, w, bad = slot.device_row(device)
+            ok = None if finite is None else finite[:, j]
+            if nan == "error":
+                assert ok is not None
+                bad.add_(ok.logical_not().sum())
+                ok = None  # the values themselves are folded in as they are
+            _fold_column(slot, col, ok, weight if slot.weighted else 1.0, a, w, steps)
+
+
+def _fold_column(
+    slot: Slot,
+    col: torch.Tensor,
+    ok: torch.Tensor | None,
+    weight: Weight,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    steps: int,
+) -> None:
     red = slot.reduction
-    weight_t = n_tensor if slot.weighted else None
-    weight_f = n_float if slot.weighted else 1.0
-    if nan == "ignore":
-        # Fixed-shape masking: a non-finite value contributes nothing, with no branch
-        # on its value (that would need it on the host).
-        x = x.to(F64)
-        finite = torch.isfinite(x)
-        if red in SUM_KINDS:
-            if red != "count":
-                clean = torch.where(finite, x, 0.0)
-                if weight_t is not None:
-                    a.addcmul_(clean, weight_t)
-                else:
-                    a.add_(clean, alpha=weight_f)
-            if weight_t is not None:
-                w.addcmul_(finite, weight_t)
-            else:
-                w.add_(finite, alpha=weight_f)
-            return
-        if red == "min":
-            torch.minimum(a, torch.where(finite, x, math.inf), out=a)
-        elif red == "max":
-            torch.maximum(a, torch.where(finite, x, -math.inf), out=a)
-        else:  # last: keep the previous value, wherever it lives, on a bad one
-            previous: torch.Tensor | float = slot.host_last if slot.last_on_host else a
-            a.copy_(torch.where(finite, x, previous))
-            slot.last_on_host = False
-        w.add_(finite)
-        return
-    # propagate / error: plain arithmetic. Under "error", a sum or mean with a
-    # non-finite input ends non-finite itself, which compute() checks; the other
-    # reductions can hide one (min of +inf, an overwritten last), so they add
-    # x * 0 (NaN exactly when x is NaN or inf) to the bad counter.
     if red in SUM_KINDS:
-        # count accumulates a too (unused by its result): under "error" a bad count
-        # value then shows as a non-finite a, as for mean and sum.
-        if weight_t is not None:
-            a.addcmul_(x, weight_t)
+        # Non-finite values contribute nothing under "ignore": fixed-shape masking.
+        x = col if ok is None else torch.where(ok, col, 0.0)
+        if red != "count":
+            if isinstance(weight, torch.Tensor):
+                a.add_(x @ weight)
+            else:
+                a.add_(x.sum(), alpha=weight)
+        if ok is not None:
+            okf = ok.to(F64)
+            if isinstance(weight, torch.Tensor):
+                w.add_(okf @ weight)
+            else:
+                w.add_(okf.sum(), alpha=weight)
+        elif isinstance(weight, torch.Tensor):
+            w.add_(weight.sum())
         else:
-            a.add_(x, alpha=weight_f)
-        if weight_t is not None:
-            w.add_(weight_t)
-        else:
-            slot.host_w += weight_f
+            slot.host_w += weight * steps
+        return
+    if ok is None:
+        slot.host_w += steps
     else:
-        if red == "min":
-            torch.minimum(a, x, out=a)
-        elif red == "max":
-            torch.maximum(a, x, out=a)
+        w.add_(ok.sum())
+    if red == "min":
+        part = col if ok is None else torch.where(ok, col, math.inf)
+        torch.minimum(a, part.amin(), out=a)
+    elif red == "max":
+        part = col if ok is None else torch.where(ok, col, -math.inf)
+        torch.maximum(a, part.amax(), out=a)
+    else:  # last: the latest (finite) value, or the previous one if none
+        previous: torch.Tensor | float = slot.host_last if slot.last_on_host else a
+        if ok is None:
+            a.copy_(col[-1])
         else:
-            a.copy_(x)
-            slot.last_on_host = False
-        slot.host_w += 1.0
-    if nan == "error" and red not in SUM_KINDS:
-        bad.add_(x * 0.0)
+            index = torch.arange(steps, device=col.device)
+            latest = torch.where(ok, index, -1).amax()
+            picked = col.gather(0, latest.clamp(min=0).reshape(1)).reshape(())
+            a.copy_(torch.where(latest >= 0, picked, previous))
+        slot.last_on_host = False
 
 
 def update_number(
@@ -300,8 +135,8 @@ def update_number(
 ) -> None:
     """Fold one Python number into ``slot``, with host arithmetic.
 
-    The caller folds the pending steps of ``slot.plan`` in first when order matters
-    (a ``last`` slot): they come before this value.
+    The caller folds the block with rows of ``slot`` in first: they come
+    before this value (for ``last``).
     """
     red = slot.reduction
     if red == "cat":
@@ -318,9 +153,11 @@ def update_number(
     if red in SUM_KINDS:
         if slot.weighted and n_tensor is not None:
             # A device weight: the product lives on the device; x is a kernel argument.
+            assert device is not None
             a, w, _ = slot.device_row(device)
-            a.add_(n_tensor, alpha=x)
-            w.add_(n_tensor)
+            with torch.no_grad():
+                a.add_(n_tensor.reshape(()), alpha=x)
+                w.add_(n_tensor.reshape(()))
             return
         weight = n_float if slot.weighted else 1.0
         slot.host_a += weight * x
@@ -336,9 +173,7 @@ def update_number(
     slot.host_w += 1.0
 
 
-def update_cat(
-    name: str, slot: Slot, x: torch.Tensor, nan: str, device: torch.device | None
-) -> None:
+def update_cat(name: str, slot: Slot, x: torch.Tensor, nan: str, device: torch.device) -> None:
     """Keep one tensor of a ``cat`` slot (a device clone).
 
     Raises:
@@ -359,11 +194,12 @@ def update_cat(
         bad.add_(torch.isfinite(value).logical_not().sum())
 
 
-def update_torchmetric(metric: Any, value: object) -> None:
+def update_torchmetric(metric: object, value: object) -> None:
     """Forward one logged value to a torchmetrics metric's own ``update``."""
+    update = metric.update  # type: ignore[attr-defined]
     if isinstance(value, tuple):
-        metric.update(*value)
+        update(*value)
     elif isinstance(value, Mapping):
-        metric.update(**value)
+        update(**value)
     else:
-        metric.update(value)
+        update(value)

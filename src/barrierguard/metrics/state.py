@@ -28,7 +28,7 @@ def snapshot(
     nan: str,
     device: torch.device | None,
 ) -> dict[str, Any]:
-    """The state dict of a buffer whose pending steps are folded in."""
+    """The state dict of a buffer whose blocks are folded in."""
     saved_slots: dict[str, Any] = {}
     for name, slot in slots.items():
         saved_slots[name] = {
@@ -77,7 +77,7 @@ def restore_slots(
 ) -> None:
     """Put saved slots into ``slots``, registering the names it lacks.
 
-    Restored rows belong to no plan: the caller drops its plans afterwards.
+    The caller folds its blocks in first and drops them afterwards.
     ``adopt`` moves a tensor to the buffer's device (or gives the buffer its device).
 
     Raises:
@@ -102,7 +102,7 @@ def restore_slots(
         if row is not None:
             row = adopt(row).to(F64).clone()
         slot.set_row(row)
-        slot.plan = None
+        slot.block = None
         slot.host_a, slot.host_w, slot.host_bad = (float(v) for v in saved["host"])
         slot.host_last = float(saved["host_last"])
         slot.last_on_host = bool(saved["last_on_host"])

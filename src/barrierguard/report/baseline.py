@@ -14,10 +14,21 @@ Two lines with the same key (``loss.item()`` twice in one function) share one
 entry: the baseline counts them, so a third identical line is still new.
 Only blocking sites that no allow rule admits take part; allowed sites and
 ``async_d2h`` races never fail a check.
+
+A site whose code was edited without touching its sync (a layer added to the
+``model = nn.Sequential(...)`` line) is matched by its place instead: the
+baseline's entry of the same file, function and kind that no longer matches
+exactly, with similar code or within a few lines (a ``"matched"`` finding).
+
+The ratchet judges the loop: only sites with syncs in measured steps
+(``per_step > 0``) can regress. Sites that fire only in setup, warm-up or a
+phase counted apart (validation, checkpoints, after the loop) are listed when
+they change, as information, and never fail a check.
 """
 
 from __future__ import annotations
 
+import difflib
 import io
 import os
 import tokenize
@@ -26,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
+from barrierguard.report.codec import Record
 from barrierguard.report.jsonio import read_json, write_json
 from barrierguard.report.records import Report, Site
 
@@ -44,6 +56,11 @@ BASELINE_SCHEMA = "barrierguard.baseline/1"
 
 # per_step is a float ratio; two runs of the same code can differ in the last bits.
 _EPS = 1e-9
+
+# How close an edited line must stay to be the baseline's site: code this
+# similar (difflib's ratio), or this many lines away at most.
+_SIMILAR = 0.6
+_NEAR_LINES = 5
 
 Key = tuple[str, str, str, str]
 
@@ -96,7 +113,7 @@ def _counts(site: Site) -> bool:
 
 
 @dataclass(frozen=True)
-class Entry:
+class Entry(Record):
     """One baseline entry: a key, how many lines share it, and their syncs per step."""
 
     file: str
@@ -112,21 +129,14 @@ class Entry:
     def key(self) -> Key:
         return (self.file, self.function, self.code, self.kind)
 
+    @property
+    def in_loop(self) -> bool:
+        """Whether the site synced in measured steps (only those can regress)."""
+        return self.per_step > _EPS
+
     def describe(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
         return f"{where} in {self.function}(): {self.code!r} [{self.kind}]"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "function": self.function,
-            "code": self.code,
-            "kind": self.kind,
-            "lines": self.lines,
-            "per_step": self.per_step,
-            "count": self.count,
-            "line": self.line,
-        }
 
 
 def _entries(sites: Iterable[Site], root: str | None) -> dict[Key, Entry]:
@@ -209,18 +219,7 @@ class Baseline:
             try:
                 if not isinstance(raw, Mapping):
                     raise TypeError(f"expected an object, got {type(raw).__name__}")
-                entries.append(
-                    Entry(
-                        file=str(raw["file"]),
-                        function=str(raw["function"]),
-                        code=str(raw["code"]),
-                        kind=str(raw["kind"]),
-                        lines=int(raw.get("lines", 1)),
-                        per_step=float(raw.get("per_step", 0.0)),
-                        count=int(raw.get("count", 0)),
-                        line=int(raw.get("line", 0)),
-                    )
-                )
+                entries.append(Entry.from_dict(raw))
             except (KeyError, TypeError, ValueError) as err:
                 raise BarrierGuardError(
                     f"{source}: malformed baseline (sites[{i}]: {err!r}; each site needs "
@@ -270,17 +269,31 @@ def make_baseline(report: Report, root: str | None = None, source: str = "") -> 
 class Finding:
     """One way a report is worse than the baseline (or, for ``gone``, better)."""
 
-    change: str  # "new", "more" (more lines share the key), "grew" (per step), "gone"
+    # "new", "more" (more lines share the key), "grew" (per step), "gone",
+    # "matched" (an edited line matched to the baseline's entry by its place)
+    change: str
     entry: Entry
     before: Entry | None = None
     site: Site | None = None
 
     @property
     def fails(self) -> bool:
-        return self.change != "gone"
+        """A regression: a new site, more lines or more syncs per step *in the loop*."""
+        return self.change in ("new", "more", "grew") and self.entry.in_loop
 
     def describe(self) -> str:
         e, b = self.entry, self.before
+        if self.change in ("new", "more") and not e.in_loop:
+            what = "new site" if self.change == "new" else "more lines"
+            return (
+                f"{what} outside the loop (setup, warm-up or a phase counted apart; "
+                f"never a regression): {e.describe()}"
+            )
+        if self.change == "matched" and b is not None:
+            return (
+                f"edited: {e.describe()} is the baseline's {b.code!r}"
+                f"{f' (line {b.line})' if b.line else ''}, matched by its place"
+            )
         if self.change == "new":
             text = f"new site: {e.describe()} - {e.per_step:.2f} syncs per step"
         elif self.change == "more" and b is not None:
@@ -305,8 +318,10 @@ def compare(
 ) -> list[Finding]:
     """What ``report`` adds over ``baseline``: new sites, more lines, more syncs per step.
 
-    Sites of the baseline that are gone come last, as ``"gone"`` findings
-    (which never fail).
+    Only sites in the loop (syncs in measured steps) fail; changes of sites
+    outside it are findings that never fail, as are ``"matched"`` (an edited
+    line found by its place) and ``"gone"`` (sites of the baseline that are
+    gone, listed last).
 
     Args:
         baseline: The accepted sites.
@@ -327,16 +342,39 @@ def compare(
             first_site.setdefault(site_key(ranked, root), ranked)
     found: list[Finding] = []
     now = _entries(report.sites, root)
+    unmatched = {key: entry for key, entry in old.items() if key not in now}
     for key, entry in sorted(now.items(), key=lambda kv: (kv[1].file, kv[1].line)):
         site = first_site.get(key)
         before = old.get(key)
         if before is None:
-            found.append(Finding("new", entry, None, site))
-        elif entry.lines > before.lines:
+            before = _by_place(entry, unmatched)
+            if before is None:
+                found.append(Finding("new", entry, None, site))
+                continue
+            found.append(Finding("matched", entry, before, site))
+        if entry.lines > before.lines:
             found.append(Finding("more", entry, before, site))
         elif entry.per_step > before.per_step + tolerance + _EPS:
             found.append(Finding("grew", entry, before, site))
-    for key, entry in old.items():
-        if key not in now:
-            found.append(Finding("gone", entry))
+    for entry in unmatched.values():
+        found.append(Finding("gone", entry))
     return found
+
+
+def _by_place(entry: Entry, unmatched: dict[Key, Entry]) -> Entry | None:
+    """The baseline entry ``entry`` is an edit of, taken out of ``unmatched``, or None.
+
+    Same file, function and kind; code at least ``_SIMILAR`` alike, or at most
+    ``_NEAR_LINES`` lines away; the most alike wins, then the nearest.
+    """
+    best: tuple[float, int, Key] | None = None
+    for key, old in unmatched.items():
+        if (old.file, old.function, old.kind) != (entry.file, entry.function, entry.kind):
+            continue
+        alike = difflib.SequenceMatcher(None, old.code, entry.code).ratio()
+        apart = abs(old.line - entry.line) if old.line and entry.line else _NEAR_LINES + 1
+        if alike < _SIMILAR and apart > _NEAR_LINES:
+            continue
+        if best is None or (alike, -apart) > (best[0], -best[1]):
+            best = (alike, apart, key)
+    return unmatched.pop(best[2]) if best is not None else None

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
+
+from barrierguard.report.codec import Record
 
 __all__ = ["RankSummary", "hidden_fraction", "job_cost", "rank_ranges", "summarize_rank"]
 
@@ -53,7 +55,7 @@ class _SiteLike(Protocol):
 
 
 @dataclass(frozen=True)
-class RankSummary:
+class RankSummary(Record):
     """One rank of a merged report: its steps, syncs, stall and step time.
 
     ``host_step_s`` and ``device_step_s`` are medians over the steps its
@@ -95,28 +97,6 @@ class RankSummary:
     def syncs_per_step(self) -> float:
         """Blocking syncs per measured step on this rank."""
         return self.step_syncs / self.measured_steps if self.measured_steps else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RankSummary:
-        def _opt(name: str) -> float | None:
-            v = data.get(name)
-            return None if v is None else float(v)
-
-        return cls(
-            rank=int(data["rank"]),
-            steps=int(data.get("steps", 0)),
-            measured_steps=int(data.get("measured_steps", 0)),
-            step_syncs=int(data.get("step_syncs", 0)),
-            stall_per_step_s=_opt("stall_per_step_s"),
-            host_step_s=_opt("host_step_s"),
-            device_step_s=_opt("device_step_s"),
-            timed_steps=int(data.get("timed_steps", 0)),
-            stall_fraction=_opt("stall_fraction"),
-            wait_s=_opt("wait_s"),
-        )
 
 
 def _median(values: Iterable[float | None]) -> float | None:

@@ -13,6 +13,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
+from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, from_json, to_json
+from barrierguard.report.compiled import (
+    CaptureProbe,
+    CompileReport,
+    CudagraphSkip,
+    GraphBreak,
+    consequence,
+)
 from barrierguard.report.jsonio import read_json, write_json, write_text
 from barrierguard.report.measures import MemoryReport, Timeline
 from barrierguard.report.ranks import RankSummary, job_cost, rank_ranges, summarize_rank
@@ -20,6 +28,10 @@ from barrierguard.report.sites import Site, SiteKey, Violation, _merge_sites
 
 __all__ = [
     "SCHEMA",
+    "CaptureProbe",
+    "CompileReport",
+    "CudagraphSkip",
+    "GraphBreak",
     "MemoryReport",
     "RankSummary",
     "Report",
@@ -27,10 +39,25 @@ __all__ = [
     "SiteKey",
     "Timeline",
     "Violation",
+    "consequence",
     "rank_ranges",
 ]
 
 SCHEMA = "barrierguard.report/1"
+
+# The report's JSON begins with these keys; the other fields follow in their order.
+_FIRST_KEYS = (
+    "schema",
+    "engine",
+    "detection",
+    "policy",
+    "steps",
+    "warmup_steps",
+    "measured_steps",
+    "duration_s",
+    "total_syncs",
+    "step_syncs",
+)
 
 # Renderers by name, filled by ``barrierguard.report`` when it is imported (the
 # renderers import these records, so the records must not import them).
@@ -73,7 +100,9 @@ class Report:
     :meth:`from_dict`/:meth:`load` read back. ``rank`` is the global rank
     that wrote it, in a distributed run; a report merged over ranks
     (:meth:`merge`) holds them in ``ranks``, with ``rank_summaries`` and
-    :attr:`gating_site` (docs/distributed.md).
+    :attr:`gating_site` (docs/distributed.md). ``compile`` holds what
+    torch.compile said about the watched code (graph breaks, CUDA-graph skips,
+    the capture probe) when any of it ran (docs/compile.md).
 
     Example:
         >>> r = Report(engine="none", detection=False, policy="record")
@@ -94,12 +123,14 @@ class Report:
     duration_s: float = 0.0
     environment: Mapping[str, str] = field(default_factory=dict)
     schema: str = SCHEMA
-    memory: MemoryReport | None = None
-    timeline: Timeline | None = None
-    epochs: tuple[int, ...] = ()
-    ranks: tuple[Report, ...] = ()
-    rank: int | None = None
-    rank_summaries: tuple[RankSummary, ...] = ()
+    # Optional sections: in the JSON only when set.
+    memory: MemoryReport | None = field(default=None, metadata=OMIT_NONE)
+    timeline: Timeline | None = field(default=None, metadata=OMIT_NONE)
+    epochs: tuple[int, ...] = field(default=(), metadata=OMIT_EMPTY)
+    ranks: tuple[Report, ...] = field(default=(), metadata=OMIT_EMPTY)
+    rank: int | None = field(default=None, metadata=OMIT_NONE)
+    rank_summaries: tuple[RankSummary, ...] = field(default=(), metadata=OMIT_EMPTY)
+    compile: CompileReport | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def total_syncs(self) -> int:
@@ -244,34 +275,12 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-able data (see docs/report-schema.md)."""
-        return {
-            "schema": self.schema,
-            "engine": self.engine,
-            "detection": self.detection,
-            "policy": self.policy,
-            "steps": self.steps,
-            "warmup_steps": self.warmup_steps,
-            "measured_steps": self.measured_steps,
-            "duration_s": self.duration_s,
-            "total_syncs": self.total_syncs,
-            "step_syncs": self.step_syncs,
-            "sites": [s.to_dict() for s in self.ranked()],
-            "violations": [v.to_dict() for v in self.violations],
-            "syncs_per_step": list(self.syncs_per_step),
-            "notes": list(self.notes),
-            "environment": dict(self.environment),
-            **({"memory": self.memory.to_dict()} if self.memory is not None else {}),
-            **({"timeline": self.timeline.to_dict()} if self.timeline is not None else {}),
-            **({"epochs": list(self.epochs)} if self.epochs else {}),
-            **({"ranks": [r.to_dict() for r in self.ranks]} if self.ranks else {}),
-            **({"rank": self.rank} if self.rank is not None else {}),
-            **(
-                {"rank_summaries": [s.to_dict() for s in self.rank_summaries]}
-                if self.rank_summaries
-                else {}
-            ),
-            **({"gating": _gating_dict(self.gating_site)} if self.gating_site else {}),
-        }
+        data = to_json(replace(self, sites=tuple(self.ranked())))
+        data.update(total_syncs=self.total_syncs, step_syncs=self.step_syncs)
+        gate = self.gating_site
+        if gate is not None:
+            data["gating"] = _gating_dict(gate)
+        return {**{k: data.pop(k) for k in _FIRST_KEYS}, **data}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "report") -> Report:
@@ -289,39 +298,7 @@ class Report:
                 f"{source}: schema {schema!r} is not supported; this barrierguard reads {SCHEMA!r}"
             )
         try:
-            return cls(
-                engine=str(data["engine"]),
-                detection=bool(data["detection"]),
-                policy=str(data["policy"]),
-                steps=int(data.get("steps", 0)),
-                warmup_steps=int(data.get("warmup_steps", 0)),
-                measured_steps=int(data.get("measured_steps", 0)),
-                sites=tuple(Site.from_dict(s) for s in data.get("sites", ())),
-                violations=tuple(Violation.from_dict(v) for v in data.get("violations", ())),
-                syncs_per_step=tuple(int(n) for n in data.get("syncs_per_step", ())),
-                notes=tuple(data.get("notes", ())),
-                duration_s=float(data.get("duration_s", 0.0)),
-                environment=dict(data.get("environment", {})),
-                memory=(
-                    MemoryReport.from_dict(data["memory"])
-                    if data.get("memory") is not None
-                    else None
-                ),
-                timeline=(
-                    Timeline.from_dict(data["timeline"])
-                    if isinstance(data.get("timeline"), Mapping)
-                    else None
-                ),
-                epochs=tuple(int(e) for e in data.get("epochs", ())),
-                ranks=tuple(
-                    cls.from_dict(r, source=f"{source} rank {i}")
-                    for i, r in enumerate(data.get("ranks", ()))
-                ),
-                rank=None if data.get("rank") is None else int(data["rank"]),
-                rank_summaries=tuple(
-                    RankSummary.from_dict(r) for r in data.get("rank_summaries", ())
-                ),
-            )
+            return from_json(cls, data)
         except (KeyError, TypeError, ValueError) as err:
             raise BarrierGuardError(f"{source}: malformed report ({err!r})") from err
 

@@ -7,9 +7,10 @@ records from several ranks merge into one. ``records`` re-exports them.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from barrierguard.report.codec import AS_MAP, OMIT_EMPTY, OMIT_NONE, Record
 
 __all__ = ["Site", "SiteKey", "Violation"]
 
@@ -18,7 +19,7 @@ SiteKey = tuple[str, int, str, str, str, int]
 
 
 @dataclass(frozen=True)
-class Site:
+class Site(Record):
     """One place in the code that synchronizes, with everything known about it.
 
     ``file``/``line``/``function`` name the user's own frame; when the sync
@@ -26,6 +27,9 @@ class Site:
     ``framework_*`` fields name the framework's line, and for a framework sync
     barrierguard knows, ``cause`` says why it syncs and ``fix`` names the
     setting that removes it (or says that none does).
+
+    ``rule`` is the kind's stable rule code (``"BG101"`` for ``item``; the table
+    is docs/rules.md), as CI annotations and SARIF name it.
 
     ``count`` counts calls: one ``print(t)`` is one occurrence, however many
     times torch synchronized inside it; ``events`` keeps the raw number of
@@ -36,6 +40,12 @@ class Site:
     some ranks and not on others, and ``job_cost_s`` estimates what it costs
     every rank per measured step (the others wait for it at the next
     collective; see ``barrierguard.report.ranks``).
+
+    Inside compiled code, ``graph_break`` is dynamo's reason for breaking the
+    graph at this line (``graph_break_id`` its ``gbNNNN`` page),
+    ``compile_flag`` the dynamo setting that would keep the line in the graph
+    (the sync then still happens at run time), and ``cudagraph_skip``
+    inductor's reason for skipping CUDA graphs here (docs/compile.md).
 
     Example:
         >>> s = Site(file="/w/train.py", line=12, function="train", code="loss.item()",
@@ -66,14 +76,23 @@ class Site:
     framework_file: str | None = None
     framework_line: int | None = None
     framework_function: str | None = None
-    phases: tuple[tuple[str, int], ...] = ()
-    mechanisms: tuple[tuple[str, int], ...] = ()
-    rank_counts: tuple[tuple[int, int], ...] = ()
-    cause: str = ""
-    events: int = 0
-    rank_stalls: tuple[tuple[int, float], ...] = ()
-    asymmetric: bool = False
-    job_cost_s: float | None = None
+    # Optional sections appear in the JSON only when set, so reports of plain
+    # watch() runs read as before.
+    cause: str = field(default="", metadata=OMIT_EMPTY)
+    events: int = field(default=0, metadata={"omit": lambda site, n: n <= site.count})
+    asymmetric: bool = field(default=False, metadata=OMIT_EMPTY)
+    job_cost_s: float | None = field(default=None, metadata=OMIT_NONE)
+    phases: tuple[tuple[str, int], ...] = field(default=(), metadata={**AS_MAP, **OMIT_EMPTY})
+    mechanisms: tuple[tuple[str, int], ...] = field(default=(), metadata={**AS_MAP, **OMIT_EMPTY})
+    rank_counts: tuple[tuple[int, int], ...] = field(default=(), metadata={**AS_MAP, **OMIT_EMPTY})
+    rank_stalls: tuple[tuple[int, float], ...] = field(
+        default=(), metadata={**AS_MAP, **OMIT_EMPTY}
+    )
+    rule: str = field(default="", metadata=OMIT_EMPTY)
+    graph_break: str = field(default="", metadata=OMIT_EMPTY)
+    graph_break_id: str = field(default="", metadata=OMIT_EMPTY)
+    compile_flag: str = field(default="", metadata=OMIT_EMPTY)
+    cudagraph_skip: str = field(default="", metadata=OMIT_EMPTY)
 
     @property
     def location(self) -> str:
@@ -92,48 +111,6 @@ class Site:
             self.framework_file or "",
             self.framework_line or 0,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["steps"] = [list(r) for r in self.steps]
-        d["threads"] = list(self.threads)
-        # Optional sections appear only when set, so reports of plain watch()
-        # runs read exactly as before.
-        for name in ("phases", "mechanisms"):
-            pairs = d.pop(name)
-            if pairs:
-                d[name] = dict(pairs)
-        ranks = d.pop("rank_counts")
-        if ranks:
-            d["rank_counts"] = {str(r): n for r, n in ranks}
-        stalls = d.pop("rank_stalls")
-        if stalls:
-            d["rank_stalls"] = {str(r): t for r, t in stalls}
-        if not d["asymmetric"]:
-            del d["asymmetric"]
-        if d["job_cost_s"] is None:
-            del d["job_cost_s"]
-        if not d["cause"]:
-            del d["cause"]
-        if d["events"] <= self.count:
-            del d["events"]
-        return d
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Site:
-        known = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in known}
-        kwargs["steps"] = tuple((int(a), int(b)) for a, b in data.get("steps", ()))
-        kwargs["threads"] = tuple(data.get("threads", ("MainThread",)))
-        for name in ("phases", "mechanisms"):
-            kwargs[name] = tuple((str(k), int(v)) for k, v in dict(data.get(name, {})).items())
-        kwargs["rank_counts"] = tuple(
-            (int(k), int(v)) for k, v in dict(data.get("rank_counts", {})).items()
-        )
-        kwargs["rank_stalls"] = tuple(
-            (int(k), float(v)) for k, v in dict(data.get("rank_stalls", {})).items()
-        )
-        return cls(**kwargs)
 
 
 def _sum_pairs(groups: Sequence[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
@@ -176,7 +153,7 @@ def _events(sites: Sequence[Site]) -> int:
 
 
 @dataclass(frozen=True)
-class Violation:
+class Violation(Record):
     """A point where the policy was broken: which site, at which step, and why."""
 
     file: str
@@ -186,11 +163,3 @@ class Violation:
     step: int
     reason: str
     thread: str = "MainThread"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Violation:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})

@@ -24,12 +24,16 @@ from barrierguard._errors import BarrierGuardError, MemoryGrowthError, SyncError
 from barrierguard.detect import frameworks, hub
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
-from barrierguard.report.records import MemoryReport, Report, Timeline, Violation
-from barrierguard.session import lifecycle, ranks
+from barrierguard.report.records import CaptureProbe, MemoryReport, Report, Timeline, Violation
+from barrierguard.session import allowing, lifecycle, ranks
+from barrierguard.session.compiled import CompileWatch, join
+from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
 from barrierguard.session.sites import SiteStats, message, site_record
+from barrierguard.session.steps import OptimizerSteps
 
 if TYPE_CHECKING:
+    from barrierguard.session.capture import CallProbe
     from barrierguard.session.memory import MemoryMonitor
     from barrierguard.session.timeline import StepTimeline
 
@@ -44,8 +48,12 @@ _MAX_VIOLATIONS = 1000
 
 # Phases whose syncs are counted apart: outside the training steps' counts,
 # their per-step series and the policy (a Lightning validation batch is not a
-# training step, nor is the teardown after the last one).
-APART_PHASES = frozenset({"validate", "test", "predict", "teardown", "checkpoint"})
+# training step, nor is the teardown after the last one, nor what a plain loop
+# does after its last step: see ``loop_end``). torch.compile at work (tracing,
+# compiling, autotuning) and the capture probe are not training either.
+APART_PHASES = frozenset(
+    {"validate", "test", "predict", "teardown", "checkpoint", AFTER_LOOP, "compile", "probe"}
+)
 
 
 def _thread_name(ident: int) -> str:
@@ -99,10 +107,14 @@ class Guard:
     or driven by hand with :meth:`start`/:meth:`stop`; starting it again after a
     stop adds to the same report.
 
-    Steps: every ``optimizer.step()`` ends a step (the first optimizer that
-    steps leads, so a GAN's two optimizers make one step). Loops without an
-    optimizer call :meth:`step`; once :meth:`step` has been called, optimizer
-    steps no longer count. Everything before the first step, and the first
+    Steps: every ``optimizer.step()`` ends a step. With several optimizers,
+    the first to step in an iteration leads and the others follow, so a GAN's
+    two optimizers stepping once each make one step; an optimizer that steps
+    twice while the lead does not (layer-wise training: A steps 30 times, then
+    B 30 times) takes the lead and every step of it counts, 60 in all
+    (``session/steps.py`` has the rule). Loops without an optimizer call
+    :meth:`step`; once :meth:`step` has been called, optimizer steps no
+    longer count. Everything before the first step, and the first
     ``warmup_steps`` steps, is setup: recorded, never held against the policy.
 
     Example:
@@ -124,13 +136,18 @@ class Guard:
         self._per_step: list[int] = [0]
         self._step_stall: list[float] = [0.0]
         self._manual = False
-        self._lead: Any = None
+        self._optimizer_steps = OptimizerSteps()
         # (site, step, reason, thread name): made into Violations by report(),
         # off the hot path.
         self._violations: list[tuple[Location, int, str, str]] = []
         self._violation_count = 0
         self._thread_names: dict[int, str] = {}
         self._deferred: list[SyncError] = []
+        # Syncs after the latest boundary of sites not yet seen in a closed
+        # step, and the errors of confirmed ones not yet raised (``loop_end``).
+        self._open = OpenStep()
+        self._due: dict[tuple[str, int, str, str, str, int], SyncError] = {}
+        self._loader_end = -1
         self._warned: set[tuple[str, int, str, str, str, int]] = set()
         self._faults: list[str] = []
         self._notes: list[str] = []
@@ -148,6 +165,10 @@ class Guard:
         self._step_listeners: list[Callable[[int], None]] = []
         self._memory: MemoryMonitor | None = None
         self._timeline: StepTimeline | None = None
+        self._compile = CompileWatch()
+        self._probing = False
+        self._call_probe: CallProbe | None = None
+        self._optimizers: dict[int, Any] = {}
         # Set by framework adapters (the Lightning callback) from their events:
         # the phase each sync is tagged with.
         self._phase: str | None = None
@@ -196,14 +217,37 @@ class Guard:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+            watch_loaders(self._on_loader_end)
         except BaseException:
+            if self._hook_handle is not None:
+                self._hook_handle.remove()
+                self._hook_handle = None
             hub.detach(self, name)
             raise
         self._running = True
         self._started = time.perf_counter()
         self._start_memory()
         self._start_timeline()
+        try:
+            self._compile.start()
+            self._arm_call_probe()
+        except Exception as exc:
+            self._fault(exc)
         return self
+
+    def _arm_call_probe(self) -> None:
+        name = self._options.capture_probe
+        if not isinstance(name, str) or self._compile.probe is not None:
+            return
+        from barrierguard.session.capture import CallProbe
+
+        warmup = max(1, self._options.warmup_steps)
+        self._call_probe = CallProbe(
+            name,
+            lambda: self._running and not self._probing and self._steps >= warmup,
+            lambda fn, args, kwargs: self.probe_capture(fn, *args, **kwargs),
+        )
+        self._call_probe.arm()
 
     def _start_timeline(self) -> None:
         # Step timing reads CUDA events: only where the CUDA engine runs.
@@ -270,6 +314,13 @@ class Guard:
                 self._hook_handle = None
         finally:
             hub.detach(self, self._engine_name)
+            unwatch_loaders(self._on_loader_end)
+            self._end_loop(act)
+            try:
+                self._compile.stop()
+                self._disarm_call_probe()
+            except Exception as exc:
+                self._fault(exc)
             memory_error = self._stop_memory(act)
             if self._timeline is not None:
                 try:
@@ -296,6 +347,19 @@ class Guard:
             text = f"the report could not be written to {path!r}: {exc}"
             log.warning("barrierguard: %s", text)
             self._note(text)
+
+    def _disarm_call_probe(self) -> None:
+        probe = self._call_probe
+        if probe is None:
+            return
+        probe.disarm()
+        if probe.note:
+            self._note(probe.note)
+        elif not probe.done:
+            self._note(
+                f"capture probe: no call of {probe.name!r} after warm-up while watching, "
+                "so nothing was captured"
+            )
 
     def _stop_memory(self, act: bool) -> MemoryGrowthError | None:
         if self._memory is None:
@@ -343,12 +407,12 @@ class Guard:
         self._step_listeners.append(listener)
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._probing:
+            return  # a captured step runs no kernel: not a step of the training
+        self._optimizers.setdefault(id(optimizer), optimizer)
         if self._manual:
             return
-        lead = self._lead
-        if lead is None:
-            self._lead = lead = id(optimizer)
-        if id(optimizer) == lead:
+        for _ in range(self._optimizer_steps.boundaries(id(optimizer))):
             self._advance()
 
     def _advance(self) -> None:
@@ -359,6 +423,7 @@ class Guard:
         self._step_syncs = 0
         self._steps += 1
         step = self._steps
+        late = self._close_step() if self._open or self._due else None
         for listener in self._step_listeners:
             try:
                 listener(step)
@@ -366,6 +431,106 @@ class Guard:
                 raise  # the error policy's verdict, raised from the step boundary
             except Exception as exc:
                 self._fault(exc)
+        if late is not None:
+            raise late
+
+    def _on_loader_end(self) -> None:
+        self._loader_end = self._steps
+
+    def _close_step(self) -> SyncError | None:
+        """A boundary closed the step: judge its held syncs (``loop_end``).
+
+        Returns the error of a site confirmed at the previous boundary that did
+        not fire again in the step since (so not raised at its line): due now.
+        """
+        opts = self._options
+        actions: list[Callable[[], None]] = []
+        with self._lock:
+            late = next(iter(self._due.values()), None)
+            self._due.clear()
+            for held in self._open.close():
+                stats = held.stats
+                key = stats.loc.key
+                for step, reason, thread, violation in held.pending:
+                    if opts.policy == "record" and not violation:
+                        continue
+                    first_time = key not in self._warned
+                    self._warned.add(key)
+                    if violation:
+                        self._violation_count += 1
+                        if len(self._violations) < _MAX_VIOLATIONS:
+                            self._violations.append((stats.loc, step, reason, thread))
+                    if opts.policy == "error" and violation:
+                        self._due[key] = SyncError(
+                            message(stats, step, reason),
+                            site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
+                        )
+                    elif opts.policy != "record" and first_time:
+                        actions.append(functools.partial(self._warn, stats, step, reason))
+        for act in actions:
+            act()
+        return late
+
+    def _end_loop(self, act: bool) -> None:
+        """At stop: what is still held followed the loop's last step."""
+        with self._lock:
+            self._open.finish(self._steps, self._per_step, self._step_stall)
+            due = next(iter(self._due.values()), None)
+            self._due.clear()
+        if act and due is not None and not self._deferred:
+            self._deferred.append(due)
+
+    def _before_call(self, func: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        """A decorated step is called: ``watch(capture_probe=True)``'s turn after warm-up."""
+        if (
+            self._options.capture_probe is True
+            and self._compile.probe is None
+            and self._steps >= max(1, self._options.warmup_steps)
+        ):
+            self.probe_capture(func, *args, **kwargs)
+
+    def probe_capture(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CaptureProbe:
+        """Try to capture one call of ``fn(*args, **kwargs)`` with ``torch.cuda.graph``.
+
+        The call is recorded on a side stream and never replayed, so the
+        training that follows computes what it would have (docs/compile.md
+        says exactly what is captured and restored); its syncs are counted
+        apart (phase ``"probe"``). Call it after warm-up. The result is also
+        the report's ``compile.probe``; ``watch(capture_probe=True)`` on a
+        decorated step function does this for its first call after warm-up.
+
+        Returns:
+            ``status`` ``"capturable"``, ``"blocked"`` (with the first line
+            that stopped the capture), or ``"not run"`` (no CUDA device).
+
+        Example:
+            >>> import barrierguard
+            >>> guard = barrierguard.watch(policy="record")
+            >>> guard.probe_capture(lambda: None).status in ("capturable", "not run")
+            True
+        """
+        from barrierguard.session.capture import probe
+
+        params = [
+            p
+            for opt in self._optimizers.values()
+            for group in getattr(opt, "param_groups", ())
+            for p in group.get("params", ())
+        ]
+        saved, self._phase = self._phase, "probe"
+        self._probing = True
+        try:
+            result = probe(fn, args, kwargs, params)
+        except Exception as exc:  # the probe's own failure must not cost the run
+            self._fault(exc)
+            result = CaptureProbe(
+                status="not run", reason=f"the probe failed: {type(exc).__name__}: {exc}"
+            )
+        finally:
+            self._probing = False
+            self._phase = saved
+        self._compile.probe = result
+        return result
 
     @property
     def steps(self) -> int:
@@ -426,7 +591,8 @@ class Guard:
                         loc.kind,
                         loc.origin,
                         mechanism.split(" (", 1)[0] if mechanism else None,
-                    ),
+                    )
+                    or allowing.inline_allowed(loc.file, loc.line, loc.kind),
                     blocking=known.blocking if known is not None else True,
                 )
                 self._sites[loc.key] = stats
@@ -438,6 +604,8 @@ class Guard:
                 stats.threads[self._thread_name(ident)] = None
             if mechanism is not None:
                 stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + 1
+            if phase is None and self._loader_end == step > 0 and not stats.in_loop:
+                phase = AFTER_LOOP  # after the epoch's data ran out
             if phase is not None:
                 stats.phases[phase] = stats.phases.get(phase, 0) + 1
                 if phase in APART_PHASES:
@@ -449,6 +617,9 @@ class Guard:
                 if stall is not None:
                     stats.setup_stall += stall
                 return None
+            held = not stats.in_loop
+            if held:
+                self._open.hold(stats, stall)
             stats.step_count += 1
             if stall is not None:
                 stats.stall += stall
@@ -462,9 +633,13 @@ class Guard:
             if not stats.blocking:
                 if opts.policy == "record" or loc.key in self._warned:
                     return None
+                if held:
+                    race = "not a barrier, but a race"
+                    self._open.pend(stats, step, race, self._thread_name(ident), False)
+                    return None
                 self._warned.add(loc.key)
                 return functools.partial(self._warn, stats, step, "not a barrier, but a race")
-            if stats.allowed:
+            if stats.allowed or allowing.admits(loc.key, loc.kind):
                 return None
             self._step_syncs += 1
             budget = opts.max_syncs_per_step or 0
@@ -474,6 +649,9 @@ class Guard:
                 reason = "not allowed"
             else:
                 reason = f"{self._step_syncs} syncs in step {step}, budget {budget}"
+            if held:
+                self._open.pend(stats, step, reason, self._thread_name(ident), True)
+                return None
             self._violation_count += 1
             if len(self._violations) < _MAX_VIOLATIONS:
                 self._violations.append((loc, step, reason, self._thread_name(ident)))
@@ -483,6 +661,7 @@ class Guard:
             self._warned.add(loc.key)
             if opts.policy == "warn":
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
+            self._due.pop(loc.key, None)
             error = SyncError(
                 message(stats, step, reason),
                 site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
@@ -542,6 +721,13 @@ class Guard:
                 "no step boundary was seen (no optimizer.step() and no guard.step()): every "
                 "sync counts as setup, and the policy never applied"
             )
+        elif steps <= self._options.warmup_steps + 1:
+            notes.append(
+                f"{steps} step boundary(ies) and {self._options.warmup_steps} warm-up step(s): "
+                "what ran before the last boundary is setup or warm-up, what ran after it "
+                "follows the loop, so the policy judged no step; run at least "
+                f"{self._options.warmup_steps + 2} steps for a verdict"
+            )
         elapsed = self._elapsed + (time.perf_counter() - self._started if self._running else 0.0)
         memory: MemoryReport | None = None
         if self._memory is not None:
@@ -568,6 +754,14 @@ class Guard:
                 )
             except Exception as exc:
                 self._fault(exc)
+        sites = [site_record(s, max(0, steps - warmup)) for s in stats]
+        compiled: Any = None
+        try:
+            joined = join(sites, self._compile, running=self._running)
+            if joined is not None:
+                sites, compiled = list(joined[0]), joined[1]
+        except Exception as exc:
+            self._fault(exc)
         return Report(
             engine=self._engine_name,
             detection=self._engine_name != "none",
@@ -575,7 +769,7 @@ class Guard:
             steps=steps,
             warmup_steps=min(warmup, steps),
             measured_steps=max(0, steps - warmup),
-            sites=tuple(site_record(s, max(0, steps - warmup)) for s in stats),
+            sites=tuple(sites),
             violations=violations,
             syncs_per_step=per_step,
             notes=tuple(notes),
@@ -584,6 +778,7 @@ class Guard:
             timeline=timeline,
             memory=memory,
             rank=ranks.current_rank(),
+            compile=compiled,
         )
 
 

@@ -57,6 +57,8 @@ class Guard(Protocol):
 
     def _thread_name(self, ident: int) -> str: ...
 
+    def _before_call(self, func: Any, args: Any, kwargs: Any) -> None: ...
+
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: Any) -> None: ...
@@ -143,6 +145,7 @@ def decorate(guard: Guard, func: F) -> F:
         @functools.wraps(func)
         def watched_call(*args: Any, **kwargs: Any) -> Any:
             with guard:
+                guard._before_call(func, args, kwargs)
                 return func(*args, **kwargs)
 
         watched = watched_call

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.detect import frameworks
-from barrierguard.detect.kinds import KINDS
+from barrierguard.detect.kinds import CODES, KINDS
 
 __all__ = [
     "ENGINES",
@@ -35,11 +35,15 @@ DEFAULT_POLICY = "warn"
 POLICY_ENV = "BARRIERGUARD_POLICY"
 
 _ALLOW_FORMS = (
-    "a kind (" + ", ".join(sorted(KINDS)) + "), an origin ('user', 'framework:<name>', "
-    "'framework:*'), a framework mechanism ('mechanism:<name>', e.g. 'mechanism:hf_logging'), "
-    "or a file pattern 'path/to/file.py:LINE' with LINE one of *, N or N-M"
+    "a line rule 'path/to/file.py:LINE' with LINE one of N, N-M or * (e.g. 'train.py:42', "
+    "'train.py:40-50', 'src/*/metrics.py:*'), a kind or rule code (e.g. 'item', 'BG101'), "
+    "an origin ('user', 'framework:<name>', 'framework:*'), or a framework mechanism "
+    "('mechanism:<name>', e.g. 'mechanism:hf_logging'); the kinds are "
+    + ", ".join(sorted(KINDS))
+    + " (docs/rules.md)"
 )
 _MECHANISMS = tuple(m.name for m in frameworks.MECHANISMS)
+_KIND_OF_CODE = {code: kind for kind, code in CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -98,10 +102,13 @@ def parse_allow(rule: str) -> AllowRule:
         True
     """
     if not isinstance(rule, str):
-        raise BarrierGuardError(f"allow rule {rule!r} is not a string; expected {_ALLOW_FORMS}")
+        raise BarrierGuardError(f"allow rule {rule!r} is not a string: expected {_ALLOW_FORMS}")
     text = rule.strip()
     if text in KINDS:
         return AllowRule(text=rule, kind=text)
+    by_code = _KIND_OF_CODE.get(text.upper())
+    if by_code is not None:
+        return AllowRule(text=rule, kind=by_code)
     if text == "user" or (text.startswith("framework:") and len(text) > len("framework:")):
         return AllowRule(text=rule, origin=text)
     if text.startswith("mechanism:"):
@@ -126,7 +133,7 @@ def parse_allow(rule: str) -> AllowRule:
                     return AllowRule(text=rule, path=path, first_line=first, last_line=last)
     hint = difflib.get_close_matches(text, list(KINDS), n=1)
     extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-    raise BarrierGuardError(f"allow rule {rule!r} is malformed{extra}; expected {_ALLOW_FORMS}")
+    raise BarrierGuardError(f"allow rule {rule!r} is malformed{extra}: expected {_ALLOW_FORMS}")
 
 
 @dataclass(frozen=True)
@@ -143,6 +150,7 @@ class Options:
     memory_every: int | None = None
     memory_children: bool = False
     out: str | None = None
+    capture_probe: bool | str = False
 
     def allowed(
         self, file: str, line: int, kind: str, origin: str, mechanism: str | None = None
@@ -199,6 +207,7 @@ def make_options(
     memory_every: int | None = None,
     memory_children: bool = False,
     out: str | os.PathLike[str] | None = None,
+    capture_probe: bool | str = False,
     owner: str = "watch",
 ) -> Options:
     """Validate and freeze a guard's options; every error names the argument.
@@ -221,6 +230,7 @@ def make_options(
         memory_every=_stride(owner, memory_every),
         memory_children=_flag(owner, "memory_children", memory_children),
         out=parse_out(out, owner=owner),
+        capture_probe=_probe(owner, capture_probe),
     )
 
 
@@ -315,6 +325,17 @@ def _flag(owner: str, name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
     raise BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected True or False")
+
+
+def _probe(owner: str, value: object) -> bool | str:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isidentifier():
+        return value
+    raise BarrierGuardError(
+        f"{owner}(capture_probe={value!r}) is not valid: expected True (the decorated step "
+        "function), False, or the name of the step function to probe, e.g. 'train_step'"
+    )
 
 
 def _stride(owner: str, value: object) -> int | None:

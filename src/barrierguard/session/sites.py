@@ -14,10 +14,10 @@ import os
 
 from barrierguard.detect import frameworks
 from barrierguard.detect.frames import Location
-from barrierguard.detect.kinds import fix_for
+from barrierguard.detect.kinds import CODES, KINDS, code_for, fix_for
 from barrierguard.report.records import Site
 
-__all__ = ["SiteStats", "cause", "code_at", "fix", "message", "site_record"]
+__all__ = ["SiteStats", "cause", "code_at", "fix", "message", "rule_table", "site_record"]
 
 
 class SiteStats:
@@ -28,6 +28,7 @@ class SiteStats:
         "blocking",
         "count",
         "events",
+        "in_loop",
         "last_ident",
         "loc",
         "mechanisms",
@@ -57,6 +58,22 @@ class SiteStats:
         self.setup_stall = 0.0
         self.phases: dict[str, int] = {}
         self.mechanisms: dict[str, int] = {}
+        # Whether a closed measured step saw this site (see ``loop_end``).
+        self.in_loop = False
+
+
+def rule_table() -> dict[str, tuple[str, str, str]]:
+    """The rule codes, in code order: ``code -> (kind, what it is, its fix)``
+    (what SARIF's ``tool.driver.rules`` lists).
+
+    Example:
+        >>> rule_table()["BG101"][0]
+        'item'
+    """
+    return {
+        code: (kind, KINDS[kind].what, KINDS[kind].fix)
+        for kind, code in sorted(CODES.items(), key=lambda kv: kv[1])
+    }
 
 
 def code_at(file: str, line: int) -> str:
@@ -99,9 +116,10 @@ def message(stats: SiteStats, step: int, reason: str) -> str:
         else ""
     )
     return (
-        f"{kind} sync at {where} in step {step} [{loc.origin}{inside}]: "
+        f"{code_for(loc.kind)} {kind} sync at {where} in step {step} [{loc.origin}{inside}]: "
         f"{code_at(loc.file, loc.line)!r} - {reason}. Fix: {fix(loc, stats.mechanisms)}. "
-        f"To accept it: allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
+        f"To accept it: '# barrierguard: allow[{code_for(loc.kind)}]' on the line, "
+        f"allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
     )
 
 
@@ -114,6 +132,7 @@ def site_record(stats: SiteStats, measured: int) -> Site:
         function=loc.function,
         code=code_at(loc.file, loc.line),
         kind=loc.kind,
+        rule=code_for(loc.kind),
         detail=loc.detail,
         origin=loc.origin,
         count=stats.count,

@@ -12,7 +12,7 @@ from barrierguard.session.options import GUARD_OPTIONS, make_options, unknown_op
 __all__ = ["watch"]
 
 
-_WATCH_OPTIONS = (*GUARD_OPTIONS, "out")
+_WATCH_OPTIONS = (*GUARD_OPTIONS, "out", "capture_probe")
 
 
 def watch(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
@@ -57,6 +57,13 @@ def watch(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
             ``report.json`` becomes ``report.rank<N>.json``, or put ``{rank}``
             in the path; ``barrierguard merge`` joins them
             (docs/distributed.md).
+        capture_probe: Try to capture one call of the step with
+            ``torch.cuda.graph`` after warm-up, recorded and never replayed,
+            and report the first line that blocks capture or that the step is
+            capturable (``report.compile.probe``; docs/compile.md). ``True``:
+            the decorated function (``@watch(...)``); a name such as
+            ``"train_step"``: the first call of a function of that name after
+            warm-up. Or call :meth:`Guard.probe_capture` yourself.
 
     Returns:
         A :class:`Guard` (use it with ``with``, as a decorator, or with

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from _samples import site
 from barrierguard import Report, Site
 from barrierguard.report.render.console import render
 
@@ -15,45 +16,40 @@ def test_console_table_exact() -> None:
         measured_steps=4,
         duration_s=0.5,
         sites=(
-            Site(
-                file="/w/train.py",
+            site(
                 line=7,
-                function="train",
-                code="loss.item()",
-                kind="item",
-                origin="user",
+                rule="BG101",
                 count=5,
                 setup_count=1,
                 step_count=4,
                 per_step=1.0,
                 fix="keep it on the device",
             ),
-            Site(
-                file="/w/train.py",
+            site(
                 line=3,
-                function="train",
                 code="model.to(dev)",
                 kind="copy",
                 detail="h2d",
-                origin="user",
                 count=2,
                 setup_count=2,
+                step_count=0,
                 fix="pin it",
             ),
         ),
     )
     assert render(report).splitlines() == [
         "barrierguard report: engine cuda (CUDA sync-debug mode + intercepted calls), policy warn",
-        "  steps 4 (warm-up 0, measured 4) | syncs in measured steps 4 (1.00 per step) | setup syncs 3 | 0.50 s",
+        "  steps 4 (warm-up 0, measured 4) | syncs in measured steps 4 (1.00 per step) | setup syncs 3 (1 at lines also in the steps) | 0.50 s",
         "",
         "in the measured steps (ranked by cost):",
-        "  #  where       kind  origin  count  /step  stall ms  code",
-        "  1  train.py:7  item  user    4      1.00   -         loss.item()",
+        "  #  where       rule   kind  origin  count  /step  stall ms  code",
+        "  1  train.py:7  BG101  item  user    4      1.00   -         loss.item()",
+        "       also 1 in setup and warm-up",
         "       fix: keep it on the device",
         "",
-        "setup, warm-up, and phases counted apart (validation, checkpoints, teardown; never counted against the policy):",
-        "  #  where       kind      origin  count  /step  stall ms  code",
-        "  1  train.py:3  copy/h2d  user    2      -      -         model.to(dev)",
+        "setup, warm-up, and phases counted apart (validation, checkpoints, teardown, after the loop; never counted against the policy):",
+        "  #  where       rule  kind      origin  count  /step  stall ms  code",
+        "  1  train.py:3  -     copy/h2d  user    2      -      -         model.to(dev)",
     ]
 
 
@@ -65,12 +61,11 @@ def test_framework_sites_say_why_and_show_phases_counted_apart() -> None:
         steps=2,
         measured_steps=2,
         sites=(
-            Site(
+            site(
                 file="/w/fit.py",
                 line=9,
                 function="main",
                 code="trainer.fit(model)",
-                kind="item",
                 origin="framework:lightning",
                 count=5,
                 step_count=2,
@@ -82,7 +77,7 @@ def test_framework_sites_say_why_and_show_phases_counted_apart() -> None:
                 framework_function="metrics",
                 phases=(("train", 2), ("validate", 3)),
             ),
-            Site(
+            site(
                 file="/w/fit.py",
                 line=9,
                 function="main",
@@ -91,6 +86,7 @@ def test_framework_sites_say_why_and_show_phases_counted_apart() -> None:
                 detail="d2h",
                 origin="framework:lightning",
                 count=31,
+                step_count=0,
                 phases=(("teardown", 31),),
                 fix="model_to_device: no setting removes it: once per run",
             ),
@@ -98,15 +94,15 @@ def test_framework_sites_say_why_and_show_phases_counted_apart() -> None:
     )
     lines = render(report).splitlines()
     assert lines[5:10] == [
-        "  1  fit.py:9  item  framework:lightning  2      1.00   -         trainer.fit(model)",
+        "  1  fit.py:9  -     item  framework:lightning  2      1.00   -         trainer.fit(model)",
         "       inside ...ing/pytorch/trainer/connectors/logger_connector/result.py:492 (metrics)",
         "       why: values logged with prog_bar=True are converted",
         "       also counted apart: validate 3",
         "       fix: prog_bar: self.log(..., prog_bar=False)",
     ]
     assert lines[-3:] == [
-        "  #  where     kind      origin               count  /step  stall ms  code",
-        "  1  fit.py:9  copy/d2h  framework:lightning  31     -      -         trainer.fit(model)",
+        "  #  where     rule  kind      origin               count  /step  stall ms  code",
+        "  1  fit.py:9  -     copy/d2h  framework:lightning  31     -      -         trainer.fit(model)",
         "       counted apart: teardown 31",
     ]
 
@@ -118,7 +114,7 @@ def test_no_detection_is_said_plainly() -> None:
 
 
 def test_ranks_section() -> None:
-    from _ranks_sample import merged_report
+    from _samples import merged_report
 
     text = render(merged_report(2)).splitlines()
     start = text.index(
@@ -139,8 +135,43 @@ def test_ranks_section() -> None:
 
 
 def test_many_ranks_are_cut_short() -> None:
-    from _ranks_sample import merged_report
+    from _samples import merged_report
 
     text = render(merged_report(20))
     assert "  ... and 4 more ranks (rank_summaries in the JSON)" in text
     assert "rank 0 only (of 20)" in text
+
+
+def test_the_setup_count_adds_up_across_header_tables_and_html() -> None:
+    import re
+
+    from barrierguard.report.render.html import render as render_html
+
+    sites = tuple(
+        Site(
+            file="/w/demo.py",
+            line=line,
+            function="train",
+            code=f"line {line}",
+            kind="copy",
+            origin="user",
+            count=setup + steps,
+            setup_count=setup,
+            step_count=steps,
+            per_step=steps / 30,
+        )
+        for line, setup, steps in ((24, 4, 0), (30, 1, 29), (31, 1, 29))
+    )
+    report = Report(
+        engine="audit", detection=True, policy="record", steps=30, measured_steps=30, sites=sites
+    )
+    text = render(report)
+    header = re.search(r"setup syncs (\d+) \((\d+) at lines also in the steps\)", text)
+    assert header is not None
+    total, shared = int(header.group(1)), int(header.group(2))
+    also = sum(int(n) for n in re.findall(r"also (\d+) in setup and warm-up", text))
+    setup_table = text.split("never counted against the policy):")[1].splitlines()[2:]
+    cold = sum(int(row.split()[5]) for row in setup_table if row.strip()[:1].isdigit())
+    assert (total, shared, also, cold) == (6, 2, 2, 4)
+    assert total == shared + cold
+    assert '<b>6</b><span class="small">setup syncs</span>' in render_html(report)

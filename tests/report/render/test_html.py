@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from _html_sample import sample_memory, sample_report
 
+from _samples import sample_memory, sample_report
 from barrierguard import Report
 from barrierguard.report.render.html import render
 
@@ -69,7 +69,7 @@ def test_memory_chart_from_argument() -> None:
     page = render(sample_report(), memory=sample_memory())
     assert re.findall(r'data-series="([a-z_]+)"', page) == ["device_allocated", "host_rss"]
     assert "leak suspected" in page
-    assert "GiB" in page
+    assert " GB" in page and "MiB" not in page and "GiB" not in page
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def test_memory_chart_from_the_report_field() -> None:
     [
         (Report(engine="none", detection=False, policy="warn"), "no detection"),
         (Report(engine="cuda", detection=True, policy="warn"), "policy kept"),
-        (sample_report(), "1 violation"),
+        (sample_report(), "fails at 1 site"),
     ],
 )
 def test_status_badge(report: Report, status: str) -> None:
@@ -106,7 +106,7 @@ def test_empty_reports_say_so() -> None:
 
 
 def test_ranks_table_marks_the_gating_site() -> None:
-    from _ranks_sample import merged_report
+    from _samples import merged_report
 
     page = render(merged_report(3))
     ranks = page.split('<table id="ranks">')[1].split("</table>")[0]
@@ -122,7 +122,7 @@ def test_ranks_table_marks_the_gating_site() -> None:
     assert "<code>train.py:42</code>" in gating and "rank 0 only" in gating
     assert "4.00 ms per step" in gating
     assert "&lt;{loss.item()}&gt;" in gating  # escaped
-    sites = page.split("<tbody>")[2]
+    sites = page.split('<table id="sites"')[1].split("</table>")[0]
     assert '<tr class="gating">' in sites
     assert "[rank-asymmetric: rank 0 only, gating site]" in sites
 
@@ -130,3 +130,79 @@ def test_ranks_table_marks_the_gating_site() -> None:
 def test_no_ranks_section_for_one_process() -> None:
     page = render(sample_report())
     assert 'id="ranks"' not in page and 'id="gating"' not in page
+
+
+def _demo_like_report(policy: str) -> Report:
+    """Six sites in the steps, 160 violations among them, as a demo run makes."""
+    from barrierguard import Site, Violation
+
+    sites = []
+    violations = []
+    for i, (kind, n) in enumerate(
+        [("item", 30), ("index", 30), ("bool", 30), ("copy", 29), ("copy", 29), ("format", 12)]
+    ):
+        line = 30 + i
+        sites.append(
+            Site(
+                file="/w/demo.py",
+                line=line,
+                function="train",
+                code=f"line {line}",
+                kind=kind,
+                rule=f"BG{101 + i}",
+                origin="user",
+                count=n,
+                step_count=n,
+                per_step=n / 30,
+                fix=f"fix {i}",
+            )
+        )
+        violations += [
+            Violation("/w/demo.py", line, kind, "user", step, "not allowed") for step in range(n)
+        ]
+    return Report(
+        engine="audit",
+        detection=True,
+        policy=policy,
+        steps=30,
+        measured_steps=30,
+        sites=tuple(sites),
+        violations=tuple(violations),
+        notes=("audit engine: no GPU here, so no synchronization was observed",),
+    )
+
+
+@pytest.mark.parametrize("policy", ["record", "error"])
+def test_verdict_first_one_row_per_site(policy: str) -> None:
+    report = _demo_like_report(policy)
+    assert len(report.violations) == 160
+    page = render(report)
+    verdict = page.split('id="verdict"')[1].split("</div>\n")[0]
+    assert len(re.findall(r'<li class="verdict-site">', verdict)) == 6
+    assert "demo.py:30</b> item" in verdict and "fix: fix 0" in verdict
+    line = re.search(r'<p id="verdict-line">(.*?)</p>', page)
+    assert line is not None
+    if policy == "error":
+        assert line.group(1) == "Policy violations: 160 at 6 site(s), one line per site:"
+        assert 'id="status">fails at 6 sites</span>' in page
+    else:
+        assert line.group(1).startswith("Not allowed (policy record: counted, not enforced")
+        assert 'id="status">6 sites not allowed</span>' in page
+    # The answer, then the caveat, then the table.
+    assert page.index('id="verdict"') < page.index('id="caveat"') < page.index('id="sites"')
+
+
+def test_memory_verdict_is_on_the_page() -> None:
+    from barrierguard import MemoryReport
+
+    memory = MemoryReport(
+        steps=(1, 2),
+        series={"host_rss": (2_000_000, 3_000_000)},
+        verdict_series=("host_rss",),
+        slopes={"host_rss": 1e6},
+        reason="no verdict: 2 samples after warm-up, 9 needed",
+    )
+    page = render(Report(engine="audit", detection=True, policy="record", memory=memory))
+    assert "Memory: <b>no leak</b> - no verdict: 2 samples" in page
+    row = page.split('<table id="memory">')[1].split("</table>")[0]
+    assert "<td>not judged</td>" in row and "flat" not in row

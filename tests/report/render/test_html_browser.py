@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _html_sample import sample_memory, sample_report
 
+from _samples import sample_memory, sample_report
 from barrierguard.report.render.html import render
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -92,3 +92,13 @@ def test_screenshot(tmp_path: Path, page: Path) -> None:
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, Path(keep) / "report.png")
         shutil.copy(page, Path(keep) / "report.html")
+
+
+def test_verdict_line_leads_the_page(tmp_path: Path, page: Path) -> None:
+    done = _chromium(tmp_path, "--dump-dom", page.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    dom = done.stdout
+    line = re.search(r'<p id="verdict-line">(.*?)</p>', dom)
+    assert line is not None
+    assert line.group(1) == "Policy violations: 1 at 1 site(s), one line per site:"
+    assert dom.index('id="verdict"') < dom.index('id="sites"') < dom.index('id="syncs-chart"')

@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from barrierguard.report.records import (
+    CompileReport,
     MemoryReport,
     RankSummary,
     Report,
     Site,
     Violation,
+    consequence,
     rank_ranges,
 )
 
-__all__ = ["render"]
+__all__ = [
+    "SeriesRow",
+    "memory_state",
+    "render",
+    "render_compile",
+    "series_rows",
+    "violations_heading",
+]
 
 _ENGINE_WORDS = {
     "cuda": "cuda (CUDA sync-debug mode + intercepted calls)",
@@ -31,7 +41,7 @@ def _where(site: Site) -> str:
 
 
 # Phases whose syncs a guard counts apart from the training steps.
-_APART = ("validate", "test", "predict", "checkpoint", "teardown")
+_APART = ("validate", "test", "predict", "checkpoint", "teardown", "after-loop", "compile", "probe")
 
 
 def _apart(site: Site) -> str:
@@ -44,7 +54,8 @@ def _row(i: int, site: Site, measured: bool) -> list[str]:
     per = f"{site.per_step:.2f}" if measured else "-"
     stall = f"{site.stall_s * 1e3:.2f}" if site.stall_s is not None else "-"
     kind = site.kind + (f"/{site.detail}" if site.detail else "")
-    return [str(i), _where(site), kind, site.origin, str(count), per, stall, site.code]
+    rule = site.rule or "-"
+    return [str(i), _where(site), rule, kind, site.origin, str(count), per, stall, site.code]
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -76,10 +87,12 @@ def render(report: Report) -> str:
         )
     per = report.step_syncs / report.measured_steps if report.measured_steps else 0.0
     setup = sum(s.setup_count for s in report.sites if s.blocking)
+    shared = sum(s.setup_count for s in report.sites if s.blocking and s.step_count)
+    also = f" ({shared} at lines also in the steps)" if shared else ""
     lines.append(
         f"  steps {report.steps} (warm-up {report.warmup_steps}, measured {report.measured_steps})"
         f" | syncs in measured steps {report.step_syncs} ({per:.2f} per step)"
-        f" | setup syncs {setup} | {report.duration_s:.2f} s"
+        f" | setup syncs {setup}{also} | {report.duration_s:.2f} s"
     )
     if report.timeline is not None and report.timeline.summary:
         lines.append(f"  timing: {report.timeline.summary}")
@@ -87,7 +100,7 @@ def render(report: Report) -> str:
     if report.rank_summaries:
         lines.append("")
         lines.extend(render_ranks(report.rank_summaries, gate))
-    header = ["#", "where", "kind", "origin", "count", "/step", "stall ms", "code"]
+    header = ["#", "where", "rule", "kind", "origin", "count", "/step", "stall ms", "code"]
     ranked = report.ranked()
     hot = [s for s in ranked if s.step_count > 0]
     cold = [s for s in ranked if s.step_count == 0]
@@ -108,6 +121,8 @@ def render(report: Report) -> str:
                 )
             if site.cause:
                 lines.append(f"       why: {site.cause}")
+            if site.setup_count:
+                lines.append(f"       also {site.setup_count} in setup and warm-up")
             if _apart(site):
                 lines.append(f"       also counted apart: {_apart(site)}")
             if site.threads != ("MainThread",):
@@ -119,13 +134,15 @@ def render(report: Report) -> str:
                 )
             if site.asymmetric:
                 lines.append(f"       {_asymmetry(site, len(report.rank_summaries), gate)}")
+            if _consequence(site):
+                lines.append(f"       compile: {_consequence(site)}")
             tag = "allowed; " if site.allowed else ""
             lines.append(f"       {tag}fix: {site.fix}")
     if cold:
         lines.append("")
         lines.append(
-            "setup, warm-up, and phases counted apart (validation, checkpoints, teardown; "
-            "never counted against the policy):"
+            "setup, warm-up, and phases counted apart (validation, checkpoints, teardown, "
+            "after the loop; never counted against the policy):"
         )
         rows = [_row(i, s, False) for i, s in enumerate(cold, 1)]
         table = _table(rows, header)
@@ -134,16 +151,24 @@ def render(report: Report) -> str:
             lines.append(text)
             if _apart(site):
                 lines.append(f"       counted apart: {_apart(site)}")
+            if _consequence(site):
+                lines.append(f"       compile: {_consequence(site)}")
+    if report.compile is not None:
+        lines.append("")
+        lines.extend(render_compile(report.compile))
     if report.violations:
         # One line per site: the first step it broke the policy in, and how often.
         grouped: dict[tuple[str, int, str, str], list[Violation]] = {}
         for v in report.violations:
             grouped.setdefault((v.file, v.line, v.kind, v.origin), []).append(v)
+        rules = {(s.file, s.line, s.kind, s.origin): s.rule for s in report.sites}
         lines.append("")
-        lines.append(f"policy violations: {len(report.violations)} at {len(grouped)} site(s)")
-        for (file, line, kind, origin), vs in list(grouped.items())[:20]:
+        lines.append(f"{violations_heading(report, len(grouped))}:")
+        for key, vs in list(grouped.items())[:20]:
+            file, line, kind, origin = key
+            rule = f"{rules[key]} " if rules.get(key) else ""
             lines.append(
-                f"  {os.path.basename(file)}:{line} {kind} ({origin}): {len(vs)}x from step "
+                f"  {os.path.basename(file)}:{line} {rule}{kind} ({origin}): {len(vs)}x from step "
                 f"{vs[0].step}: {vs[0].reason}"
             )
         if len(grouped) > 20:
@@ -154,6 +179,67 @@ def render(report: Report) -> str:
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def violations_heading(report: Report, sites: int) -> str:
+    """What the violations mean under the report's policy, with their numbers.
+
+    Example:
+        >>> from barrierguard import Report
+        >>> violations_heading(Report("audit", True, "error"), 2)
+        'policy violations: 0 at 2 site(s)'
+        >>> violations_heading(Report("audit", True, "record"), 2)
+        'not allowed (policy record: counted, not enforced; --policy error fails on them): 0 at 2 site(s)'
+    """
+    n = len(report.violations)
+    if report.policy == "error":
+        return f"policy violations: {n} at {sites} site(s)"
+    what = "warned once per line" if report.policy == "warn" else "counted"
+    return (
+        f"not allowed (policy {report.policy}: {what}, not enforced; --policy error fails on "
+        f"them): {n} at {sites} site(s)"
+    )
+
+
+def _consequence(site: Site) -> str:
+    return consequence(
+        site.graph_break, site.graph_break_id, site.compile_flag, site.cudagraph_skip
+    )
+
+
+def render_compile(section: CompileReport) -> list[str]:
+    """The compile section: the verdict, the breaks that are not syncs, skips, the probe.
+
+    Example:
+        >>> render_compile(CompileReport())[0]
+        'compile: no graph break in the watched code; capture probe not run'
+    """
+    lines = [section.verdict]
+    others = [b for b in section.graph_breaks if not b.sync]
+    if others:
+        lines.append("  graph breaks that are not syncs:")
+        for b in others:
+            tag = f" [{b.gb}]" if b.gb else ""
+            times = f" ({b.count}x)" if b.count > 1 else ""
+            lines.append(f"    {b.location}{tag}{times}: {b.reason}")
+    for skip in section.cudagraph_skips:
+        lines.append(f"  CUDA graphs skipped at {skip.location}: {skip.reason}")
+    if section.compile_syncs:
+        lines.append(
+            f"  {section.compile_syncs} syncs while compiling (tracing, inductor, autotuning), "
+            "counted apart from the steps"
+        )
+    probe = section.probe
+    if probe is not None:
+        lines.append(f"  capture probe: {probe.status} - {probe.captured}")
+        if probe.status == "blocked":
+            lines.append(f"    first blocked at {probe.location}: {probe.code}")
+            lines.append(f"    {probe.reason}")
+        elif probe.reason:
+            lines.append(f"    {probe.reason}")
+    for note in section.notes:
+        lines.append(f"  note: {note}")
+    return lines
 
 
 def _asymmetry(site: Site, world: int, gate: Site | None) -> str:
@@ -232,6 +318,65 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+class SeriesRow(NamedTuple):
+    """One memory series as the console and the HTML show it (``first`` None: never read)."""
+
+    name: str
+    first: float | None
+    last: float
+    peak: float
+    slope: float | None
+    began: int | None
+    state: str
+
+
+def series_rows(memory: MemoryReport) -> list[SeriesRow]:
+    """One row per memory series: first, last and peak bytes, slope, the step growth
+    began (for a growing series) and its state.
+
+    Example:
+        >>> m = MemoryReport(steps=(0, 1), series={"host_rss": (2, 3)})
+        >>> series_rows(m)[0][:4]
+        ('host_rss', 2, 3, 3)
+    """
+    rows = []
+    for name, values in memory.series.items():
+        read = [v for v in values if v is not None]
+        if not read:
+            rows.append(SeriesRow(name, None, 0.0, 0.0, None, None, "never read"))
+            continue
+        began = memory.growth_began_at.get(name) if name in memory.growing else None
+        rows.append(
+            SeriesRow(
+                name,
+                read[0],
+                read[-1],
+                memory.peak.get(name, max(read)),
+                memory.slopes.get(name),
+                began,
+                memory_state(memory, name),
+            )
+        )
+    return rows
+
+
+def memory_state(memory: MemoryReport, name: str) -> str:
+    """What the verdict says of series ``name``: ``GROWING``, ``under the limit`` or
+    ``not judged`` (not a verdict series, or too few samples for any verdict).
+
+    Example:
+        >>> m = MemoryReport(series={"host_rss": (1, 2)}, verdict_series=("host_rss",),
+        ...                  reason="no verdict: 2 samples after warm-up, 9 needed")
+        >>> memory_state(m, "host_rss")
+        'not judged'
+    """
+    if name in memory.growing:
+        return "GROWING"
+    if name not in memory.verdict_series or memory.reason.startswith("no verdict"):
+        return "not judged"
+    return "under the limit"
+
+
 def render_memory(memory: MemoryReport) -> list[str]:
     """The memory section: one line per series, then the verdict and any cause.
 
@@ -242,21 +387,15 @@ def render_memory(memory: MemoryReport) -> list[str]:
     """
     lines = [f"memory per step ({memory.sampling or f'{len(memory.steps)} samples'}):"]
     width = max((len(n) for n in memory.series), default=0)
-    for name, values in memory.series.items():
-        read = [v for v in values if v is not None]
-        if not read:
-            lines.append(f"  {name.ljust(width)}  (never read)")
+    for row in series_rows(memory):
+        if row.first is None:
+            lines.append(f"  {row.name.ljust(width)}  (never read)")
             continue
-        slope = memory.slopes.get(name)
-        rate = f"{slope / 1e6:+,.3f} MB/step" if slope is not None else "slope -"
-        state = "GROWING" if name in memory.growing else "flat"
-        if name not in memory.verdict_series:
-            state = "not judged"
-        began = memory.growth_began_at.get(name)
-        since = f" from step {began}" if began is not None and name in memory.growing else ""
+        rate = f"{row.slope / 1e6:+,.3f} MB/step" if row.slope is not None else "slope -"
+        since = f" from step {row.began}" if row.began is not None else ""
         lines.append(
-            f"  {name.ljust(width)}  {_mb(read[0])} -> {_mb(read[-1])}  peak "
-            f"{_mb(memory.peak.get(name, max(read)))}  {rate}{since}  {state}"
+            f"  {row.name.ljust(width)}  {_mb(row.first)} -> {_mb(row.last)}  peak "
+            f"{_mb(row.peak)}  {rate}{since}  {row.state}"
         )
     verdict = "LEAK" if memory.leak else "no leak"
     lines.append(f"  verdict: {verdict} - {memory.reason}")

@@ -1,6 +1,7 @@
 """HTML rendering of a report: one self-contained file, no network.
 
-The page holds a sortable table of the sites (code, kind, origin, counts, fix),
+The page leads with the answer (what breaks the policy, one line per site, and
+the memory verdict), then holds a sortable table of the sites (code, kind, origin, counts, fix),
 the syncs of every step as an inline SVG bar chart, when the report carries
 memory samples, memory per step as an inline SVG line chart and, for a report
 merged over ranks, a table of the ranks with the gating site marked. Styles and the
@@ -16,7 +17,15 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from barrierguard.report.records import RankSummary, Report, Site, rank_ranges
+from barrierguard.report.records import (
+    MemoryReport,
+    RankSummary,
+    Report,
+    Site,
+    consequence,
+    rank_ranges,
+)
+from barrierguard.report.render.console import series_rows, violations_heading
 
 __all__ = ["render"]
 
@@ -57,6 +66,16 @@ tr.gating td { background: #fef3c7; }
 .gate { background: #fffbeb; border: 1px solid #f59e0b; border-radius: 6px; padding: 8px 12px;
         margin: 8px 0; }
 ul { margin: 4px 0; padding-left: 20px; }
+.verdict { background: #fff; border: 1px solid var(--line); border-left: 5px solid var(--ok);
+           border-radius: 6px; padding: 10px 14px; margin: 10px 0; }
+.verdict.bad { border-left-color: var(--bad); } .verdict.warn { border-left-color: #d97706; }
+.verdict.none { border-left-color: var(--muted); }
+.verdict p { margin: 0 0 6px; font-size: 15px; }
+.verdict li { margin: 3px 0; }
+.caveat { background: #eff6ff; border: 1px solid #93c5fd; border-radius: 6px; padding: 6px 12px;
+          margin: 8px 0; font-size: 13px; }
+.badge.warn { background: #d97706; }
+.rule { font: 11px ui-monospace, Menlo, monospace; color: var(--muted); }
 svg text { font: 10px system-ui, sans-serif; fill: #4b5563; }
 """
 
@@ -209,7 +228,8 @@ def _memory_data(report: Report, memory: Any) -> tuple[list[float], dict[str, li
 
 
 def _bytes_unit(peak: float) -> tuple[float, str]:
-    for unit, size in (("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
+    # Decimal units, as the console and the memory verdict write them.
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if peak >= size:
             return size, unit
     return 1.0, "B"
@@ -277,6 +297,9 @@ def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
         tags.append(f"rank-asymmetric: rank {rank_ranges(r for r, _ in site.rank_counts)} only")
     if site is gate:
         tags.append("gating site")
+    after = dict(site.phases).get("after-loop")
+    if after:
+        tags.append(f"after the loop: {after}")
     tag = f' <span class="small">[{_e(", ".join(tags))}]</span>' if tags else ""
     cls = ' class="allowed"' if site.allowed or not site.blocking else ""
     if site is gate:
@@ -286,14 +309,15 @@ def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
         f'<td class="num" data-sort="{rank}">{rank}</td>'
         f'<td title="{_e(site.file)}" data-sort="{_e(where)}">{_e(where)}{inside}</td>'
         f"<td>{_e(site.function)}</td>"
-        f"<td>{_e(kind)}{tag}</td>"
+        f'<td>{_e(kind)} <span class="rule">{_e(site.rule)}</span>{tag}</td>'
         f"<td>{_e(site.origin)}</td>"
         f'<td class="num" data-sort="{site.count}">{site.count}</td>'
         f'<td class="num" data-sort="{site.step_count}">{site.step_count}</td>'
         f'<td class="num" data-sort="{site.per_step:.6g}">{site.per_step:.2f}</td>'
         f'<td class="num" data-sort="{stall if stall is not None else -1:.6g}">'
         f"{f'{stall:.2f}' if stall is not None else '-'}</td>"
-        f'<td><code>{_e(site.code) or "?"}</code><div class="fix">fix: {_e(site.fix)}</div></td>'
+        f"<td><code>{_e(site.code) or '?'}</code>{_compile_note(site)}"
+        f'<div class="fix">fix: {_e(site.fix)}</div></td>'
         "</tr>"
     )
 
@@ -378,21 +402,159 @@ def _ranks(report: Report) -> str:
     )
 
 
-def _violations(report: Report) -> str:
-    if not report.violations:
-        return ""
-    items = "".join(
-        f"<li>step {v.step}: <code>{_e(os.path.basename(v.file))}:{v.line}</code> "
-        f"{_e(v.kind)} ({_e(v.origin)}): {_e(v.reason)}</li>"
-        for v in report.violations[:200]
+def _grouped(report: Report) -> list[tuple[Site | None, int, int, str, tuple[str, int, str, str]]]:
+    """The violations grouped per site as in the console: (site, count, first step,
+    reason, key), the costliest site first (the order of the sites table)."""
+    sites = {(x.file, x.line, x.kind, x.origin): x for x in report.sites}
+    groups: dict[tuple[str, int, str, str], list[int]] = {}
+    reasons: dict[tuple[str, int, str, str], str] = {}
+    for v in report.violations:
+        key = (v.file, v.line, v.kind, v.origin)
+        groups.setdefault(key, []).append(v.step)
+        reasons.setdefault(key, v.reason)
+    order = {(x.file, x.line, x.kind, x.origin): i for i, x in enumerate(report.ranked())}
+    keys = sorted(groups, key=lambda k: order.get(k, len(order)))
+    return [(sites.get(k), len(groups[k]), groups[k][0], reasons[k], k) for k in keys]
+
+
+def _verdict_row(
+    site: Site | None, n: int, step: int, reason: str, key: tuple[str, int, str, str]
+) -> str:
+    file, line, kind, origin = key
+    if site is not None and site.detail:
+        kind += f"/{site.detail}"
+    rule = f' <span class="rule">{_e(site.rule)}</span>' if site is not None and site.rule else ""
+    code = f" <code>{_e(site.code)}</code>" if site is not None and site.code else ""
+    fix = f'<div class="fix">fix: {_e(site.fix)}</div>' if site is not None and site.fix else ""
+    return (
+        f'<li class="verdict-site"><b>{_e(os.path.basename(file))}:{line}</b> {_e(kind)}{rule} '
+        f"({_e(origin)}): {n}x from step {step}, {_e(reason)}{code}{fix}</li>"
     )
-    more = len(report.violations) - 200
-    tail = f"<li>... and {more} more</li>" if more > 0 else ""
-    return f'<h2>Policy violations ({len(report.violations)})</h2><ul id="violations">{items}{tail}</ul>'
+
+
+def _verdict(report: Report) -> str:
+    """The answer first: what fails the policy, one line per site, and the memory verdict."""
+    groups = _grouped(report)
+    if not report.detection:
+        cls, head = "none", "No detection ran: this page says nothing about synchronizations."
+    elif not groups:
+        hot = sum(1 for s in report.sites if s.step_count and s.blocking)
+        cls = "ok"
+        head = "No sync in the measured steps breaks the policy" + (
+            f" ({hot} allowed site(s) in the steps)." if hot else "."
+        )
+    else:
+        cls = "bad" if report.policy == "error" else "warn"
+        head = violations_heading(report, len(groups)).capitalize() + ", one line per site:"
+    items = "".join(_verdict_row(*g) for g in groups[:50])
+    more = f"<li>... and {len(groups) - 50} more sites</li>" if len(groups) > 50 else ""
+    memory = report.memory
+    mem = ""
+    if isinstance(memory, MemoryReport) and memory.reason:
+        word = "LEAK" if memory.leak else "no leak"
+        mem = f'<p id="memory-verdict">Memory: <b>{word}</b> - {_e(memory.reason)}</p>'
+    listed = f'<ul id="violations">{items}{more}</ul>' if items else ""
+    return (
+        f'<div class="verdict {cls}" id="verdict"><p id="verdict-line">{_e(head)}</p>'
+        f"{listed}{mem}</div>"
+    )
+
+
+def _memory_section(memory: object) -> str:
+    """The memory verdict and one row per series (the console's memory section)."""
+    if not isinstance(memory, MemoryReport) or not memory.series:
+        return ""
+    rows = []
+    for row in series_rows(memory):
+        if row.first is None:
+            rows.append(f"<tr><td>{_e(row.name)}</td><td colspan=5>never read</td></tr>")
+            continue
+        rate = f"{row.slope / 1e6:+,.3f}" if row.slope is not None else "-"
+        rows.append(
+            f"<tr><td>{_e(row.name)}</td>"
+            f'<td class="num">{row.first / 1e6:,.1f}</td>'
+            f'<td class="num">{row.last / 1e6:,.1f}</td>'
+            f'<td class="num">{row.peak / 1e6:,.1f}</td><td class="num">{rate}</td>'
+            f"<td>{_e(row.state)}</td></tr>"
+        )
+    heads = "".join(
+        f"<th>{h}</th>" for h in ("series", "first MB", "last MB", "peak MB", "MB/step", "state")
+    )
+    word = "LEAK" if memory.leak else "no leak"
+    cause = ""
+    if memory.pattern:
+        cause = (
+            f"<p>cause ({_e(memory.pattern)}): {_e(memory.evidence)}</p>"
+            f'<p class="fix">fix: {_e(memory.fix)}</p>'
+        )
+    notes = "".join(f"<li>{_e(n)}</li>" for n in memory.notes)
+    return (
+        f"<h2>Memory</h2><p>verdict: <b>{word}</b> - {_e(memory.reason)}</p>{cause}"
+        f'<table id="memory"><thead><tr>{heads}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+        + (f'<ul class="small">{notes}</ul>' if notes else "")
+        + (f'<div class="small">sampling: {_e(memory.sampling)}</div>' if memory.sampling else "")
+    )
+
+
+def _badge(report: Report) -> str:
+    if not report.detection:
+        return '<span class="badge none" id="status">no detection</span>'
+    if report.ok:
+        return '<span class="badge ok" id="status">policy kept</span>'
+    n = len(_grouped(report))
+    sites = f"{n} site{'s' if n != 1 else ''}"
+    if report.policy == "error":
+        return f'<span class="badge bad" id="status">fails at {sites}</span>'
+    return f'<span class="badge warn" id="status">{sites} not allowed</span>'
+
+
+def _compile_note(site: Site) -> str:
+    text = consequence(
+        site.graph_break, site.graph_break_id, site.compile_flag, site.cudagraph_skip
+    )
+    return f'<div class="fix compile">compile: {_e(text)}</div>' if text else ""
+
+
+def _compile(report: Report) -> str:
+    section = report.compile
+    if section is None:
+        return ""
+    items = [
+        f"<li>{_e(b.location)}{f' [{_e(b.gb)}]' if b.gb else ''}: {_e(b.reason)}</li>"
+        for b in section.graph_breaks
+        if not b.sync
+    ]
+    others = f"<h3>Graph breaks that are not syncs</h3><ul>{''.join(items)}</ul>" if items else ""
+    skips = "".join(
+        f"<li>CUDA graphs skipped at {_e(s.location)}: {_e(s.reason)}</li>"
+        for s in section.cudagraph_skips
+    )
+    probe = section.probe
+    probe_text = ""
+    if probe is not None:
+        where = f" at {_e(probe.location)} <code>{_e(probe.code)}</code>" if probe.file else ""
+        probe_text = (
+            f"<li>capture probe: {_e(probe.status)}{where}"
+            f"{f' - {_e(probe.reason)}' if probe.reason else ''} ({_e(probe.captured)})</li>"
+        )
+    compile_syncs = (
+        f"<li>{section.compile_syncs} syncs while compiling, counted apart</li>"
+        if section.compile_syncs
+        else ""
+    )
+    return (
+        f'<h2>Compile</h2><p id="compile-verdict">{_e(section.verdict)}</p>'
+        f"<ul>{skips}{probe_text}{compile_syncs}</ul>{others}"
+    )
 
 
 def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
-    """Render ``report`` as one self-contained HTML page.
+    """Render ``report`` as one self-contained HTML page, the answer first.
+
+    The page reads from the top: the verdict (what breaks the policy, one line
+    per site with its fix, and the memory verdict), the audit engine's caveat,
+    the totals, the sites ranked by cost with their fixes, the charts, the
+    memory section, the ranks of a merged report, then the notes.
 
     Args:
         report: The report to show.
@@ -406,13 +568,6 @@ def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
         >>> page.startswith("<!DOCTYPE html>") and "no memory samples" in page
         True
     """
-    if not report.detection:
-        badge = '<span class="badge none" id="status">no detection</span>'
-    elif report.ok:
-        badge = '<span class="badge ok" id="status">policy kept</span>'
-    else:
-        n = len(report.violations)
-        badge = f'<span class="badge bad" id="status">{n} violation{"s" if n != 1 else ""}</span>'
     per = report.step_syncs / report.measured_steps if report.measured_steps else 0.0
     setup = sum(s.setup_count for s in report.sites if s.blocking)
     cards = "".join(
@@ -426,7 +581,10 @@ def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
             ("duration", f"{report.duration_s:.2f} s"),
         )
     )
-    notes = "".join(f"<li>{_e(n)}</li>" for n in report.notes)
+    caveats = [n for n in report.notes if n.startswith("audit engine")]
+    others = [n for n in report.notes if n not in caveats]
+    caveat = "".join(f'<div class="caveat" id="caveat">{_e(n)}</div>' for n in caveats)
+    notes = "".join(f"<li>{_e(n)}</li>" for n in others)
     env = ", ".join(f"{_e(k)} {_e(v)}" for k, v in report.environment.items())
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -434,20 +592,23 @@ def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
 <title>barrierguard report</title>
 <style>{_CSS}</style></head>
 <body>
-<h1>barrierguard report {badge}</h1>
+<h1>barrierguard report {_badge(report)}</h1>
 <div class="meta">engine {_e(report.engine)} &middot; policy {_e(report.policy)}
 &middot; {env}</div>
+{_verdict(report)}
+{caveat}
 <div class="cards">{cards}</div>
+<h2>Sites, ranked by cost, with their fixes</h2>
+{_sites_table(report)}
 <h2>Per step</h2>
 <div class="charts">
 <div class="chart"><h3>Blocking syncs per step</h3>
 {_syncs_chart(report.syncs_per_step, report.warmup_steps)}</div>
 <div class="chart"><h3>Memory per step</h3>{_memory_chart(report, memory)}</div>
 </div>
+{_memory_section(report.memory)}
 {_ranks(report)}
-<h2>Sites</h2>
-{_sites_table(report)}
-{_violations(report)}
+{_compile(report)}
 {f'<h2>Notes</h2><ul id="notes">{notes}</ul>' if notes else ""}
 <script>{_JS}</script>
 </body></html>

@@ -1,0 +1,247 @@
+"""Every process of the job: ``barrierguard run`` follows the children that re-execute its target.
+
+Launchers such as Lightning's DDP subprocess launcher start the other ranks
+as new interpreters running the same script (``sys.executable script args``)
+or module (``sys.executable -m module args``). Like coverage.py's subprocess
+measurement, ``run`` passes its options on in the environment
+(``$BARRIERGUARD_FOLLOW``, JSON) and puts a directory holding a
+``sitecustomize.py`` first on ``$PYTHONPATH``; every Python child started
+while the script runs imports it at start-up, and :func:`start_child` decides:
+
+* a child that runs the same script (the same file), or the same module, or,
+  when the target is a launcher module (``torch.distributed.run``), the
+  script or module named in its arguments, is watched by a guard with the
+  same options, stopped at exit, its report saved to its rank's file
+  (``out.rank1.json``; ``out.pid<PID>.json`` when it never learned its rank);
+* any other child (``python -c``, multiprocessing's spawned workers, compile
+  workers, another script) is left alone, and so is a child whose
+  interpreter lacks barrierguard or ignores ``$PYTHONPATH`` (``-I``, ``-E``).
+
+Nothing here may break the child: a failure is one line on stderr.
+``run`` restores the environment when the script returns.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from barrierguard._errors import MemoryGrowthError, SyncError
+from barrierguard.session import ranks
+from barrierguard.session.guard import Guard
+from barrierguard.session.watch import watch
+
+__all__ = [
+    "ENV",
+    "LAUNCHERS",
+    "RankProbe",
+    "bootstrap_dir",
+    "child_path",
+    "following",
+    "settings",
+    "start_child",
+    "wait_for_ranks",
+]
+
+ENV = "BARRIERGUARD_FOLLOW"
+"""The environment variable that carries ``run``'s options to its children."""
+
+LAUNCHERS = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+"""Modules whose children run the script or module named in their arguments."""
+
+
+def bootstrap_dir() -> str:
+    """The directory that holds the children's ``sitecustomize.py``."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
+
+
+def settings(
+    options: dict[str, Any], script: str | None, module: str | None, args: Sequence[str]
+) -> dict[str, Any]:
+    """What a child needs to know: the guard's options, the target, and ``out``.
+
+    Example:
+        >>> s = settings({"policy": "warn"}, "/w/train.py", None, ["--lr", "1"])
+        >>> (s["script"], s["module"], s["launched"])
+        ('/w/train.py', None, [])
+    """
+    launched: list[str] = []
+    if module in LAUNCHERS:
+        # The launcher's own arguments name what its children run: scripts
+        # (as real paths) and module names.
+        for arg in args:
+            if arg.endswith(".py") and os.path.isfile(arg):
+                launched.append(os.path.realpath(arg))
+            elif not arg.startswith("-"):
+                launched.append(arg)
+    return {
+        **options,
+        "script": os.path.realpath(script) if script else None,
+        "module": module,
+        "launched": launched,
+    }
+
+
+@contextmanager
+def following(data: dict[str, Any]) -> Iterator[None]:
+    """Within the block, Python children inherit ``data`` and the bootstrap; restored after."""
+    saved = {name: os.environ.get(name) for name in (ENV, "PYTHONPATH")}
+    here = bootstrap_dir()
+    rest = [p for p in (saved["PYTHONPATH"] or "").split(os.pathsep) if p and p != here]
+    os.environ[ENV] = json.dumps(data)
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, *rest])
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _target(argv: Sequence[str], orig_argv: Sequence[str]) -> tuple[str | None, str | None]:
+    """(script, module) this interpreter runs; (None, None) for ``-c``, stdin or a REPL."""
+    first = argv[0] if argv else ""
+    if first == "-m":
+        for i, token in enumerate(orig_argv[1:], 1):
+            if token == "-m" and i + 1 < len(orig_argv):
+                return None, orig_argv[i + 1]
+            if token.startswith("-m") and len(token) > 2:
+                return None, token[2:]
+        return None, None
+    if not first or first in ("-c", "-") or not os.path.isfile(first):
+        return None, None
+    return os.path.realpath(first), None
+
+
+def follows(data: dict[str, Any], argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
+    """Whether a child running ``argv`` is a process of the job ``data`` describes.
+
+    Example:
+        >>> follows({"script": None, "module": "pkg.train", "launched": []},
+        ...         ["-m", "--lr"], ["python", "-m", "pkg.train", "--lr"])
+        True
+        >>> follows({"script": None, "module": "pkg.train", "launched": []},
+        ...         ["-c"], ["python", "-c", "from multiprocessing.spawn import spawn_main"])
+        False
+    """
+    script, module = _target(argv, orig_argv)
+    if script is not None:
+        return script == data.get("script") or script in data.get("launched", ())
+    if module is not None:
+        return module == data.get("module") or module in data.get("launched", ())
+    return False
+
+
+class RankProbe:
+    """A step listener that remembers the rank and the world size once it sees them.
+
+    Launchers may tear the process group down (and Lightning deletes
+    ``$WORLD_SIZE``) before the process exits: what was seen during the
+    steps names the rank's file.
+    """
+
+    def __init__(self) -> None:
+        self.rank: int | None = None
+        self.world = 1
+        self(0)
+
+    def __call__(self, step: int) -> None:
+        if self.rank is not None and self.world > 1:
+            return
+        rank, world = ranks.current_rank(), ranks.world_size()
+        if rank is not None:
+            self.rank, self.world = rank, max(world, self.world)
+
+
+def child_path(out: str, rank: int | None, world: int) -> str:
+    """The file a followed child writes: its rank's, else one named by its pid.
+
+    Example:
+        >>> child_path("r.json", 1, 2)
+        'r.rank1.json'
+        >>> child_path("r.json", None, 1).startswith("r.pid")
+        True
+    """
+    if rank is not None:
+        return ranks.rank_path(out, rank=rank, world=max(world, 2))
+    stem, suffix = os.path.splitext(out.replace(ranks.RANK_PLACEHOLDER, "pid"))
+    return f"{stem}.pid{os.getpid()}{suffix}"
+
+
+def start_child() -> Guard | None:
+    """Called by the bootstrap at a child's start: watch it when it is one of the job's."""
+    raw = os.environ.get(ENV)
+    if not raw:
+        return None
+    data = json.loads(raw)
+    if not follows(data, sys.argv, getattr(sys, "orig_argv", sys.argv)):
+        return None
+    guard: Guard = watch(
+        policy=data.get("policy"),
+        engine=data.get("engine", "auto"),
+        warmup_steps=data.get("warmup_steps", 0),
+        allow=data.get("allow", ()),
+        max_syncs_per_step=data.get("max_syncs_per_step"),
+    )
+    probe = RankProbe()
+    guard.add_step_listener(probe)
+    guard.start()
+    atexit.register(_finish_child, guard, probe, data.get("out"))
+    return guard
+
+
+def _finish_child(guard: Guard, probe: RankProbe, out: str | None) -> None:
+    try:
+        try:
+            report = guard.stop()
+        except (SyncError, MemoryGrowthError):
+            report = guard.report  # the run is over: the report says it
+        probe(guard.steps)
+        if probe.rank is not None:
+            report = replace(report, rank=probe.rank)
+        who = f"rank {probe.rank}" if probe.rank is not None else f"pid {os.getpid()}"
+        if not out:
+            print(
+                f"barrierguard: {who}: {report.step_syncs} syncs in {report.measured_steps} "
+                f"measured steps at {len(report.sites)} site(s) (use --out to keep its report)",
+                file=sys.stderr,
+            )
+            return
+        path = child_path(out, probe.rank, probe.world)
+        folder = os.path.dirname(path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        report.save(path)
+        print(f"barrierguard: {who} report written to {path}", file=sys.stderr)
+    except Exception as exc:  # the child's run is done: never fail its exit
+        print(f"barrierguard: the report of pid {os.getpid()} was lost: {exc}", file=sys.stderr)
+
+
+def wait_for_ranks(out: str, world: int, since: float, timeout: float) -> dict[int, str]:
+    """The rank files of ``out`` written since ``since``, waiting up to ``timeout`` s for all.
+
+    Returns ``{rank: path}`` of the files present (the other ranks may still be
+    finishing: followed children write theirs as they exit).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        found: dict[int, str] = {}
+        for rank in range(world):
+            path = ranks.rank_path(out, rank=rank, world=world)
+            try:
+                if os.path.getmtime(path) >= since:
+                    found[rank] = path
+            except OSError:
+                continue
+        if len(found) == world or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.2)

@@ -1,0 +1,294 @@
+"""What torch.compile says about the watched code: its graph breaks and CUDA-graph skips.
+
+dynamo logs every graph break on its ``graph_breaks`` artifact logger
+(``TORCH_LOGS=graph_breaks`` prints them): ``Graph break in user code at
+FILE:LINE``, ``Graph Break Reason: ...``, a ``gbNNNN`` page and the user's
+stack. inductor logs ``skipping cudagraphs due to ...`` (with the stack of the
+node that forced it) on its ``cudagraphs`` artifact logger. A
+:class:`CompileListener` puts a handler on those loggers while a guard runs
+(also on the ones a lazily imported torch module creates then, through
+``torch._logging.getArtifactLogger``), turns each record into a
+:class:`CompileEvent` at the user's line, and restores every logger on stop:
+what ``TORCH_LOGS`` would have printed is still printed, nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any
+
+from barrierguard.detect.frames import USER, classify_file
+
+__all__ = [
+    "CompileEvent",
+    "CompileListener",
+    "not_a_dynamo_frame",
+    "parse_cudagraph_skip",
+    "parse_graph_break",
+]
+
+ARTIFACTS = ("graph_breaks", "cudagraphs")
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$', re.M)
+_AT = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$", re.M)
+_GB = re.compile(r"/(gb\d{4})\.html")
+# Lines of dynamo's message that say how the break was handled, not why.
+_WRAPPERS = (
+    "Encountered graph break",
+    "Graph break encountered",
+    "Failed to handle graph break",
+    "Graph break under ",
+)
+
+
+@dataclass(frozen=True)
+class CompileEvent:
+    """One graph break or CUDA-graph skip, at the user's line.
+
+    ``what`` is ``"graph_break"`` or ``"cudagraph_skip"``; ``reason`` is
+    dynamo's (or inductor's) headline, ``detail`` its explanation and hints,
+    ``gb`` the graph-break page (``"gb0124"``), ``flag`` the dynamo config flag
+    its hint names (``"capture_scalar_outputs"``), ``user`` whether the line is
+    the user's own (else the innermost frame dynamo named).
+    """
+
+    what: str
+    file: str
+    line: int
+    function: str
+    reason: str
+    detail: str = ""
+    gb: str = ""
+    flag: str = ""
+    user: bool = True
+
+
+def _user_frame(text: str) -> tuple[str, int, str] | None:
+    """The innermost frame of ``text``'s traceback that is the user's own code."""
+    best: tuple[str, int, str] | None = None
+    for m in _FRAME.finditer(text):
+        file = m.group("file")
+        if classify_file(file)[0] == USER:
+            best = (file, int(m.group("line")), m.group("func").strip())
+    return best
+
+
+def _flag(text: str) -> str:
+    for flag in ("capture_scalar_outputs", "capture_dynamic_output_shape_ops"):
+        if flag in text:
+            return flag
+    return ""
+
+
+def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEvent | None:
+    """A graph break from the text of a ``graph_breaks`` log record.
+
+    Example:
+        >>> e = parse_graph_break(
+        ...     "Graph break in user code at /w/train.py:12\\n"
+        ...     "Graph Break Reason: Data-dependent branching\\n"
+        ...     "  Explanation: Detected data-dependent branching.\\n"
+        ...     " For more details ... https://x/gb/gb0170.html\\n")
+        >>> (e.line, e.reason, e.gb)
+        (12, 'Data-dependent branching', 'gb0170')
+    """
+    head, _, stack = text.partition("\nUser code traceback:\n")
+    if "Graph Break Reason:" in head:
+        body = head.split("Graph Break Reason:", 1)[1]
+    elif exc is not None:
+        body = str(exc)
+    else:
+        body = head.split("\n", 1)[1] if "\n" in head else head
+    lines = [ln.strip() for ln in body.splitlines()]
+    reason = ""
+    detail: list[str] = []
+    for ln in lines:
+        if not ln or ln.startswith(_WRAPPERS):
+            continue
+        if not reason:
+            reason = ln
+        elif ln.startswith(("Explanation:", "Hint:")):
+            detail.append(ln)
+    where = _user_frame(stack) if stack else _user_frame(head)
+    user = where is not None
+    if where is None:
+        at = _AT.search(head.split("\n", 1)[0] + "\n")
+        if at is None:
+            return None
+        where = (at.group("file"), int(at.group("line")), "")
+        user = classify_file(where[0])[0] == USER
+    gb = _GB.search(text)
+    return CompileEvent(
+        what="graph_break",
+        file=where[0],
+        line=where[1],
+        function=where[2],
+        reason=reason or "graph break",
+        detail=" ".join(detail),
+        gb=gb.group(1) if gb else "",
+        flag=_flag(body),
+        user=user,
+    )
+
+
+def parse_cudagraph_skip(text: str) -> CompileEvent | None:
+    """A CUDA-graph skip from the text of a ``cudagraphs`` log record, or ``None``.
+
+    Example:
+        >>> e = parse_cudagraph_skip(
+        ...     "skipping cudagraphs due to cpu device (arg0_1). Found from : \\n"
+        ...     '   File "/w/train.py", line 30, in loss_fn\\n    w = torch.tensor([1.0])\\n')
+        >>> (e.line, e.reason)
+        (30, 'cpu device (arg0_1)')
+    """
+    if "skipping cudagraphs" not in text:
+        return None
+    first = text.split("\n", 1)[0]
+    reason = first.split("skipping cudagraphs due to", 1)[-1].strip()
+    reason = reason.split(". Found from", 1)[0].strip() or first.strip()
+    where = _user_frame(text)
+    return CompileEvent(
+        what="cudagraph_skip",
+        file=where[0] if where else "",
+        line=where[1] if where else 0,
+        function=where[2] if where else "",
+        reason=reason,
+        user=where is not None,
+    )
+
+
+def not_a_dynamo_frame(code: CodeType) -> None:
+    """Keep dynamo from compiling ``code`` when it runs as a frame of its own.
+
+    Inside a compiled function, the calls that a graph break leaves to eager
+    mode enter barrierguard's hooks (the audit's ``__torch_function__``, the
+    CUDA engine's timed ``item``) as new frames, which dynamo would compile
+    (and the hook would step aside in them): skipped, with the frames they
+    call, the hooks see those calls as in eager code. Tracing that inlines a
+    hook into a user's graph is not affected (the hooks step aside there).
+    Without this hook of torch's (another version), compiled code is watched
+    as dynamo leaves it.
+    """
+    try:
+        from torch._C._dynamo import eval_frame
+
+        skip = eval_frame._FrameAction.SKIP
+        eval_frame.set_code_exec_strategy(code, eval_frame._FrameExecStrategy(skip, skip))
+    except (ImportError, AttributeError, TypeError, RuntimeError):
+        pass
+
+
+class _Handler(logging.Handler):
+    """Records the listener's artifacts; hands on what the logger would have propagated."""
+
+    def __init__(self, listener: CompileListener) -> None:
+        super().__init__(logging.DEBUG)
+        self.listener = listener
+
+    def emit(self, record: logging.LogRecord) -> None:
+        listener = self.listener
+        try:
+            listener._take(record)
+        except Exception as exc:  # never lose a compile to our parsing
+            listener.faults.append(f"{type(exc).__name__}: {exc}")
+        logger = logging.getLogger(record.name)
+        saved = listener._saved.get(record.name)
+        # The logger was lowered to DEBUG for us, with its propagation off: pass on
+        # exactly what it would have passed on to torch's handlers before.
+        if saved is not None and saved[1] and record.levelno >= saved[2]:
+            parent = logger.parent
+            if parent is not None:
+                parent.callHandlers(record)
+
+
+class CompileListener:
+    """Listens to dynamo's graph breaks and inductor's CUDA-graph skips while running.
+
+    Example:
+        >>> listener = CompileListener()
+        >>> listener.start(); listener.stop()
+        >>> listener.events
+        []
+    """
+
+    def __init__(self) -> None:
+        self.events: list[CompileEvent] = []
+        self.faults: list[str] = []
+        self.notes: list[str] = []
+        self._lock = threading.Lock()
+        self._handler = _Handler(self)
+        # logger name -> (level, propagate, effective level) before we touched it
+        self._saved: dict[str, tuple[int, bool, int]] = {}
+        self._patched: tuple[Any, Any] | None = None
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self) -> None:
+        """Attach to every artifact logger there is, and to those made from now on."""
+        for name in list(logging.Logger.manager.loggerDict):
+            if name.rsplit(".__", 1)[-1] in ARTIFACTS:
+                self._attach(logging.getLogger(name))
+        try:
+            import torch._logging as tl
+
+            original = tl.getArtifactLogger  # type: ignore[attr-defined]
+        except (ImportError, AttributeError):
+            self.notes.append(
+                "torch._logging.getArtifactLogger is missing in this torch: graph breaks "
+                "and CUDA-graph skips were not read"
+            )
+            return
+
+        def get_artifact_logger(module_qname: str, artifact_name: str) -> logging.Logger:
+            logger = original(module_qname, artifact_name)
+            if artifact_name in ARTIFACTS:
+                try:
+                    self._attach(logger)
+                except Exception as exc:
+                    self.faults.append(f"{type(exc).__name__}: {exc}")
+            return logger
+
+        tl.getArtifactLogger = get_artifact_logger  # type: ignore[attr-defined]
+        self._patched = (tl, original)
+
+    def stop(self) -> None:
+        """Detach from every logger and restore its level and propagation."""
+        if self._patched is not None:
+            module, original = self._patched
+            module.getArtifactLogger = original
+            self._patched = None
+        for name, (level, propagate, _) in self._saved.items():
+            logger = logging.getLogger(name)
+            logger.removeHandler(self._handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+        self._saved.clear()
+
+    def _attach(self, logger: logging.Logger) -> None:
+        if logger.name in self._saved:
+            return
+        self._saved[logger.name] = (logger.level, logger.propagate, logger.getEffectiveLevel())
+        if logger.getEffectiveLevel() > logging.DEBUG:
+            # Lowered for our handler only; _Handler passes on what torch printed before.
+            logger.setLevel(logging.DEBUG)
+            logger.propagate = False
+        else:
+            # Already enabled (TORCH_LOGS=graph_breaks): it prints as before.
+            self._saved[logger.name] = (logger.level, logger.propagate, 10**6)
+        logger.addHandler(self._handler)
+
+    # -- records --------------------------------------------------------------
+    def _take(self, record: logging.LogRecord) -> None:
+        artifact = record.name.rsplit(".__", 1)[-1]
+        text = record.getMessage()
+        if artifact == "graph_breaks":
+            exc = record.exc_info[1] if record.exc_info else None
+            event = parse_graph_break(text, exc)
+        else:
+            event = parse_cudagraph_skip(text)
+        if event is not None:
+            with self._lock:
+                self.events.append(event)

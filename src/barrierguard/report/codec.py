@@ -1,0 +1,149 @@
+"""One JSON codec for the frozen record dataclasses, driven by their fields and type hints.
+
+:func:`to_json` writes a record as plain data, field by field in declaration
+order; :func:`from_json` reads it back, converting each value to its field's
+type (``int``, ``float``, ``str``, ``bool``, ``X | None``, ``tuple[X, ...]``,
+``tuple[A, B]``, ``Mapping[K, V]``, nested records). Keys it does not know are
+ignored and missing keys take the field's default, so a file written by a
+release with more or fewer optional fields still reads.
+
+Two field options, in ``dataclasses.field(metadata=...)``:
+
+* ``OMIT_EMPTY`` / ``OMIT_NONE``: the key is left out when the value is empty
+  (or ``None``), so optional sections appear only when set;
+* ``AS_MAP``: pairs ``((key, value), ...)`` are written as the JSON object
+  ``{"key": value}`` (keys as strings, converted back on reading).
+
+Example:
+    >>> from dataclasses import dataclass, field
+    >>> @dataclass(frozen=True)
+    ... class Rec:
+    ...     name: str
+    ...     counts: tuple[tuple[int, int], ...] = field(default=(), metadata=AS_MAP)
+    >>> to_json(Rec("a", ((3, 1),)))
+    {'name': 'a', 'counts': {'3': 1}}
+    >>> from_json(Rec, {"name": "a", "counts": {"3": 1}})
+    Rec(name='a', counts=((3, 1),))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+__all__ = ["AS_MAP", "OMIT_EMPTY", "OMIT_NONE", "Record", "from_json", "to_json"]
+
+T = TypeVar("T")
+
+Omit = Callable[[Any, Any], bool]
+"""``omit(record, value)``: true when the key is left out of the JSON."""
+
+OMIT_EMPTY: Mapping[str, Any] = {"omit": lambda _record, value: not value}
+OMIT_NONE: Mapping[str, Any] = {"omit": lambda _record, value: value is None}
+AS_MAP: Mapping[str, Any] = {"as_map": True}
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def to_json(record: Any) -> dict[str, Any]:
+    """``record`` (a dataclass instance) as plain JSON-able data."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        omit: Omit | None = f.metadata.get("omit")
+        if omit is not None and omit(record, value):
+            continue
+        if f.metadata.get("as_map"):
+            out[f.name] = {str(k): _encode(v) for k, v in value}
+        else:
+            out[f.name] = _encode(value)
+    return out
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        return to_dict() if callable(to_dict) else to_json(value)
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _encode(v) for k, v in value.items()}
+    return value
+
+
+def from_json(cls: type[T], data: Any) -> T:
+    """Rebuild a ``cls`` record from :func:`to_json` output.
+
+    Raises:
+        KeyError: A field without a default is missing.
+        TypeError, ValueError: A value does not have its field's type.
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            has_default = (
+                f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            )
+            if not has_default and f.init:
+                raise KeyError(f.name)
+            continue
+        raw = data[f.name]
+        if f.metadata.get("as_map"):
+            raw = list(dict(raw).items())
+        kwargs[f.name] = _decode(hints[f.name], raw)
+    return cls(**kwargs)
+
+
+def _decode(hint: Any, raw: Any) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if raw is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _decode(inner, raw)
+    if origin is tuple:
+        if not isinstance(raw, list | tuple):
+            raise TypeError(f"expected a list, got {type(raw).__name__}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in raw)
+        return tuple(_decode(a, v) for a, v in zip(args, raw, strict=True))
+    if origin in (Mapping, dict) or hint in (Mapping, dict):
+        key, value = args or (Any, Any)
+        return {_decode(key, k): _decode(value, v) for k, v in dict(raw).items()}
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        from_dict = getattr(hint, "from_dict", None)
+        return from_dict(raw) if callable(from_dict) else from_json(hint, raw)
+    if hint in (int, float, str, bool):
+        return hint(raw)
+    return raw
+
+
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """A base for the frozen record dataclasses: ``to_dict``/``from_dict`` through this codec."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain JSON-able data."""
+        return to_json(self)
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        """Rebuild the record from :meth:`to_dict` output."""
+        return from_json(cls, data)

@@ -1,0 +1,197 @@
+"""The compile section of a report: graph breaks, CUDA-graph skips, the capture probe.
+
+:class:`CompileReport` holds what torch.compile said about the watched code
+(every graph break at its line, every CUDA-graph skip) and what the capture
+probe found, with a one-line readiness :attr:`~CompileReport.verdict`. The
+sites that are also graph breaks carry the break in their own fields
+(``Site.graph_break``); :func:`consequence` says it in words. ``records``
+re-exports them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
+
+__all__ = ["CaptureProbe", "CompileReport", "CudagraphSkip", "GraphBreak", "consequence"]
+
+# What each dynamo flag does when set, said once for the renderers.
+FLAG_EFFECT = {
+    "capture_scalar_outputs": (
+        "torch._dynamo.config.capture_scalar_outputs = True keeps it in the graph, but the "
+        "sync still happens each time the compiled code runs"
+    ),
+    "capture_dynamic_output_shape_ops": (
+        "torch._dynamo.config.capture_dynamic_output_shape_ops = True keeps it in the graph, "
+        "but the sync still happens each time the compiled code runs"
+    ),
+}
+NO_FLAG = "no dynamo setting keeps it in the graph"
+
+
+_R = TypeVar("_R", bound="_Located")
+
+
+class _Located:
+    """A record at a line (``file`` ``""`` when none is known), plain in JSON."""
+
+    file: str
+    line: int
+
+    @property
+    def location(self) -> str:
+        """``basename:line``, or ``"-"`` when no line is known."""
+        return f"{os.path.basename(self.file)}:{self.line}" if self.file else "-"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls: type[_R], data: Mapping[str, Any]) -> _R:
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class GraphBreak(_Located):
+    """One line where dynamo broke the graph, with dynamo's reason.
+
+    ``count`` counts the times dynamo logged it (once per compilation of the
+    frame); ``sync`` is True when the same line is also a sync site;
+    ``user`` is False when dynamo's stack held no line of the user's own.
+
+    Example:
+        >>> GraphBreak(file="/w/t.py", line=3, reason="Data-dependent branching").location
+        't.py:3'
+    """
+
+    file: str
+    line: int
+    reason: str
+    function: str = ""
+    detail: str = ""
+    gb: str = ""
+    flag: str = ""
+    count: int = 1
+    sync: bool = False
+    user: bool = True
+
+
+@dataclass(frozen=True)
+class CudagraphSkip(_Located):
+    """inductor's reason for not using CUDA graphs, at the line its stack names.
+
+    ``file`` is ``""`` when inductor named no line of the user's.
+    """
+
+    reason: str
+    file: str = ""
+    line: int = 0
+    function: str = ""
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class CaptureProbe(_Located):
+    """What the capture probe found: one call captured with ``torch.cuda.graph``.
+
+    ``status`` is ``"capturable"``, ``"blocked"`` (``file``/``line`` name the
+    first line that stopped the capture, ``reason`` the error), or
+    ``"not run"`` (``reason`` says why: no CUDA device, no call to probe).
+    ``captured`` says what was captured.
+    """
+
+    status: str
+    reason: str = ""
+    file: str = ""
+    line: int = 0
+    function: str = ""
+    code: str = ""
+    captured: str = ""
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What torch.compile and the capture probe said about the watched code.
+
+    ``compile_syncs`` counts the syncs made while compiling (dynamo tracing,
+    inductor compiling and autotuning on a cold cache), counted apart from the
+    steps. ``notes`` say what could not be read (a hook this torch lacks).
+
+    Example:
+        >>> r = CompileReport(graph_breaks=(GraphBreak("/w/t.py", 3, "Data-dependent branching"),))
+        >>> r.verdict
+        'compile: 1 graph break in the watched code (t.py:3); capture probe not run'
+    """
+
+    graph_breaks: tuple[GraphBreak, ...] = ()
+    cudagraph_skips: tuple[CudagraphSkip, ...] = ()
+    compile_syncs: int = 0
+    probe: CaptureProbe | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def verdict(self) -> str:
+        """One line: graph breaks, CUDA-graph skips, and whether the step is capturable."""
+        n = len(self.graph_breaks)
+        where = ", ".join(b.location for b in self.graph_breaks[:3])
+        more = ", ..." if n > 3 else ""
+        parts = [
+            f"{n} graph break{'s' if n != 1 else ''} in the watched code ({where}{more})"
+            if n
+            else "no graph break in the watched code"
+        ]
+        if self.cudagraph_skips:
+            first = self.cudagraph_skips[0]
+            parts.append(f"CUDA graphs skipped ({first.reason} at {first.location})")
+        probe = self.probe
+        if probe is None:
+            parts.append("capture probe not run")
+        elif probe.status == "capturable":
+            parts.append("the step is capturable")
+        elif probe.status == "blocked":
+            parts.append(f"the step is not capturable: first blocked at {probe.location}")
+        else:
+            parts.append(f"capture probe not run ({probe.reason})")
+        return "compile: " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "graph_breaks": [b.to_dict() for b in self.graph_breaks],
+            "cudagraph_skips": [s.to_dict() for s in self.cudagraph_skips],
+            "compile_syncs": self.compile_syncs,
+            **({"probe": self.probe.to_dict()} if self.probe is not None else {}),
+            **({"notes": list(self.notes)} if self.notes else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CompileReport:
+        probe = data.get("probe")
+        return cls(
+            graph_breaks=tuple(GraphBreak.from_dict(b) for b in data.get("graph_breaks", ())),
+            cudagraph_skips=tuple(
+                CudagraphSkip.from_dict(s) for s in data.get("cudagraph_skips", ())
+            ),
+            compile_syncs=int(data.get("compile_syncs", 0)),
+            probe=CaptureProbe.from_dict(probe) if isinstance(probe, Mapping) else None,
+            notes=tuple(str(n) for n in data.get("notes", ())),
+        )
+
+
+def consequence(graph_break: str, gb: str, flag: str, cudagraph_skip: str) -> str:
+    """A site's compile consequence in words (``""`` when it has none).
+
+    Example:
+        >>> consequence("Data-dependent branching", "gb0170", "", "")
+        'graph break [gb0170]: Data-dependent branching; no dynamo setting keeps it in the graph'
+    """
+    parts = []
+    if graph_break:
+        tag = f" [{gb}]" if gb else ""
+        parts.append(f"graph break{tag}: {graph_break}; {FLAG_EFFECT.get(flag, NO_FLAG)}")
+    if cudagraph_skip:
+        parts.append(f"CUDA graphs skipped: {cudagraph_skip}")
+    return "; ".join(parts)

@@ -1,0 +1,125 @@
+"""GitHub Actions annotations: one workflow command per site, at the user's line.
+
+``barrierguard run --format github`` (and ``check``, and the pytest plugin's
+``--barrierguard-format=github``) print these lines on stdout; a GitHub
+Actions job turns each into a mark on that line of the pull request. A site
+that fails the policy is an ``error``, another site in the measured steps a
+``warning``; setup syncs and allowed sites are not annotated.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping
+
+from barrierguard.report.records import Report, Site, SiteKey
+
+__all__ = ["annotation", "failing_keys", "level_of", "relative", "render"]
+
+
+def relative(path: str, root: str | None = None) -> str:
+    """``path`` relative to ``root`` (default: the current directory), with ``/``,
+    as GitHub names a file of the repository; a path outside ``root`` stays absolute.
+
+    Example:
+        >>> relative("/repo/src/train.py", "/repo")
+        'src/train.py'
+        >>> relative("/elsewhere/lib.py", "/repo")
+        '/elsewhere/lib.py'
+    """
+    base = os.path.abspath(root if root is not None else os.getcwd())
+    full = os.path.abspath(path)
+    try:
+        rel = os.path.relpath(full, base)
+    except ValueError:  # another drive on Windows
+        return full.replace(os.sep, "/")
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        return full.replace(os.sep, "/")
+    return rel.replace(os.sep, "/")
+
+
+def failing_keys(report: Report) -> set[SiteKey]:
+    """The keys of the sites that broke the policy (a violation names them)."""
+    broke = {(v.file, v.line, v.kind, v.origin) for v in report.violations}
+    return {s.key for s in report.sites if (s.file, s.line, s.kind, s.origin) in broke}
+
+
+def level_of(site: Site, report: Report, failing: Collection[SiteKey]) -> str | None:
+    """``"error"`` for a site that fails the error policy, ``"warning"`` for another
+    site in the measured steps that no rule allows, ``"note"`` for an allowed one,
+    ``None`` for setup (never held against the policy)."""
+    if site.key in failing:
+        return "error" if report.policy == "error" else "warning"
+    if not site.step_count:
+        return None
+    return "note" if site.allowed else "warning"
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation(level: str, file: str, line: int, title: str, message: str) -> str:
+    """One workflow command, escaped as GitHub reads it.
+
+    Example:
+        >>> annotation("error", "train.py", 7, "BG101 item", "loss.item(): 1 per step")
+        '::error file=train.py,line=7,title=BG101 item::loss.item(): 1 per step'
+    """
+    return (
+        f"::{level} file={_escape_property(file)},line={line},"
+        f"title={_escape_property(title)}::{_escape_data(message)}"
+    )
+
+
+def message_of(site: Site) -> str:
+    """What an annotation or a SARIF result says about ``site``."""
+    kind = site.kind + (f" ({site.detail})" if site.detail else "")
+    where = (
+        f" inside {site.origin.split(':', 1)[1]}" if site.origin.startswith("framework:") else ""
+    )
+    count = (
+        f"{site.step_count} in the measured steps ({site.per_step:.2f} per step)"
+        if site.step_count
+        else f"{site.count} before the measured steps"
+    )
+    code = f" `{site.code}`" if site.code else ""
+    return f"{kind} sync{where}:{code} {count}. Fix: {site.fix}"
+
+
+def render(
+    report: Report,
+    root: str | None = None,
+    failing: Collection[SiteKey] | None = None,
+    messages: Mapping[SiteKey, str] | None = None,
+) -> str:
+    """The annotations of ``report``'s sites, one line each, costliest first.
+
+    Args:
+        report: The report.
+        root: Paths are written relative to it (default: the current directory).
+        failing: The keys of the sites that fail; default: those a violation names.
+        messages: A message per site key, in place of the site's own.
+
+    Example:
+        >>> from barrierguard import Report, Site
+        >>> s = Site(file="t.py", line=3, function="f", code="x.item()", kind="item",
+        ...          origin="user", count=2, step_count=2, per_step=1.0, rule="BG101")
+        >>> r = Report(engine="audit", detection=True, policy="error", sites=(s,))
+        >>> render(r, failing={s.key}).split("::")[1]
+        'error file=t.py,line=3,title=barrierguard BG101 item'
+    """
+    fails = failing_keys(report) if failing is None else failing
+    lines = []
+    for site in report.ranked():
+        level = level_of(site, report, fails)
+        if level is None or level == "note":
+            continue
+        text = (messages or {}).get(site.key) or message_of(site)
+        title = f"barrierguard {site.rule or ''} {site.kind}".replace("  ", " ")
+        lines.append(annotation(level, relative(site.file, root), site.line, title, text))
+    return "".join(line + "\n" for line in lines)

@@ -1,0 +1,149 @@
+"""Allow rules where the code is: an inline comment on the line, and a scoped block.
+
+An inline comment ``# barrierguard: allow`` on the line that syncs allows every
+sync of that line; ``# barrierguard: allow[item]`` (kinds or rule codes, comma
+separated: ``allow[item, BG301]``) allows only those. The guard reads the line
+once, when it first sees the site, like an ``allow=`` rule.
+
+``with barrierguard.allowed(...):`` allows the syncs made inside the block, in
+this thread, by any running guard: every kind, or the kinds and codes named.
+With ``first_only=True`` it admits one occurrence of each site per block (the
+first; a second one at the same line is held against the policy), for a
+deliberate read that must not creep into a loop. The guard asks
+:func:`admits` for each sync in a measured step that no rule allows: one
+thread-local read when no block is open.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import threading
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
+
+from barrierguard._errors import BarrierGuardError
+from barrierguard.detect.kinds import CODES, KINDS
+
+__all__ = ["admits", "allowed", "inline_allowed", "resolve_kinds"]
+
+_INLINE = re.compile(r"#\s*barrierguard:\s*allow\b(?:\[([^\]]*)\])?")
+_KIND_OF_CODE = {code: kind for kind, code in CODES.items()}
+
+
+def resolve_kinds(names: tuple[str, ...], owner: str) -> frozenset[str]:
+    """The kinds named by ``names`` (kinds or rule codes).
+
+    Raises:
+        BarrierGuardError: For a name that is neither; the message shows the forms first.
+
+    Example:
+        >>> sorted(resolve_kinds(("item", "BG301"), "allowed"))
+        ['index', 'item']
+    """
+    kinds = set()
+    for name in names:
+        text = name.strip() if isinstance(name, str) else name
+        if isinstance(text, str) and text in KINDS:
+            kinds.add(text)
+        elif isinstance(text, str) and text.upper() in _KIND_OF_CODE:
+            kinds.add(_KIND_OF_CODE[text.upper()])
+        else:
+            raise BarrierGuardError(
+                f"{owner}({name!r}): expected a kind such as 'item' or a rule code such as "
+                f"'BG101' (docs/rules.md); the kinds are {', '.join(sorted(KINDS))}"
+            )
+    return frozenset(kinds)
+
+
+def inline_allowed(file: str, line: int, kind: str) -> bool:
+    """Whether ``file``'s ``line`` carries a ``# barrierguard: allow`` comment for ``kind``.
+
+    A comment that names no kind allows every kind; a name that is neither a
+    kind nor a code allows nothing (the sync stays visible).
+
+    Example:
+        >>> import tempfile, os
+        >>> with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        ...     _ = f.write("x = t.item()  # barrierguard: allow[BG101]\\n")
+        >>> inline_allowed(f.name, 1, "item"), inline_allowed(f.name, 1, "index")
+        (True, False)
+        >>> os.unlink(f.name)
+    """
+    text = linecache.getline(file, line)
+    if "barrierguard" not in text:
+        return False
+    found = _INLINE.search(text)
+    if found is None:
+        return False
+    if found.group(1) is None or not found.group(1).strip():
+        return True
+    for name in found.group(1).split(","):
+        name = name.strip()
+        if name == kind or _KIND_OF_CODE.get(name.upper()) == kind:
+            return True
+    return False
+
+
+class _Scope:
+    __slots__ = ("first_only", "kinds", "seen")
+
+    def __init__(self, kinds: frozenset[str], first_only: bool) -> None:
+        self.kinds = kinds
+        self.first_only = first_only
+        self.seen: set[Hashable] = set()
+
+
+_TLS = threading.local()
+
+
+def admits(key: Hashable, kind: str) -> bool:
+    """Whether an open ``allowed()`` block of this thread admits this occurrence
+    of the site ``key`` (of ``kind``)."""
+    scopes: list[_Scope] | None = getattr(_TLS, "scopes", None)
+    if not scopes:
+        return False
+    for scope in reversed(scopes):
+        if scope.kinds and kind not in scope.kinds:
+            continue
+        if not scope.first_only:
+            return True
+        if key not in scope.seen:
+            scope.seen.add(key)
+            return True
+    return False
+
+
+@contextmanager
+def allowed(*kinds: str, first_only: bool = False) -> Iterator[None]:
+    """Allow the syncs made inside the block (in this thread), for every running guard.
+
+    Syncs in the block are still counted and reported; they are not held
+    against the policy or the per-step budget. Blocks nest; an inner block
+    adds to the outer ones.
+
+    Args:
+        *kinds: Kinds (``"item"``) or rule codes (``"BG101"``) to allow; none: every kind.
+        first_only: Admit only the first occurrence of each site in this block;
+            a second one is a violation (a deliberate read, once).
+
+    Raises:
+        BarrierGuardError: For a name that is neither a kind nor a rule code.
+
+    Example:
+        >>> import barrierguard
+        >>> with barrierguard.watch(policy="error") as guard:
+        ...     with barrierguard.allowed("item", first_only=True):
+        ...         pass
+    """
+    if not isinstance(first_only, bool):
+        raise BarrierGuardError(f"allowed(first_only={first_only!r}): expected True or False")
+    scope = _Scope(resolve_kinds(kinds, "allowed"), first_only)
+    scopes: list[_Scope] | None = getattr(_TLS, "scopes", None)
+    if scopes is None:
+        scopes = _TLS.scopes = []
+    scopes.append(scope)
+    try:
+        yield
+    finally:
+        scopes.remove(scope)

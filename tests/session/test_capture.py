@@ -1,0 +1,98 @@
+"""The capture probe: what it reports, and that it leaves the training alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import barrierguard
+from barrierguard.report.records import Report
+from barrierguard.session.capture import blocking_line, probe
+
+
+def _blocked_here() -> None:
+    raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+
+
+def test_blocking_line_is_the_users_innermost_line() -> None:
+    try:
+        _blocked_here()
+    except RuntimeError as exc:
+        file, line, function = blocking_line(exc)
+    assert (file, function) == (__file__, "_blocked_here")
+    assert line == _blocked_here.__code__.co_firstlineno + 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
+def test_without_cuda_the_probe_says_it_did_not_run() -> None:
+    calls: list[int] = []
+    result = probe(lambda: calls.append(1))
+    assert result.status == "not run"
+    assert "no CUDA device" in result.reason
+    assert calls == []  # nothing ran
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
+def test_watch_capture_probe_on_a_decorated_step() -> None:
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+
+    @barrierguard.watch(policy="record", engine="audit", memory=False, capture_probe=True)
+    def step(x: torch.Tensor) -> None:
+        calls.append(1)
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step(torch.ones(2, 3))
+    guard = step.guard  # type: ignore[attr-defined]
+    assert guard.report.compile is None  # no probe before the first step ended
+    step(torch.ones(2, 3))
+    section = guard.report.compile
+    assert section is not None and section.probe is not None
+    assert section.probe.status == "not run"
+    assert "capture probe not run (no CUDA device" in section.verdict
+    assert len(calls) == 2 and guard.steps == 2
+    assert Report.from_dict(guard.report.to_dict()).compile == section
+
+
+def test_capture_probe_option_is_validated() -> None:
+    for bad in ("train step", 3):
+        with pytest.raises(barrierguard.BarrierGuardError, match="name of the step function"):
+            barrierguard.watch(capture_probe=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU answer")
+def test_capture_probe_by_name_probes_the_first_call_after_warmup() -> None:
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls: list[int] = []
+
+    def train_step(x: torch.Tensor, *, scale: float = 1.0) -> None:
+        calls.append(1)
+        (model(x).sum() * scale).backward()
+        opt.step()
+        opt.zero_grad()
+
+    with barrierguard.watch(
+        policy="record", engine="audit", memory=False, capture_probe="train_step", warmup_steps=2
+    ) as guard:
+        for _ in range(4):
+            train_step(torch.ones(2, 3), scale=0.5)
+    section = guard.report.compile
+    assert section is not None and section.probe is not None
+    assert section.probe.status == "not run"  # no CUDA here; it was asked once, after warm-up
+    assert "train_step" in section.probe.captured
+    assert len(calls) == 4 and guard.steps == 4
+    import sys
+
+    assert sys.getprofile() is None
+
+
+def test_capture_probe_by_name_that_never_runs_is_noted() -> None:
+    with barrierguard.watch(
+        policy="record", engine="audit", memory=False, capture_probe="never_called"
+    ) as guard:
+        torch.ones(2).sum()
+    assert any("no call of 'never_called'" in n for n in guard.report.notes)
