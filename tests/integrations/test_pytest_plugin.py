@@ -250,6 +250,9 @@ def test_marker_options(
         ("max_syncs_per_step=-1", "max_syncs_per_step=-1) is not valid"),
         ("allow=['itme']", "allow rule 'itme' is malformed"),
         ("max_growth_per_step='1 parsec'", "max_growth_per_step='1 parsec')"),
+        # Every option of watch() is the marker's too, validated the same way.
+        ("memory='no'", "@pytest.mark.barrierguard(memory='no') is not valid"),
+        ("memory_every=0", "@pytest.mark.barrierguard(memory_every=0) is not valid"),
     ],
 )
 def test_bad_marker_is_an_error_naming_it(

@@ -258,6 +258,11 @@ class _Handler(logging.Handler):
                 parent.callHandlers(record)
 
 
+_listening_lock = threading.Lock()
+_listening: list[CompileListener] = []
+_patched_original: list[Any] = []
+
+
 class CompileListener:
     """Listens to dynamo's graph breaks and inductor's CUDA-graph skips while running.
 
@@ -298,24 +303,36 @@ class CompileListener:
             )
             return
 
-        def get_artifact_logger(module_qname: str, artifact_name: str) -> logging.Logger:
-            logger = original(module_qname, artifact_name)
-            if artifact_name in ARTIFACTS:
-                try:
-                    self._attach(logger)
-                except Exception as exc:
-                    self.faults.append(f"{type(exc).__name__}: {exc}")
-            return logger
+        # One patch for all listeners (nested guards, guards of several
+        # threads), removed by the last: stops in any order restore the original.
+        with _listening_lock:
+            if not _listening:
+                _patched_original[:] = [original]
 
-        tl.getArtifactLogger = get_artifact_logger  # type: ignore[attr-defined]
-        self._patched = (tl, original)
+                def get_artifact_logger(module_qname: str, artifact_name: str) -> logging.Logger:
+                    logger: logging.Logger = _patched_original[0](module_qname, artifact_name)
+                    if artifact_name in ARTIFACTS:
+                        for listener in list(_listening):
+                            try:
+                                listener._attach(logger)
+                            except Exception as exc:
+                                listener.faults.append(f"{type(exc).__name__}: {exc}")
+                    return logger
+
+                tl.getArtifactLogger = get_artifact_logger  # type: ignore[attr-defined]
+            _listening.append(self)
+        self._patched = (tl, None)
 
     def stop(self) -> None:
         """Detach from every logger and restore its level and propagation."""
         if self._patched is not None:
-            module, original = self._patched
-            module.getArtifactLogger = original
+            module, _ = self._patched
             self._patched = None
+            with _listening_lock:
+                if self in _listening:
+                    _listening.remove(self)
+                if not _listening and _patched_original:
+                    module.getArtifactLogger = _patched_original.pop()
         for name, (level, propagate, _) in self._saved.items():
             logger = logging.getLogger(name)
             logger.removeHandler(self._handler)

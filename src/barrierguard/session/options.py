@@ -349,8 +349,11 @@ def _stride(owner: str, value: object) -> int | None:
 
 # The keyword options every entry point takes (watch() and the callbacks), and
 # those of the framework adapters' end-of-run report (make_report_options).
+# out and capture_probe are watch()'s own (a file per stop, a decorated step).
 GUARD_OPTIONS = tuple(
-    name for name in inspect.signature(make_options).parameters if name not in ("out", "owner")
+    name
+    for name in inspect.signature(make_options).parameters
+    if name not in ("out", "owner", "capture_probe")
 )
 REPORT_OPTIONS = ("print_report", "save_report", "rank_reports", "merge_ranks")
 
