@@ -11,9 +11,9 @@ Design:
     Each entry point is replaced, for the fit, by a timed copy (``POINTS``):
 
     * ``sync handler``: the sync-debug warning's handler, once per sync; inside
-      it ``locate`` (the user's and the framework's line), ``hub.emit``, the
-      guard's ``_record`` and, inside that, ``frameworks.annotate`` (the
-      framework mechanism and phase the stack shows);
+      it ``observe`` (the one walk of the stack: the user's and the framework's
+      line, the framework mechanism and the phase), ``hub.emit`` and, inside
+      that, the guard's ``_record``;
     * ``step hook``: the callback's ``on_train_batch_end`` (the step boundary),
       with the memory sampler and the step timeline inside it;
     * ``wrappers``: the calls per step of each method the engine wraps (counted,
@@ -66,7 +66,7 @@ from _common import (
 
 import barrierguard
 from barrierguard.detect import cuda as ce
-from barrierguard.detect import frameworks, hub
+from barrierguard.detect import hub
 from barrierguard.detect.patch import Patches
 from barrierguard.integrations import lightning_callback as lt
 from barrierguard.session import guard as _guard
@@ -76,10 +76,9 @@ from barrierguard.session import timeline as _timeline
 # (owner, attribute, label, nested under): every entry point timed in the fit.
 POINTS: tuple[tuple[Any, str, str, str], ...] = (
     (ce.CudaEngine, "_show", "sync handler", ""),
-    (ce, "locate", "locate", "sync handler"),
+    (ce, "observe", "observe (the one walk)", "sync handler"),
     (hub, "emit", "emit", "sync handler"),
     (_guard.Guard, "_record", "Guard._record", "emit"),
-    (frameworks, "annotate", "frameworks.annotate", "Guard._record"),
     (lt.BarrierGuardCallback, "on_train_batch_end", "step hook", ""),
     (_memory.MemoryMonitor, "on_step", "memory sampler", "step hook"),
     (_timeline.StepTimeline, "on_step", "step timeline", "step hook"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import barrierguard
-from barrierguard.detect import frameworks
 from barrierguard.detect.frames import Location
+from barrierguard.detect.stack import Sync
 
 LOC = Location("/w/train.py", 7, "main", "item", "", "user")
 
@@ -15,14 +15,11 @@ LOC = Location("/w/train.py", 7, "main", "item", "", "user")
     ("phase", "in_steps"),
     [("train", True), (None, True), ("sanity", True), ("validate", False), ("test", False)],
 )
-def test_apart_phases_stay_out_of_steps_and_policy(
-    phase: str | None, in_steps: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_apart_phases_stay_out_of_steps_and_policy(phase: str | None, in_steps: bool) -> None:
     guard = barrierguard.watch(policy="record", engine="audit", memory=False)
     guard.step()
     guard._phase = phase
-    monkeypatch.setattr(frameworks, "annotate", lambda frame: ("logger", None))
-    guard._record(LOC, 1)
+    guard._record(Sync(LOC, "logger", None), 1)
     report = guard.report
     (site,) = report.sites
     assert site.count == 1
@@ -33,14 +30,19 @@ def test_apart_phases_stay_out_of_steps_and_policy(
     assert site.mechanisms == (("logger", 1),)
 
 
-def test_a_failing_annotation_is_a_fault_not_a_lost_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("adapter", "stack", "counted"),
+    [
+        ("train", "checkpoint", "checkpoint"),  # a save inside the training loop
+        ("setup", "train", "setup"),  # the adapter's events know the setup hooks
+        (None, "validate", "validate"),
+        ("teardown", None, "teardown"),
+    ],
+)
+def test_the_stack_phase_wins_but_for_plain_training(
+    adapter: str | None, stack: str | None, counted: str
+) -> None:
     guard = barrierguard.watch(policy="record", engine="audit", memory=False)
-
-    def broken(frame: object) -> tuple[str, str]:
-        raise ValueError("nope")
-
-    monkeypatch.setattr(frameworks, "annotate", broken)
-    guard._record(LOC, 1)
-    report = guard.report
-    assert report.sites[0].count == 1
-    assert any("ValueError: nope" in n for n in report.notes)
+    guard._phase = adapter
+    guard._record(Sync(LOC, None, stack), 1)
+    assert guard.report.sites[0].phases == ((counted, 1),)

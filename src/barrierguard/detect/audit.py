@@ -63,8 +63,8 @@ from barrierguard.detect.audit_provenance import (
 )
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.audit_rules import build_rules, tagged_ops
-from barrierguard.detect.frames import locate
 from barrierguard.detect.patch import Patches
+from barrierguard.detect.stack import observe
 
 __all__ = ["NOTE", "AuditEngine", "tagged_ops"]
 
@@ -167,12 +167,12 @@ class AuditEngine:
         if mode is None or not mode.active:
             return
         try:
-            loc = locate(sys._getframe(1), kind, detail)
+            sync = observe(sys._getframe(1), kind, detail)
         except Exception as exc:
             _fault(exc)
             return
-        if loc is not None:
-            hub.emit(NAME, loc)
+        if sync is not None:
+            hub.emit(NAME, sync)
 
     # -- patches: what the mode cannot see --------------------------------------------
     def _patch_calls(self, mode: AuditMode) -> None:

@@ -31,8 +31,8 @@ from barrierguard.detect.frames import (
     _classifier,
     _source_segment,
     classify_file,
-    locate,
 )
+from barrierguard.detect.stack import observe
 
 __all__ = ["NAME", "AuditMode", "EngineHooks", "Rule", "fault"]
 
@@ -239,12 +239,12 @@ class AuditMode(TorchFunctionMode):
     # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "") -> None:
         try:
-            loc = locate(sys._getframe(1), kind, detail)
+            sync = observe(sys._getframe(1), kind, detail)
         except Exception as exc:
             fault(exc)
             return
-        if loc is not None:
-            hub.emit(NAME, loc)
+        if sync is not None:
+            hub.emit(NAME, sync)
 
     def h2d(self, src: Tensor, nonblocking: bool) -> tuple[str, str] | None:
         if not nonblocking:

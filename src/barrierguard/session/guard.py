@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import threading
 import time
 import warnings
@@ -21,9 +20,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from barrierguard import _env
 from barrierguard._errors import BarrierGuardError, MemoryGrowthError, SyncError, SyncWarning
-from barrierguard.detect import frameworks, hub
+from barrierguard.detect import hub
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
+from barrierguard.detect.stack import Sync
 from barrierguard.report.records import MemoryReport, Report, Timeline, Violation
 from barrierguard.session import ranks
 from barrierguard.session.options import Options
@@ -382,13 +382,14 @@ class Guard:
                 self._notes.append(text)
 
     def _record(
-        self, loc: Location, ident: int, stall: float | None = None, again: bool = False
+        self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
     ) -> Callable[[], None] | None:
-        """Count one sync at ``loc`` from thread ``ident``; return the policy's action.
+        """Count one ``sync`` from thread ``ident``; return the policy's action.
 
         ``again``: a further sync inside a call already counted (``print(t)``);
         it adds an event to that occurrence, not an occurrence.
         """
+        loc = sync.loc
         if again:
             with self._lock:
                 stats = self._sites.get(loc.key)
@@ -396,34 +397,18 @@ class Guard:
                     stats.events += 1
                     return None
         opts = self._options
-        mechanism: str | None = None
-        found: str | None = None
-        try:
-            mechanism, found = frameworks.annotate(sys._getframe(1))
-        except Exception as exc:
-            self._fault(exc)
+        mechanism = sync.mechanism
         # The stack's phase is the more specific one (an evaluation or a save
         # inside the training loop), except the plain training region, where an
         # adapter's phase from its events (setup, teardown hooks) knows better.
         phase = self._phase
+        found = sync.phase
         if found is not None and (phase is None or found != "train"):
             phase = found
         with self._lock:
             stats = self._sites.get(loc.key)
             if stats is None:
-                known = KINDS.get(loc.kind)
-                stats = SiteStats(
-                    loc,
-                    allowed=opts.allowed(
-                        loc.file,
-                        loc.line,
-                        loc.kind,
-                        loc.origin,
-                        mechanism.split(" (", 1)[0] if mechanism else None,
-                    ),
-                    blocking=known.blocking if known is not None else True,
-                )
-                self._sites[loc.key] = stats
+                stats = self._new_site(loc, mechanism)
             stats.count += 1
             stats.events += 1
             step = self._steps
@@ -488,6 +473,19 @@ class Guard:
                     self._deferred.append(error)
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
         return functools.partial(_raise, error)
+
+    def _new_site(self, loc: Location, mechanism: str | None) -> SiteStats:
+        known = KINDS.get(loc.kind)
+        allowed = self._options.allowed(
+            loc.file,
+            loc.line,
+            loc.kind,
+            loc.origin,
+            mechanism.split(" (", 1)[0] if mechanism else None,
+        )
+        stats = SiteStats(loc, allowed=allowed, blocking=known.blocking if known else True)
+        self._sites[loc.key] = stats
+        return stats
 
     def _thread_name(self, ident: int) -> str:
         # Listing the threads costs microseconds on every violating sync: a
