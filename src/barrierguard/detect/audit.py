@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from barrierguard.detect import distributed, hub
+from barrierguard.detect import distributed, hub, stack
 from barrierguard.detect.audit_provenance import (
     NAME,
     NOTE,
@@ -117,6 +117,7 @@ class AuditEngine:
                 self._hooks.pop().remove()
             self._patches.undo()
             self._suspended = False
+            stack.forget()
 
     # -- notes to the running guards ------------------------------------------------
     def note(self, text: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from barrierguard.detect import distributed, hub
+from barrierguard.detect import distributed, hub, stack
 from barrierguard.detect.patch import Patches
 from barrierguard.detect.stack import observe
 
@@ -248,6 +248,7 @@ class CudaEngine:
         finally:
             self._patches.undo()
             self._index_timed = False
+            stack.forget()
             if self._saved_show is not None and getattr(warnings, self._show_attr) == self._show:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None

@@ -30,7 +30,7 @@ from types import FrameType
 from barrierguard.detect import frameworks
 from barrierguard.detect.frames import FRAMEWORK, OWN, USER, Location, classify_file, place
 
-__all__ = ["Sync", "annotate", "observe"]
+__all__ = ["Sync", "annotate", "forget", "observe"]
 
 
 class Sync:
@@ -122,15 +122,45 @@ _Found = tuple["FrameType | None", "FrameType | None", str, "FrameType | None"]
 _NONE: _Function = (0, None, None)
 
 
+class _Anchors:
+    """Two frames that earlier walks passed, and what lies outward of each.
+
+    A frame object is one activation for as long as it lives, and the frames
+    outward of a live one do not change: a walk that meets the same object
+    (``is``) knows the rest without walking it. ``located``: a frame past
+    which, the search being over, only the location was missing (the frame
+    after a phase marker, inside a framework's loop), with the user's frame
+    and the first framework frame from it on. ``searched``: a frame from which
+    no function of the framework tables lies on the way to the root (a plain
+    loop). Each is one slot, replaced when a walk misses it, and dropped at
+    every step boundary and when an engine uninstalls (:func:`forget`), so
+    that no finished frame is held for long.
+    """
+
+    located: tuple[FrameType, FrameType, FrameType | None, str] | None = None
+    searched: FrameType | None = None
+
+
+_anchors = _Anchors()
+
+
+def forget() -> None:
+    """Drop the frames the walk keeps as anchors (step boundaries, uninstall)."""
+    _anchors.located = None
+    _anchors.searched = None
+
+
 def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, str | None]:
     """The one walk: ``((innermost, framework, its name, user), mechanism, phase)``.
 
     Two loops over the same frames: the first, to the user's frame, reads
     everything; the second, outward of it, only what marks a mechanism, a hook
-    caller or a phase (most frames there are none: one lookup each).
+    caller or a phase (most frames there are none: one lookup each). Either
+    ends early at its anchor (:class:`_Anchors`) when it meets it.
     """
     get = _files.get
     phases = _phases_possible()
+    located = _anchors.located
     found: str | None = None
     caller: FrameType | None = None
     phase: str | None = None
@@ -140,9 +170,22 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
     framework: FrameType | None = None
     framework_name = ""
     user: FrameType | None = None
+    # The anchor to be (the first frame once the search is over) and the first
+    # framework frame from it on.
+    pending: FrameType | None = None
+    pending_framework: FrameType | None = None
+    pending_name = ""
     depth = 0
     f = frame
     while f is not None and (locate or first_real):
+        if not search and locate and innermost is not None:
+            if located is not None and f is located[0]:
+                user = located[1]
+                if framework is None and located[2] is not None:
+                    framework, framework_name = located[2], located[3]
+                break
+            if pending is None:
+                pending = f
         code = f.f_code
         entry = get(code.co_filename) or _learn(code.co_filename)
         flags = entry[0]
@@ -167,18 +210,27 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
             if flags & _USER:
                 user = f
                 locate = False
-            elif flags & _FRAMEWORK and framework is None:
-                framework, framework_name = f, entry[1]
+                if pending is not None:
+                    _anchors.located = (pending, f, pending_framework, pending_name)
+            elif flags & _FRAMEWORK:
+                if framework is None:
+                    framework, framework_name = f, entry[1]
+                if pending is not None and pending_framework is None:
+                    pending_framework, pending_name = f, entry[1]
         f = f.f_back
-    if search:
+    if search and f is not None:
         # Outward of the first real frame (the user's, at the latest) a direct
         # mechanism never applies, and the location is known.
+        searched = _anchors.searched
+        start = f
+        plain = True  # no table function met: start becomes the anchor
         for _ in range(_STOP_DEPTH - depth):
-            if f is None:
+            if f is None or f is searched:
                 break
             code = f.f_code
             entry = get(code.co_filename) or _learn(code.co_filename)
             if entry[0] & _TABLE:
+                plain = False
                 fn = _table_function(entry, code.co_name)
                 if fn[0] & _MECHANISM and found is None and not fn[0] & _DIRECT:
                     found = fn[1]
@@ -191,6 +243,8 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
                     if phase is not None:
                         break
             f = f.f_back
+        if plain and f is None:
+            _anchors.searched = start
     mechanism = found
     if found is not None and caller is not None:
         hook = caller.f_locals.get("hook_name")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from barrierguard import _env
 from barrierguard._errors import BarrierGuardError, MemoryGrowthError, SyncError, SyncWarning
-from barrierguard.detect import hub
+from barrierguard.detect import hub, stack
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
 from barrierguard.detect.stack import Sync
@@ -352,6 +352,7 @@ class Guard:
         self._step_stall.append(0.0)
         self._step_syncs = 0
         self._steps += 1
+        stack.forget()  # the walk's anchors hold frames: none beyond a step
         step = self._steps
         for listener in self._step_listeners:
             try:
