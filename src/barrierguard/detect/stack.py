@@ -130,14 +130,15 @@ class _Anchors:
     (``is``) knows the rest without walking it. ``located``: a frame past
     which, the search being over, only the location was missing (the frame
     after a phase marker, inside a framework's loop), with the user's frame
-    and the first framework frame from it on. ``searched``: a frame from which
+    and the first framework frame from it on (when the walk noted it: a walk
+    that had met one already only looked for the user's frame). ``searched``: a frame from which
     no function of the framework tables lies on the way to the root (a plain
     loop). Each is one slot, replaced when a walk misses it, and dropped at
     every step boundary and when an engine uninstalls (:func:`forget`), so
     that no finished frame is held for long.
     """
 
-    located: tuple[FrameType, FrameType, FrameType | None, str] | None = None
+    located: tuple[FrameType, FrameType, FrameType | None, str, bool] | None = None
     searched: FrameType | None = None
 
 
@@ -175,17 +176,27 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
     pending: FrameType | None = None
     pending_framework: FrameType | None = None
     pending_name = ""
+    complete = True  # whether the anchor to be knows its first framework frame
     depth = 0
     f = frame
     while f is not None and (locate or first_real):
         if not search and locate and innermost is not None:
-            if located is not None and f is located[0]:
+            if located is not None and f is located[0] and (framework or located[4]):
                 user = located[1]
                 if framework is None and located[2] is not None:
                     framework, framework_name = located[2], located[3]
                 break
             if pending is None:
                 pending = f
+            if framework is not None:
+                # Only the user's frame is missing: the tightest loop (it does
+                # not note framework frames, so the anchor will not either).
+                complete = False
+                f = _to_user(f, located[0] if located is not None else None)
+                if f is None:
+                    break
+                if located is not None and f is located[0]:
+                    continue
         code = f.f_code
         entry = get(code.co_filename) or _learn(code.co_filename)
         flags = entry[0]
@@ -211,7 +222,7 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
                 user = f
                 locate = False
                 if pending is not None:
-                    _anchors.located = (pending, f, pending_framework, pending_name)
+                    _anchors.located = (pending, f, pending_framework, pending_name, complete)
             elif flags & _FRAMEWORK:
                 if framework is None:
                     framework, framework_name = f, entry[1]
@@ -251,6 +262,18 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
         if isinstance(hook, str):
             mechanism = f"{found} ({hook})"
     return (innermost, framework, framework_name, user), mechanism, phase
+
+
+def _to_user(frame: FrameType, anchor: FrameType | None) -> FrameType | None:
+    """The first user frame from ``frame`` outward, or ``anchor`` if met first."""
+    get = _files.get
+    f: FrameType | None = frame
+    while f is not None and f is not anchor:
+        filename = f.f_code.co_filename
+        if (get(filename) or _learn(filename))[0] & _USER:
+            return f
+        f = f.f_back
+    return f
 
 
 def _table_function(entry: _File, name: str) -> _Function:
