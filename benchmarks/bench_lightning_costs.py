@@ -13,7 +13,7 @@ Design:
     * ``sync handler``: the sync-debug warning's handler, once per sync; inside
       it ``observe`` (the one walk of the stack: the user's and the framework's
       line, the framework mechanism and the phase), ``hub.emit`` and, inside
-      that, the guard's ``_record``;
+      that, the guard's ``record``;
     * ``step hook``: the callback's ``on_train_batch_end`` (the step boundary),
       with the memory sampler and the step timeline inside it;
     * ``wrappers``: the calls per step of each method the engine wraps (counted,
@@ -78,7 +78,7 @@ POINTS: tuple[tuple[Any, str, str, str], ...] = (
     (ce.CudaEngine, "_show", "sync handler", ""),
     (ce, "observe", "observe (the one walk)", "sync handler"),
     (hub, "emit", "emit", "sync handler"),
-    (_guard.Guard, "_record", "Guard._record", "emit"),
+    (_guard.Guard, "record", "Guard.record", "emit"),
     (lt.BarrierGuardCallback, "on_train_batch_end", "step hook", ""),
     (_memory.MemoryMonitor, "on_step", "memory sampler", "step hook"),
     (_timeline.StepTimeline, "on_step", "step timeline", "step hook"),

@@ -21,8 +21,8 @@ LOC = Location("/w/train.py", 7, "main", "item", "", "user")
 def test_apart_phases_stay_out_of_steps_and_policy(phase: str | None, in_steps: bool) -> None:
     guard = barrierguard.watch(policy="record", engine="audit", memory=False)
     guard.step()
-    guard._phase = phase
-    guard._record(Sync(LOC, "logger", None), 1)
+    guard.set_phase(phase)
+    guard.record(Sync(LOC, "logger", None), 1)
     report = guard.report
     (site,) = report.sites
     assert site.count == 1
@@ -46,8 +46,8 @@ def test_the_stack_phase_wins_but_for_plain_training(
     adapter: str | None, stack: str | None, counted: str
 ) -> None:
     guard = barrierguard.watch(policy="record", engine="audit", memory=False)
-    guard._phase = adapter
-    guard._record(Sync(LOC, None, stack), 1)
+    guard.set_phase(adapter)
+    guard.record(Sync(LOC, None, stack), 1)
     assert guard.report.sites[0].phases == ((counted, 1),)
 
 

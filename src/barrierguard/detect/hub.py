@@ -21,7 +21,7 @@ __all__ = ["Engine", "Recorder", "attach", "detach", "emit", "fault", "note", "r
 class Recorder(Protocol):
     """What the hub delivers to: one method per sync, one per internal fault."""
 
-    def _record(
+    def record(
         self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
     ) -> Callable[[], None] | None:
         """Count one sync (located, with its mechanism and phase); return the policy's
@@ -32,10 +32,10 @@ class Recorder(Protocol):
         counted, not a new one.
         """
 
-    def _fault(self, exc: BaseException) -> None:
+    def fault(self, exc: BaseException) -> None:
         """Note a fault of barrierguard's own, without raising into training."""
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         """Add a note for the report (once per text)."""
 
 
@@ -87,13 +87,13 @@ def running_recorders() -> tuple[Recorder, ...]:
 def fault(engine_name: str, exc: BaseException) -> None:
     """Report a fault of ``engine_name``'s own to its recorders (never raised)."""
     for recorder in _recorders.get(engine_name, ()):
-        recorder._fault(exc)
+        recorder.fault(exc)
 
 
 def note(engine_name: str, text: str) -> None:
     """Give a note to every recorder of ``engine_name`` (for their reports)."""
     for recorder in _recorders.get(engine_name, ()):
-        recorder._note(text)
+        recorder.note(text)
 
 
 def emit(engine_name: str, sync: Sync, stall: float | None = None, *, again: bool = False) -> None:
@@ -110,9 +110,9 @@ def emit(engine_name: str, sync: Sync, stall: float | None = None, *, again: boo
     actions: list[Callable[[], None]] | None = None
     for recorder in _recorders.get(engine_name, ()):
         try:
-            action = recorder._record(sync, ident, stall, again)
+            action = recorder.record(sync, ident, stall, again)
         except Exception as exc:  # never lose the user's run to our own bug
-            recorder._fault(exc)
+            recorder.fault(exc)
             continue
         if action is not None:
             if actions is None:

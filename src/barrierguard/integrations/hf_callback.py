@@ -120,7 +120,7 @@ class HFBarrierGuardCallback(TrainerCallback):
             self._guard = guard
         if not self._guard.is_running:
             self._final = None
-            self._guard._phase = "train"
+            self._guard.set_phase("train")
             self._guard.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -131,7 +131,7 @@ class HFBarrierGuardCallback(TrainerCallback):
         guard = self._guard
         if guard is None or not guard.is_running:
             return
-        guard._phase = "teardown"
+        guard.set_phase("teardown")
         try:
             guard.stop()
         finally:
@@ -141,7 +141,7 @@ class HFBarrierGuardCallback(TrainerCallback):
                 merged_file=self._path(args) if self.merge_ranks else None,
                 merge_ranks=self.merge_ranks,
                 print_report=self.print_report,
-                fault=guard._fault,
+                fault=guard.fault,
             )
 
     def _path(self, args: Any) -> str | None:

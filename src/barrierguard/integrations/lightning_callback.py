@@ -144,12 +144,12 @@ class BarrierGuardCallback(pl.Callback):
             self._guard = guard
         if not self._guard.is_running:
             self._final = None
-            self._guard._phase = phase
+            self._guard.set_phase(phase)
             self._guard.start()
 
     def _set_phase(self, phase: str) -> None:
         if self._guard is not None:
-            self._guard._phase = phase
+            self._guard.set_phase(phase)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._start("setup" if stage == "fit" else _STAGE_PHASES.get(stage, "setup"))
@@ -200,7 +200,7 @@ class BarrierGuardCallback(pl.Callback):
         try:
             metrics = self._figures()
         except Exception as exc:
-            self._guard._fault(exc)
+            self._guard.fault(exc)
             return
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
@@ -254,7 +254,7 @@ class BarrierGuardCallback(pl.Callback):
                 merged_file=self._path(trainer) if self.merge_ranks else None,
                 merge_ranks=self.merge_ranks,
                 print_report=self.print_report,
-                fault=guard._fault,
+                fault=guard.fault,
             )
 
     def _path(self, trainer: pl.Trainer) -> str | None:

@@ -144,8 +144,8 @@ class Guard:
         self._step_listeners: list[Callable[[int], None]] = []
         self._memory: MemoryMonitor | None = None
         self._timeline: StepTimeline | None = None
-        # Set by framework adapters (the Lightning callback) from their events:
-        # the phase each sync is tagged with.
+        # Set by framework adapters (set_phase) from their events: the phase
+        # each sync is tagged with.
         self._phase: str | None = None
         # Where stop() last saved the report (watch(out=...)), this rank's file.
         self.report_path: str | None = None
@@ -206,7 +206,7 @@ class Guard:
                 self.add_step_listener(self._timeline.on_step)
             self._timeline.start(self._steps)
         except Exception as exc:
-            self._fault(exc)
+            self.fault(exc)
 
     def _start_memory(self) -> None:
         opts = self._options
@@ -229,7 +229,7 @@ class Guard:
             self._memory.thread_ident = self._thread_ident
             self._memory.start(self._steps)
         except Exception as exc:
-            self._fault(exc)
+            self.fault(exc)
 
     def stop(self) -> Report:
         """Remove every hook, restore every global, and return the report.
@@ -262,7 +262,7 @@ class Guard:
                 try:
                     self._timeline.stop()
                 except Exception as exc:
-                    self._fault(exc)
+                    self.fault(exc)
         report = self.report
         if self._options.out is not None:
             self._save(report, self._options.out)
@@ -282,7 +282,7 @@ class Guard:
         except OSError as exc:
             text = f"the report could not be written to {path!r}: {exc}"
             log.warning("barrierguard: %s", text)
-            self._note(text)
+            self.note(text)
 
     def _stop_memory(self, act: bool) -> MemoryGrowthError | None:
         if self._memory is None:
@@ -292,7 +292,7 @@ class Guard:
         except MemoryGrowthError as err:
             return err
         except Exception as exc:
-            self._fault(exc)
+            self.fault(exc)
         return None
 
     def __enter__(self) -> Guard:
@@ -360,7 +360,28 @@ class Guard:
             except MemoryGrowthError:
                 raise  # the error policy's verdict, raised from the step boundary
             except Exception as exc:
-                self._fault(exc)
+                self.fault(exc)
+
+    @property
+    def phase(self) -> str | None:
+        """The phase a framework adapter's events say the run is in (``None``: none said)."""
+        return self._phase
+
+    def set_phase(self, phase: str | None) -> None:
+        """Tag the syncs from now on with ``phase`` (a framework adapter's events).
+
+        A phase the stack shows (an evaluation loop, a checkpoint save) wins
+        over ``"train"``; syncs in ``validate``, ``test``, ``predict``,
+        ``checkpoint`` and ``teardown`` are counted apart from the steps.
+
+        Example:
+            >>> import barrierguard
+            >>> guard = barrierguard.watch(policy="record")
+            >>> guard.set_phase("validate")
+            >>> guard.phase
+            'validate'
+        """
+        self._phase = phase
 
     @property
     def steps(self) -> int:
@@ -368,7 +389,8 @@ class Guard:
         return self._steps
 
     # -- recording (called from the hub, on any thread) --------------------
-    def _fault(self, exc: BaseException) -> None:
+    def fault(self, exc: BaseException) -> None:
+        """Note a fault of barrierguard's own (logged once, listed in the report), never raised."""
         text = f"internal error in barrierguard: {type(exc).__name__}: {exc}"
         with self._lock:
             first = not self._faults
@@ -377,12 +399,13 @@ class Guard:
         if first:
             log.warning("%s (recording goes on; the report lists it)", text, exc_info=exc)
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
+        """Add ``text`` to the report's notes, once."""
         with self._lock:
             if text not in self._notes:
                 self._notes.append(text)
 
-    def _record(
+    def record(
         self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
     ) -> Callable[[], None] | None:
         """Count one ``sync`` from thread ``ident``; return the policy's action.
@@ -541,7 +564,7 @@ class Guard:
             try:
                 memory = self._memory.report()
             except Exception as exc:
-                self._fault(exc)
+                self.fault(exc)
                 notes.append(f"internal error in barrierguard: {type(exc).__name__}: {exc}")
         warmup = self._options.warmup_steps
         timeline: Timeline | None = None
@@ -560,7 +583,7 @@ class Guard:
                     sampling=tl.sampling,
                 )
             except Exception as exc:
-                self._fault(exc)
+                self.fault(exc)
         return Report(
             engine=self._engine_name,
             detection=self._engine_name != "none",
