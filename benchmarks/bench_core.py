@@ -33,6 +33,13 @@ Reproduce:
     CPU smoke run (the per-step rounds only, audit engine)::
 
         PYTHONPATH=src python benchmarks/bench_core.py --device cpu --layers 1 --pairs 4
+
+    The per-sync part on a CPU, with the tests' CUDA stand-in (the engine's
+    whole path but the GPU's wait), timed in the thread's CPU time on the shared
+    2-core machine::
+
+        PYTHONPATH=src python benchmarks/bench_core.py --device cpu --layers 1 --pairs 4 \
+            --sync-stand-in --clock thread --out benchmarks/results/core_sync_cpu.json
 """
 
 from __future__ import annotations
@@ -165,6 +172,35 @@ def _framework() -> Any:
     return namespace["through"]
 
 
+def _cuda_stand_in() -> Any:
+    """Run the CUDA engine on a CPU, as the tests do (``tests/_fake_cuda.py``).
+
+    CUDA 'available', the sync-debug mode faked, and a stand-in tensor whose
+    reads raise the mode's warning from a file classified as torch: the engine's
+    whole per-sync path runs, the GPU's wait does not. Returns the tensor.
+    """
+    import logging
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import _fake_cuda as fake
+    from barrierguard import _env
+    from barrierguard.detect import cuda as cuda_engine
+    from barrierguard.detect import frames
+
+    mode = fake.FakeMode()
+    _env.cuda_available = lambda: True  # type: ignore[assignment]
+    cuda_engine._get_mode = mode.get
+    cuda_engine._set_mode = mode.set
+    path = os.path.abspath(fake.__file__)
+    frames._classifier.classify(path)
+    frames._classifier._cache[path] = (frames.TORCH, "torch")
+    # No CUDA events here: the step timeline's fault is noted once per guard.
+    logging.getLogger("barrierguard").setLevel(logging.ERROR)
+    # Bare: the stand-in's warning dropped, as a GPU without the mode raises none.
+    warnings.filterwarnings("ignore", message=fake.MESSAGE[:30])
+    return fake.FakeTensor()
+
+
 def per_sync(
     calls: int, pairs: int, x: Any = None, depth: int = 20, naive: bool = True
 ) -> dict[str, Any]:
@@ -238,9 +274,15 @@ def per_sync(
     return out
 
 
+def _thread_timed(fn: Any) -> float:
+    t0 = time.thread_time()
+    fn()
+    return time.thread_time() - t0
+
+
 def print_per_sync(ps: dict[str, Any]) -> None:
     print(
-        f"\n## cost of one recorded .item() on an idle GPU (us per call, median of "
+        f"\n## cost of one recorded .item() (us per call, median of "
         f"{ps['pairs']} paired rounds)"
     )
     rows = []
@@ -274,6 +316,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--sync-pairs", type=int, default=15, help="paired rounds of the per-sync part")
     ap.add_argument("--depth", type=int, default=20, help="frames of the framework path")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--sync-stand-in",
+        action="store_true",
+        help="on a CPU: time the per-sync part with the tests' CUDA stand-in (no GPU wait)",
+    )
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="thread: this thread's CPU time (per-sync part; a loaded shared CPU machine)",
+    )
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     results: dict[str, Any] = {"command": " ".join(sys.argv)}
@@ -301,9 +354,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps; one start()+stop(): {ov['start_stop_us']:.0f} us"
     )
-    if args.device == "cuda":
-        ps = per_sync(args.calls, args.sync_pairs, depth=args.depth)
+    if args.device == "cuda" or args.sync_stand_in:
+        x = _cuda_stand_in() if args.sync_stand_in else None
+        if args.clock == "thread":
+            global timed
+            timed = _thread_timed
+        ps = per_sync(args.calls, args.sync_pairs, x=x, depth=args.depth, naive=x is None)
         results["per_sync"] = ps
+        results["per_sync_stand_in"] = args.sync_stand_in
+        results["clock"] = args.clock
         print_per_sync(ps)
     write(args.out, results)
     return results
