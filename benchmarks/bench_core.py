@@ -14,10 +14,13 @@ Design:
       rotating); the figure is the median of the per-round ratios to bare, with
       its IQR. Each guard is started before its block and stopped after it; its
       one-time ``start()+stop()`` is timed apart.
-    * Per sync (GPU only): a loop of ``--calls`` ``.item()`` on an idle GPU,
-      ``--repeats`` times, bare, under ``watch()`` and under sync-debug mode with
-      a naive ``traceback.extract_stack(limit=12)`` hook; the median microseconds
-      per call, and what each adds to the bare call.
+    * Per sync (GPU only): loops of ``--calls`` ``.item()`` on an idle GPU, one
+      in user code and one inside a framework's code ``--depth`` (20) frames
+      deep (a function chain compiled as Lightning's logger-connector file),
+      bare and under a started ``watch()``, in ``--sync-pairs`` paired rounds
+      (the order rotating), with sync-debug mode and a naive
+      ``traceback.extract_stack(limit=12)`` hook for scale; the median over
+      rounds of what ``watch()`` adds per call (target: 2 us for each).
 
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_core.py --out benchmarks/results/h200/core.json
@@ -30,11 +33,20 @@ Reproduce:
     CPU smoke run (the per-step rounds only, audit engine)::
 
         PYTHONPATH=src python benchmarks/bench_core.py --device cpu --layers 1 --pairs 4
+
+    The per-sync part on a CPU, with the tests' CUDA stand-in (the engine's
+    whole path but the GPU's wait), timed in the thread's CPU time on the shared
+    2-core machine::
+
+        PYTHONPATH=src python benchmarks/bench_core.py --device cpu --layers 1 --pairs 4 \
+            --sync-stand-in --clock thread --out benchmarks/results/core_sync_cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
+import linecache
+import os
 import sys
 import time
 import warnings
@@ -52,6 +64,7 @@ from _common import (
     median,
     paired_rounds,
     paired_summary,
+    quartiles,
     table,
     timed,
     write,
@@ -127,35 +140,166 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
     }
 
 
-def per_sync(calls: int, repeats: int) -> dict[str, Any]:
-    x = torch.ones(16, device="cuda")
+# A framework's code, 20 frames deep: `through` calls itself down to `metrics`,
+# which reads the tensor (compiled as Lightning's logger connector file, so the
+# walk classifies it as a framework and names its mechanism).
+_FRAMEWORK_SRC = """
+def metrics(x):
+    return x.item()
 
-    def loop() -> None:
+def through(depth, x):
+    return metrics(x) if depth <= 1 else through(depth - 1, x)
+"""
+_FRAMEWORK_FILE = os.path.join(
+    os.sep,
+    "bench",
+    "site-packages",
+    "lightning",
+    "pytorch",
+    "trainer",
+    "connectors",
+    "logger_connector",
+    "result.py",
+)
+
+
+def _framework() -> Any:
+    # Its source where linecache finds it, so the walk reads the call (item).
+    lines = _FRAMEWORK_SRC.splitlines(keepends=True)
+    linecache.cache[_FRAMEWORK_FILE] = (len(_FRAMEWORK_SRC), None, lines, _FRAMEWORK_FILE)
+    namespace: dict[str, Any] = {}
+    exec(compile(_FRAMEWORK_SRC, _FRAMEWORK_FILE, "exec"), namespace)
+    return namespace["through"]
+
+
+def _cuda_stand_in() -> Any:
+    """Run the CUDA engine on a CPU, as the tests do (``tests/_fake_cuda.py``).
+
+    CUDA 'available', the sync-debug mode faked, and a stand-in tensor whose
+    reads raise the mode's warning from a file classified as torch: the engine's
+    whole per-sync path runs, the GPU's wait does not. Returns the tensor.
+    """
+    import logging
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import _fake_cuda as fake
+    from barrierguard import _env
+    from barrierguard.detect import cuda as cuda_engine
+    from barrierguard.detect import frames
+
+    mode = fake.FakeMode()
+    _env.cuda_available = lambda: True  # type: ignore[assignment]
+    cuda_engine._get_mode = mode.get
+    cuda_engine._set_mode = mode.set
+    path = os.path.abspath(fake.__file__)
+    frames._classifier.classify(path)
+    frames._classifier._cache[path] = (frames.TORCH, "torch")
+    # No CUDA events here: the step timeline's fault is noted once per guard.
+    logging.getLogger("barrierguard").setLevel(logging.ERROR)
+    # Bare: the stand-in's warning dropped, as a GPU without the mode raises none.
+    warnings.filterwarnings("ignore", message=fake.MESSAGE[:30])
+    return fake.FakeTensor()
+
+
+def per_sync(
+    calls: int, pairs: int, x: Any = None, depth: int = 20, naive: bool = True
+) -> dict[str, Any]:
+    """Microseconds one recorded ``.item()`` adds: in user code, and in a framework.
+
+    Paired rounds (the order rotating): each variant times ``calls`` reads on
+    an idle GPU; ``watched`` variants run under a started ``watch()``. The
+    figure per path is the median over rounds of (watched - bare) / calls.
+    ``x`` and ``naive=False`` let a CPU run time it with a stand-in tensor.
+    """
+    x = torch.ones(1, device="cuda") if x is None else x
+    through = _framework()
+
+    def user_loop() -> None:
         for _ in range(calls):
-            x.item() if x.numel() == 1 else x[0].item()
+            x.item()
 
-    loop()
-    results: dict[str, list[float]] = {"bare": [], "watched": [], "naive": []}
-    for _ in range(repeats):
-        results["bare"].append(timed(loop) / calls)
-        with barrierguard.watch(engine="cuda", policy="record") as guard:
-            guard.step()
-            results["watched"].append(timed(loop) / calls)
-        items = [s for s in guard.report.sites if s.kind == "item"]
-        assert sum(s.count for s in items) == calls, guard.report
-        with NaiveSyncDebug() as naive:
-            results["naive"].append(timed(loop) / calls)
-        assert len(naive.records) == calls, len(naive.records)
-    med = {k: median(v) * 1e6 for k, v in results.items()}
-    return {
-        "calls": calls,
-        "us_bare": med["bare"],
-        "us_watched": med["watched"],
-        "us_naive": med["naive"],
-        "us_added_watched": med["watched"] - med["bare"],
-        "us_added_naive": med["naive"] - med["bare"],
-        "samples_us": {k: [t * 1e6 for t in v] for k, v in results.items()},
-    }
+    def framework_loop() -> None:
+        for _ in range(calls):
+            through(depth, x)
+
+    loops = {"user": user_loop, "framework": framework_loop}
+    guards: dict[str, Any] = {}
+
+    def run(name: str) -> float:
+        path, variant = name.split(":")
+        if variant == "bare":
+            return timed(loops[path])
+        if variant == "naive":
+            with NaiveSyncDebug() as naive:
+                seconds = timed(loops[path])
+            assert len(naive.records) == calls, len(naive.records)
+            return seconds
+        guard = guards.setdefault(path, barrierguard.watch(engine="cuda", policy="record"))
+        guard.start()
+        guard.step()
+        try:
+            return timed(loops[path])
+        finally:
+            guard.stop()
+
+    names = ["user:bare", "user:watched", "framework:bare", "framework:watched"]
+    if naive:
+        names.append("user:naive")
+    for name in names:
+        run(name)  # warm: the first sync of a site classifies its files
+    rounds = paired_rounds(names, run, pairs)
+    for path, guard in guards.items():
+        sites = [s for s in guard.report.sites if s.kind == "item"]
+        assert sum(s.count for s in sites) == calls * (pairs + 1), guard.report
+        if path == "framework":
+            assert all(s.origin == "framework:lightning" for s in sites), sites
+    out: dict[str, Any] = {"calls": calls, "pairs": pairs, "framework_depth": depth}
+    for path in loops:
+        added = [(r[f"{path}:watched"] - r[f"{path}:bare"]) / calls * 1e6 for r in rounds]
+        out[path] = {
+            "us_bare": median([r[f"{path}:bare"] for r in rounds]) / calls * 1e6,
+            "us_watched": median([r[f"{path}:watched"] for r in rounds]) / calls * 1e6,
+            "us_added": median(added),
+            "us_added_quartiles": quartiles(added),
+        }
+    if naive:
+        naive_us = [(r["user:naive"] - r["user:bare"]) / calls * 1e6 for r in rounds]
+        out["user"]["us_added_naive"] = median(naive_us)
+    # The figures of earlier runs, under their names.
+    out["us_bare"] = out["user"]["us_bare"]
+    out["us_watched"] = out["user"]["us_watched"]
+    out["us_added_watched"] = out["user"]["us_added"]
+    out["us_added_framework"] = out["framework"]["us_added"]
+    out["target_us"] = 2.0
+    return out
+
+
+def _thread_timed(fn: Any) -> float:
+    t0 = time.thread_time()
+    fn()
+    return time.thread_time() - t0
+
+
+def print_per_sync(ps: dict[str, Any]) -> None:
+    print(f"\n## cost of one recorded .item() (us per call, median of {ps['pairs']} paired rounds)")
+    rows = []
+    for path, label in (
+        ("user", "in user code"),
+        ("framework", f"inside a framework, {ps['framework_depth']} frames deep"),
+    ):
+        r = ps[path]
+        q = r["us_added_quartiles"]
+        rows.append(
+            [
+                label,
+                f"{r['us_bare']:.1f}",
+                f"{r['us_watched']:.1f}",
+                f"{r['us_added']:.2f} ({q[0]:.2f}-{q[1]:.2f})",
+            ]
+        )
+    print(table(["sync", "bare", "watch()", "added by watch() (IQR)"], rows))
+    if "us_added_naive" in ps["user"]:
+        print(f"a naive extract_stack hook adds {ps['user']['us_added_naive']:.1f} us")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -166,8 +310,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--target-ms", type=float, default=1.0)
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--sync-pairs", type=int, default=15, help="paired rounds of the per-sync part")
+    ap.add_argument("--depth", type=int, default=20, help="frames of the framework path")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--sync-stand-in",
+        action="store_true",
+        help="on a CPU: time the per-sync part with the tests' CUDA stand-in (no GPU wait)",
+    )
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="thread: this thread's CPU time (per-sync part; a loaded shared CPU machine)",
+    )
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     results: dict[str, Any] = {"command": " ".join(sys.argv)}
@@ -195,30 +351,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps; one start()+stop(): {ov['start_stop_us']:.0f} us"
     )
-    if args.device == "cuda":
-        ps = per_sync(args.calls, args.repeats)
+    if args.device == "cuda" or args.sync_stand_in:
+        x = _cuda_stand_in() if args.sync_stand_in else None
+        if args.clock == "thread":
+            global timed
+            timed = _thread_timed
+        ps = per_sync(args.calls, args.sync_pairs, x=x, depth=args.depth, naive=x is None)
         results["per_sync"] = ps
-        print("\n## cost of one recorded .item() on an idle GPU (us per call, median)")
-        print(
-            table(
-                [
-                    "bare",
-                    "watch()",
-                    "naive hook (extract_stack)",
-                    "added by watch()",
-                    "added by naive",
-                ],
-                [
-                    [
-                        f"{ps['us_bare']:.1f}",
-                        f"{ps['us_watched']:.1f}",
-                        f"{ps['us_naive']:.1f}",
-                        f"{ps['us_added_watched']:.1f}",
-                        f"{ps['us_added_naive']:.1f}",
-                    ]
-                ],
-            )
-        )
+        results["per_sync_stand_in"] = args.sync_stand_in
+        results["clock"] = args.clock
+        print_per_sync(ps)
     write(args.out, results)
     return results
 

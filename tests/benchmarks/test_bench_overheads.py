@@ -55,7 +55,12 @@ def test_audit_times_a_step_with_no_sync(tmp_path: Path) -> None:
     import bench_audit
 
     argv = ["--steps", "2", "--pairs", "3", "--batch", "8", "--configs", "32x1", "--threads", "0"]
+    argv += ["--gpt-pairs", "1", "--depths", "3", "--calls", "20", "--read-pairs", "1"]
+    argv += ["--clock", "thread"]
     data = _run(bench_audit.main, argv, tmp_path)
-    (run,) = data["runs"]
+    run, gpt = data["runs"]
     assert set(run["ratio_median"]) == {"audit", "noop_mode"}
     assert data["headline_ratio"] == run["ratio_median"]["audit"]
+    assert gpt["model"] == "mingpt-nano" and data["gpt_ratio"] == gpt["ratio_median"]["audit"]
+    (read,) = data["reads"]
+    assert read["depth"] == 3 and read["calls"] == 20

@@ -286,7 +286,7 @@ def test_a_fault_of_ours_is_recorded_not_raised(monkeypatch: pytest.MonkeyPatch)
     def broken(*args: Any) -> None:
         raise RuntimeError("bookkeeping bug")
 
-    monkeypatch.setattr(audit_provenance.AuditMode, "propagate", broken)
+    monkeypatch.setattr(audit_provenance.AuditMode, "is_dev", broken)
     with barrierguard.watch(engine="audit", policy="record") as guard:
         y = torch.ones(3) * 2
     assert y.tolist() == [2.0, 2.0, 2.0]

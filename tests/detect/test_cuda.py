@@ -217,7 +217,7 @@ def test_internal_fault_is_reported_not_raised(
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("boom")
 
-    monkeypatch.setattr(cuda_engine, "locate", broken)
+    monkeypatch.setattr(cuda_engine, "observe", broken)
     t = FakeTensor(3.0)
     with barrierguard.watch(engine="cuda", policy="error") as guard:
         guard.step()

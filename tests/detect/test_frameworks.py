@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from barrierguard.detect import frameworks
+from barrierguard.detect import frameworks, stack
 
 
 @pytest.fixture(autouse=True)
 def _framework_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     # The walk looks for hooks and phases only once a framework that has them
     # is imported; these fake framework files stand in for one.
-    monkeypatch.setattr(frameworks, "_PHASE_PACKAGES", ("sys",))
+    monkeypatch.setattr(frameworks, "PHASE_PACKAGES", ("sys",))
 
 
 def _define(namespace: dict[str, Any], path: str, src: str) -> None:
@@ -49,7 +49,7 @@ def _frame_in(path: str, function: str) -> FrameType:
 )
 def test_mechanism_table(path: str, function: str, mechanism: str | None) -> None:
     frame = _frame_in(os.path.join("site-packages", path), function)
-    assert frameworks.annotate(frame)[0] == mechanism
+    assert stack.annotate(frame)[0] == mechanism
 
 
 def test_every_mechanism_has_a_fix_or_says_plainly_that_none_exists() -> None:
@@ -64,17 +64,14 @@ def test_every_mechanism_has_a_fix_or_says_plainly_that_none_exists() -> None:
             assert path.endswith(".py") and function, where
 
 
-def test_the_cache_checks_the_code_object(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The cache is keyed by id(code): an entry left by another code object at
-    # the same id (one that died) must not hand its mechanism on.
+def test_a_file_is_classified_once_by_its_name() -> None:
+    # The walk looks frames up by file name: a second function of a known
+    # file is read from the same entry, by its function's name.
     frame = _frame_in("lightning/pytorch/core/module.py", "log")
-    stale = compile("pass", "stale.py", "exec")
-    monkeypatch.setitem(
-        frameworks._code_entries,
-        id(frame.f_code),
-        (stale, ("checkpoint", False, None, False, True)),
-    )
-    assert frameworks.annotate(frame)[0] == "self_log"
+    assert stack.annotate(frame)[0] == "self_log"
+    other = _frame_in("lightning/pytorch/core/module.py", "forward_hooks")
+    assert stack.annotate(other)[0] is None
+    assert os.path.join(os.sep, "sp", "lightning/pytorch/core/module.py") in stack._files
 
 
 def test_the_hook_in_flight_is_named() -> None:
@@ -94,7 +91,7 @@ def test_the_hook_in_flight_is_named() -> None:
     seen: list[tuple[str | None, str | None]] = []
 
     def probe() -> None:
-        seen.append(frameworks.annotate(__import__("sys")._getframe()))
+        seen.append(stack.annotate(__import__("sys")._getframe()))
 
     namespace["_call_callback_hooks"](lambda: namespace["metrics"](probe))
     assert seen == [("prog_bar (on_train_batch_end)", None)]
@@ -120,7 +117,7 @@ def test_the_walk_ends_at_the_phase_marker() -> None:
     seen: list[tuple[str | None, str | None]] = []
 
     def probe() -> None:
-        seen.append(frameworks.annotate(__import__("sys")._getframe()))
+        seen.append(stack.annotate(__import__("sys")._getframe()))
 
     namespace["_call_callback_hooks"](lambda: namespace["run"](lambda: namespace["metrics"](probe)))
     namespace["_call_callback_hooks"](lambda: namespace["metrics"](probe))
@@ -146,12 +143,12 @@ def test_the_evaluation_loop_names_its_stage(stage: str, phase: str) -> None:
         "    def run(self, probe):\n        return probe()\n",
     )
     loop = namespace["_EvaluationLoop"](_Stage(stage))
-    got = loop.run(lambda: frameworks.annotate(__import__("sys")._getframe()))
+    got = loop.run(lambda: stack.annotate(__import__("sys")._getframe()))
     assert got == (None, phase)
 
 
 def test_a_stack_without_frameworks_has_no_mechanism_nor_phase() -> None:
-    assert frameworks.annotate(__import__("sys")._getframe()) == (None, None)
+    assert stack.annotate(__import__("sys")._getframe()) == (None, None)
 
 
 def test_describe_orders_fixes_by_count_and_skips_unknown_names() -> None:
@@ -168,7 +165,7 @@ def test_describe_orders_fixes_by_count_and_skips_unknown_names() -> None:
 
 def _probe_caller() -> tuple[str | None, str | None]:
     """Annotate from the caller's frame, as if the sync happened right there."""
-    return frameworks.annotate(__import__("sys")._getframe(1))
+    return stack.annotate(__import__("sys")._getframe(1))
 
 
 def test_a_direct_mechanism_names_only_syncs_made_in_its_own_function() -> None:
@@ -234,7 +231,7 @@ def test_the_innermost_phase_wins_a_save_inside_a_training_loop() -> None:
 )
 def test_table_rows_of_other_frameworks(path: str, function: str, mechanism: str) -> None:
     frame = _frame_in(os.path.join("site-packages", path), function)
-    assert frameworks.annotate(frame)[0] == mechanism
+    assert stack.annotate(frame)[0] == mechanism
 
 
 def test_the_docs_list_every_mechanism() -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 import barrierguard
-from barrierguard.detect import frameworks
 from barrierguard.detect.frames import Location
+from barrierguard.detect.stack import Sync
 
 LOC = Location("/w/train.py", 7, "main", "item", "", "user")
 
@@ -15,14 +18,11 @@ LOC = Location("/w/train.py", 7, "main", "item", "", "user")
     ("phase", "in_steps"),
     [("train", True), (None, True), ("sanity", True), ("validate", False), ("test", False)],
 )
-def test_apart_phases_stay_out_of_steps_and_policy(
-    phase: str | None, in_steps: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_apart_phases_stay_out_of_steps_and_policy(phase: str | None, in_steps: bool) -> None:
     guard = barrierguard.watch(policy="record", engine="audit", memory=False)
     guard.step()
-    guard._phase = phase
-    monkeypatch.setattr(frameworks, "annotate", lambda frame: ("logger", None))
-    guard._record(LOC, 1)
+    guard.set_phase(phase)
+    guard.record(Sync(LOC, "logger", None), 1)
     guard.step()  # closes step 1: the verdict on a site first seen there is given here
     report = guard.report
     (site,) = report.sites
@@ -34,14 +34,66 @@ def test_apart_phases_stay_out_of_steps_and_policy(
     assert site.mechanisms == (("logger", 1),)
 
 
-def test_a_failing_annotation_is_a_fault_not_a_lost_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("adapter", "stack", "counted"),
+    [
+        ("train", "checkpoint", "checkpoint"),  # a save inside the training loop
+        ("setup", "train", "setup"),  # the adapter's events know the setup hooks
+        (None, "validate", "validate"),
+        ("teardown", None, "teardown"),
+    ],
+)
+def test_the_stack_phase_wins_but_for_plain_training(
+    adapter: str | None, stack: str | None, counted: str
+) -> None:
     guard = barrierguard.watch(policy="record", engine="audit", memory=False)
+    guard.set_phase(adapter)
+    guard.record(Sync(LOC, None, stack), 1)
+    assert guard.report.sites[0].phases == ((counted, 1),)
 
-    def broken(frame: object) -> tuple[str, str]:
-        raise ValueError("nope")
 
-    monkeypatch.setattr(frameworks, "annotate", broken)
-    guard._record(LOC, 1)
-    report = guard.report
-    assert report.sites[0].count == 1
-    assert any("ValueError: nope" in n for n in report.notes)
+def _framework_file(path: str, src: str) -> dict[str, object]:
+    namespace: dict[str, object] = {}
+    exec(compile(src, os.path.join(os.sep, "sp", "site-packages", path), "exec"), namespace)
+    return namespace
+
+
+def test_a_framework_sync_from_two_user_lines_is_two_sites_with_their_phases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from barrierguard.detect import frameworks
+
+    monkeypatch.setattr(frameworks, "PHASE_PACKAGES", ("sys",))
+    metrics = _framework_file(
+        "lightning/pytorch/trainer/connectors/logger_connector/result.py",
+        "def metrics(t):\n    return t.item()\n",
+    )["metrics"]
+    run = _framework_file(
+        "lightning/pytorch/loops/fit_loop.py", "def run(inner):\n    return inner()\n"
+    )["run"]
+    device = torch.device("cpu")
+
+    def deep(n: int, t: torch.Tensor) -> object:
+        return metrics(t) if n == 0 else deep(n - 1, t)  # type: ignore[operator]
+
+    with barrierguard.watch(policy="record", engine="audit", memory=False) as guard:
+        x = torch.ones(1).to(device)
+        for _ in range(3):
+            metrics(x)  # type: ignore[operator]
+            metrics(x)  # type: ignore[operator]
+            run(lambda: deep(40, x))  # type: ignore[operator]
+        guard.step()
+    items = [s for s in guard.report.sites if s.kind == "item"]
+    sites = sorted(items, key=lambda s: (s.function, s.line))
+    assert [(s.function, s.count) for s in sites] == [
+        ("deep", 3),
+        (_THIS, 3),
+        (_THIS, 3),
+    ]
+    assert sites[1].line != sites[2].line
+    assert all(s.mechanisms == (("prog_bar", 3),) for s in sites)
+    assert sites[0].phases == (("train", 3),)
+    assert sites[1].phases == sites[2].phases == ()
+
+
+_THIS = "test_a_framework_sync_from_two_user_lines_is_two_sites_with_their_phases"

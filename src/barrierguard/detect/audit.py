@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from barrierguard.detect import distributed, hub
+from barrierguard.detect import distributed, hub, stack
 from barrierguard.detect.audit_provenance import (
     NAME,
     NOTE,
@@ -64,8 +64,8 @@ from barrierguard.detect.audit_provenance import (
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.audit_rules import build_rules, install_patches, tagged_ops
 from barrierguard.detect.audit_warnings import WarningRelay
-from barrierguard.detect.frames import locate
 from barrierguard.detect.patch import Patches
+from barrierguard.detect.stack import observe
 
 __all__ = ["NOTE", "AuditEngine", "tagged_ops"]
 
@@ -125,6 +125,7 @@ class AuditEngine:
             self._patches.undo()
             self._relay.uninstall()
             self._suspended = False
+            stack.forget()
 
     def release(self, thread_ident: int) -> None:
         """The last guard of ``thread_ident`` stopped, others run on: leave its stack.
@@ -188,12 +189,12 @@ class AuditEngine:
         if mode is None or not mode.active:
             return
         try:
-            loc = locate(sys._getframe(1), kind, detail)
+            sync = observe(sys._getframe(1), kind, detail)
         except Exception as exc:
             _fault(exc)
             return
-        if loc is not None:
-            hub.emit(NAME, loc)
+        if sync is not None:
+            hub.emit(NAME, sync)
 
     # -- patches: what the mode cannot see --------------------------------------------
     def _patch_calls(self, mode: AuditMode) -> None:

@@ -32,8 +32,8 @@ from barrierguard.detect.frames import (
     _classifier,
     _source_segment,
     classify_file,
-    locate,
 )
+from barrierguard.detect.stack import observe
 
 __all__ = ["NAME", "AuditMode", "EngineHooks", "Rule", "fault"]
 
@@ -111,6 +111,22 @@ def _masks(index: Any) -> list[Tensor]:
     return []
 
 
+class _Mark(weakref.ref):  # type: ignore[type-arg]
+    """A tensor's side, and the weak reference whose callback forgets it.
+
+    One object per marked tensor (a tuple, a weak reference and a closure
+    before): every op on device tensors marks its outputs.
+    """
+
+    __slots__ = ("dev", "key")
+
+    dev: bool
+    key: int
+
+
+_NO_KWARGS: dict[str, Any] = {}
+
+
 class AuditMode(TorchFunctionMode):
     """The mode: propagate provenance on every call, apply a rule where one exists."""
 
@@ -120,29 +136,35 @@ class AuditMode(TorchFunctionMode):
         self.engine = engine
         self.rules = rules
         self.active = True
-        self.marks: dict[int, tuple[bool, weakref.ref[Tensor]]] = {}
+        self.marks: dict[int, _Mark] = {}
         self.where_cache: dict[tuple[CodeType, int], bool] = {}
+        pop = self.marks.pop
+
+        def forget(ref: _Mark) -> None:
+            pop(ref.key, None)
+
+        self._forget = forget
 
     # -- provenance ----------------------------------------------------------
     def is_dev(self, t: Tensor) -> bool:
         """Whether ``t`` would live on the training device in a GPU run."""
         m = self.marks.get(id(t))
         if m is not None:
-            return m[0]
+            return m.dev
         # Unseen: a real device tensor, a parameter made before the guard, or
         # a tensor the autograd engine made for a backward pass.
         return not t.is_cpu or _is_param(t) or _current_node() is not None
 
     def mark(self, t: Tensor, dev: bool) -> None:
         key = id(t)
-        marks = self.marks
-        old = marks.get(key)
+        old = self.marks.get(key)
         if old is not None:
-            if old[0] != dev:
-                marks[key] = (dev, old[1])
+            old.dev = dev
             return
-        pop = marks.pop
-        marks[key] = (dev, weakref.ref(t, lambda _r: pop(key, None)))
+        m = _Mark(t, self._forget)
+        m.dev = dev
+        m.key = key
+        self.marks[key] = m
 
     def mark_out(self, out: Any, dev: bool) -> None:
         if isinstance(out, Tensor):
@@ -153,18 +175,18 @@ class AuditMode(TorchFunctionMode):
                     self.mark(o, dev)
 
     def any_dev(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        marks = self.marks
+        get = self.marks.get
         for a in args:
             if isinstance(a, Tensor):
-                m = marks.get(id(a))
-                if m[0] if m is not None else self.is_dev(a):
+                m = get(id(a))
+                if m.dev if m is not None else self.is_dev(a):
                     return True
             elif isinstance(a, (list, tuple)):
                 for b in a:
                     if isinstance(b, Tensor) and self.is_dev(b):
                         return True
         if kwargs:
-            return self.any_dev(tuple(kwargs.values()), {})
+            return self.any_dev(tuple(kwargs.values()), _NO_KWARGS)
         return False
 
     def propagate(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
@@ -236,7 +258,7 @@ class AuditMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         if kwargs is None:
-            kwargs = {}
+            kwargs = _NO_KWARGS  # never written to: a dict per call costs every op
         # Inert once stopped from another thread (until removed), and while
         # dynamo traces: the compiled graph's own calls are seen when they run.
         if not self.active or _compiling():
@@ -248,8 +270,39 @@ class AuditMode(TorchFunctionMode):
         if rule is not None:
             return rule(self, func, args, kwargs)
         out = func(*args, **kwargs)
+        if out is None:
+            return out
+        # The fast path, propagate() inlined: most ops take one or two tensors
+        # already marked, and return one tensor.
         try:
-            self.propagate(args, kwargs, out)
+            if kwargs and "device" in kwargs:
+                self.factory(kwargs, out)
+                return out
+            get = self.marks.get
+            dev = False
+            for a in args:
+                if type(a) is Tensor:
+                    m = get(id(a))
+                    if m.dev if m is not None else self.is_dev(a):
+                        dev = True
+                        break
+                elif isinstance(a, (Tensor, list, tuple)):
+                    dev = self.any_dev((a,), _NO_KWARGS)
+                    if dev:
+                        break
+            if not dev and kwargs:
+                dev = self.any_dev(tuple(kwargs.values()), _NO_KWARGS)
+            if dev:
+                if type(out) is Tensor:
+                    if get(id(out)) is None:
+                        m = _Mark(out, self._forget)
+                        m.dev = True
+                        m.key = id(out)
+                        self.marks[m.key] = m
+                    else:
+                        self.mark(out, True)
+                else:
+                    self.mark_out(out, True)
         except Exception as exc:  # never lose the user's op to our bookkeeping
             fault(exc)
         return out
@@ -257,12 +310,12 @@ class AuditMode(TorchFunctionMode):
     # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "") -> None:
         try:
-            loc = locate(sys._getframe(1), kind, detail)
+            sync = observe(sys._getframe(1), kind, detail)
         except Exception as exc:
             fault(exc)
             return
-        if loc is not None:
-            hub.emit(NAME, loc)
+        if sync is not None:
+            hub.emit(NAME, sync)
 
     def h2d(self, src: Tensor, nonblocking: bool) -> tuple[str, str] | None:
         if not nonblocking:

@@ -25,10 +25,10 @@ from typing import Any, cast
 
 import torch
 
-from barrierguard.detect import distributed, hub
+from barrierguard.detect import distributed, hub, stack
 from barrierguard.detect.compiled import not_a_dynamo_frame
-from barrierguard.detect.frames import locate
 from barrierguard.detect.patch import Patches, drop_filter
+from barrierguard.detect.stack import observe
 
 __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 
@@ -41,7 +41,20 @@ _PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
 # 20 ms kernel; see docs/benchmarks.md).
 PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
 
-_tls = threading.local()
+
+class _State(threading.local):
+    """Per thread: when the outermost timed call began, and the copy in flight.
+
+    Class-level defaults: a thread that never set them reads ``None`` without
+    the ``AttributeError`` a bare ``threading.local`` raises (and ``getattr``
+    with a default catches) on every sync.
+    """
+
+    t0: float | None = None
+    op: tuple[Any, ...] | None = None
+
+
+_tls = _State()
 
 
 def _get_mode() -> int:
@@ -115,7 +128,7 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
 
     @functools.wraps(orig)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        if getattr(tls, "t0", None) is not None or compiling():
+        if tls.t0 is not None or compiling():
             return orig(*args, **kwargs)
         tls.t0 = clock()
         try:
@@ -144,7 +157,7 @@ def _timed_no_args(orig: Callable[..., Any], compiling: Callable[[], bool]) -> C
     def timed(self: Any) -> Any:
         # A host tensor never waits for the device (optimizers read their CPU
         # step counters with item() for every parameter, every step).
-        if not on_device(self) or getattr(tls, "t0", None) is not None or compiling():
+        if not on_device(self) or tls.t0 is not None or compiling():
             return orig(self)
         tls.t0 = clock()
         try:
@@ -241,6 +254,7 @@ class CudaEngine:
         finally:
             self._patches.undo()
             self._index_timed = False
+            stack.forget()
             if self._saved_show is not None and getattr(warnings, self._show_attr) == self._show:
                 setattr(warnings, self._show_attr, self._saved_show)
             self._saved_show = None
@@ -270,11 +284,11 @@ class CudaEngine:
             return  # inside a recorded torch.distributed call: part of that call
         tls = _tls
         now = _clock()
-        t0 = getattr(tls, "t0", None)
+        t0 = tls.t0
         # The warning arrives once the wait is over: the stall is the time since
         # the timed call began (or since the previous sync inside that call).
         stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
-        op = getattr(tls, "op", None)
+        op = tls.op
         try:
             if op is not None:
                 kind, method, tensor, args, kwargs = op
@@ -285,9 +299,9 @@ class CudaEngine:
                     else:
                         dst = "cuda" if method == "cuda" else _target_type(args, kwargs)
                         detail = _direction(tensor.device.type, dst or tensor.device.type)
-                loc = locate(frame, kind, detail)
+                sync = observe(frame, kind, detail)
             else:
-                loc = locate(frame)
+                sync = observe(frame)
         except Exception as exc:  # a fault of ours is reported, never raised
             hub.fault(self.name, exc)
             return
@@ -297,12 +311,12 @@ class CudaEngine:
                 # call (print runs several) wait for little but the host's own
                 # formatting, which is not a stall. Charge them nothing.
                 tls.t0 = _DRAINED
-        if loc is not None:
-            if t0 is None and loc.kind == "index" and not self._index_timed:
+        if sync is not None:
+            if t0 is None and sync.loc.kind == "index" and not self._index_timed:
                 self._time_indexing()
             # A further sync inside the same timed call (print(t) syncs about ten
             # times) is an event of the occurrence already counted.
-            hub.emit(self.name, loc, stall, again=t0 is _DRAINED)
+            hub.emit(self.name, sync, stall, again=t0 is _DRAINED)
 
     def _time_indexing(self) -> None:
         # From the second indexing sync on, its stall is known.
@@ -316,12 +330,12 @@ class CudaEngine:
     # -- what the mode misses ---------------------------------------------
     def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
         try:
-            loc = locate(sys._getframe(1), kind, detail)
+            sync = observe(sys._getframe(1), kind, detail)
         except Exception as exc:
             hub.fault(self.name, exc)
             return
-        if loc is not None:
-            hub.emit(self.name, loc, stall)
+        if sync is not None:
+            hub.emit(self.name, sync, stall)
 
     def _patch_calls(self) -> None:
         record = self._record
@@ -374,9 +388,9 @@ class CudaEngine:
         def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if compiling():
                 return orig(self, *args, **kwargs)
-            prev = getattr(tls, "op", None)
+            prev = tls.op
             tls.op = ("copy", method, self, args, kwargs)
-            outer = getattr(tls, "t0", None) is None
+            outer = tls.t0 is None
             if outer:
                 tls.t0 = t0 = clock()
             try:

@@ -73,18 +73,30 @@ TENSOR_CALLS = (
 # Calls that return works without waiting: their wait() is where the host blocks.
 WORK_CALLS = ("isend", "irecv", "batch_isend_irecv")
 
-_tls = threading.local()
+
+class _State(threading.local):
+    """Per thread: how many wrapped calls it is inside, and whether one is recorded.
+
+    Class-level defaults, so that a thread that never entered one reads them
+    without an ``AttributeError`` (the CUDA engine asks on every sync).
+    """
+
+    depth = 0
+    quiet = False
+
+
+_tls = _State()
 _clock = time.perf_counter
 
 
 def quiet() -> bool:
     """Whether this thread is inside a recorded distributed call (its syncs are part of it)."""
-    return bool(getattr(_tls, "quiet", False))
+    return _tls.quiet
 
 
 def _depth() -> int:
     """How many wrapped distributed calls this thread is inside."""
-    return int(getattr(_tls, "depth", 0))
+    return _tls.depth
 
 
 def _compiling() -> bool:
@@ -152,8 +164,8 @@ class _Installer:
     @contextlib.contextmanager
     def _inside(self, recorded: bool) -> Iterator[None]:
         tls = _tls
-        tls.depth = getattr(tls, "depth", 0) + 1
-        was = getattr(tls, "quiet", False)
+        tls.depth += 1
+        was = tls.quiet
         if recorded:
             tls.quiet = True
         try:

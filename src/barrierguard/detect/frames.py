@@ -18,7 +18,7 @@ from types import CodeType, FrameType
 
 from barrierguard.detect.kinds import kind_for_call
 
-__all__ = ["Location", "absolute", "classify_file", "kind_at", "locate"]
+__all__ = ["Location", "absolute", "classify_file", "kind_at", "locate", "place"]
 
 USER = 0
 TORCH = 1
@@ -400,6 +400,27 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
         f = f.f_back
     if innermost is None:
         return None
+    return place(innermost, framework, framework_name, user, kind, detail)
+
+
+def place(
+    innermost: FrameType,
+    framework: FrameType | None,
+    framework_name: str,
+    user: FrameType | None,
+    kind: str | None = None,
+    detail: str = "",
+) -> Location:
+    """The interned location of a walk's result (a cache lookup for a path seen before).
+
+    Args:
+        innermost: The innermost frame that is not barrierguard's.
+        framework: The innermost framework frame, if any.
+        framework_name: Its framework's name.
+        user: The first user frame, or ``None`` when the stack has none.
+        kind: The kind, when known; else read from the executing instruction.
+        detail: Extra detail for a known kind.
+    """
     if user is None:
         # Nothing but library frames (a module run with -m from site-packages):
         # the innermost framework frame, else the innermost frame, stands in.
@@ -407,7 +428,8 @@ def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -
     probe = framework if framework is not None else user
     user_code, probe_code = user.f_code, probe.f_code
     # Instruction offsets, not line numbers: a frame computes f_lineno from its
-    # code's line table, and the offset names the line as well.
+    # code's line table, and the offset names the line as well. Two user lines
+    # that reach the same framework sync are two keys (the user frame's offset).
     key = (id(user_code), user.f_lasti, id(probe_code), probe.f_lasti, kind, detail)
     hit = _location_cache.get(key)
     if hit is not None and hit[1] is user_code and hit[2] is probe_code:

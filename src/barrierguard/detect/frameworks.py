@@ -7,10 +7,10 @@ the fix, or plainly that none exists), and :data:`PHASES` marks the framework
 functions that tell which phase of a run a sync belongs to (a validation loop,
 a checkpoint save, the teardown after the last step).
 
-:func:`annotate` walks the live stack once per sync, outward from the sync,
-and returns the innermost mechanism (with the Lightning hook in flight) and
-the phase. Code objects are classified once and cached, so a hot site costs a
-dictionary lookup per frame.
+:func:`code_entry` says what a code object is to these tables; the walk of
+``detect.stack`` classifies each code object once with it, and returns the
+innermost mechanism (with the Lightning hook in flight) and the phase of each
+sync.
 
 The module is long because the table is: one reader-facing list of every
 known framework sync, which a contributor would rather see whole.
@@ -23,15 +23,23 @@ a row to ``tests/detect/test_frameworks.py``.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
 from barrierguard.detect.frames import LIBRARY, OWN, TORCH, classify_file
 
-__all__ = ["MECHANISMS", "PHASES", "Mechanism", "annotate", "describe", "mechanism", "package_path"]
+__all__ = [
+    "MECHANISMS",
+    "PHASES",
+    "PHASE_PACKAGES",
+    "Mechanism",
+    "describe",
+    "file_entry",
+    "mechanism",
+    "package_path",
+]
 
 
 @dataclass(frozen=True)
@@ -359,6 +367,7 @@ MECHANISMS: tuple[Mechanism, ...] = _LIGHTNING + _HUGGING_FACE + _TORCHMETRICS +
 # Framework functions that mark the phase of a run: "package/path.py:function"
 # -> phase, or a function of the frame that returns the phase. The innermost
 # marker on the stack wins, and the walk stops there.
+Marker = str | Callable[[FrameType], str | None] | None
 PHASES: dict[str, str | Callable[[FrameType], str | None]] = {}
 
 
@@ -434,7 +443,6 @@ _ROOTS = (
     ("/safetensors/", "safetensors/"),
     ("/torch/", "torch/"),
 )
-_STOP_DEPTH = 120
 
 _BY_NAME: dict[str, Mechanism] = {m.name: m for m in MECHANISMS}
 _BY_FUNCTION: dict[str, str] = {f: m.name for m in MECHANISMS for f in m.functions}
@@ -468,14 +476,44 @@ def package_path(filename: str) -> str | None:
     return best[1] if best is not None else None
 
 
-# What a code object is, for the walk: (mechanism, direct only, phase marker,
-# hook caller, the code of a real frame: not barrierguard's, torch's core nor
-# the standard library's, i.e. a frame that can be the one that synchronized).
-_Entry = tuple["str | None", bool, "str | Callable[[FrameType], str | None] | None", bool, bool]
-# Keyed by id(code): hashing a code object hashes its constants and names, which
-# costs more than the rest of a frame's visit. The entry keeps the code object
-# alive, so its id cannot be reused while the entry exists.
-_code_entries: dict[int, tuple[CodeType, _Entry]] = {}
+Function = tuple["str | None", bool, Marker, bool]
+
+
+def file_entry(filename: str) -> tuple[bool, dict[str, Function] | None]:
+    """What the walk of ``detect.stack`` needs of a source file (asked once per file).
+
+    Returns:
+        ``(real, functions)``: real when a frame of the file can be the one
+        that synchronized (not barrierguard's, torch's core nor the standard
+        library's); functions maps each function name of the file that the
+        tables name (``"*"``: any other function of the file) to
+        ``(mechanism, direct only, phase marker, hook caller)``, or is ``None``
+        when the tables name none.
+
+    Example:
+        >>> file_entry("/sp/lightning/pytorch/loops/fit_loop.py")[1]["run"]
+        (None, False, 'train', False)
+    """
+    real = _real(filename)
+    rel = package_path(filename)
+    if rel is None:
+        return real, None
+    prefix = rel + ":"
+    names = {
+        key[len(prefix) :]
+        for key in (*_BY_FUNCTION, *PHASES, *_HOOK_CALLERS)
+        if key.startswith(prefix)
+    }
+    if not names:
+        return real, None
+    wildcard = _BY_FUNCTION.get(prefix + "*")
+    functions: dict[str, Function] = {}
+    for function in names:
+        key = prefix + function
+        name = _BY_FUNCTION.get(key) or wildcard
+        direct = name is not None and _BY_NAME[name].direct
+        functions[function] = (name, direct, PHASES.get(key), key in _HOOK_CALLERS)
+    return real, functions
 
 
 def _real(filename: str) -> bool:
@@ -483,70 +521,9 @@ def _real(filename: str) -> bool:
     return category not in (OWN, TORCH) and not (category == LIBRARY and name == "python")
 
 
-def _classify(code: CodeType) -> _Entry:
-    real = _real(code.co_filename)
-    rel = package_path(code.co_filename)
-    if rel is None:
-        return (None, False, None, False, real)
-    key = f"{rel}:{code.co_name}"
-    name = _BY_FUNCTION.get(key) or _BY_FUNCTION.get(f"{rel}:*")
-    direct = name is not None and _BY_NAME[name].direct
-    return (name, direct, PHASES.get(key), key in _HOOK_CALLERS, real)
-
-
-def _entry(code: CodeType) -> _Entry:
-    hit = _code_entries.get(id(code))
-    if hit is not None and hit[0] is code:
-        return hit[1]
-    entry = _classify(code)
-    _code_entries[id(code)] = (code, entry)
-    return entry
-
-
 # Packages whose functions mark phases; without one of them imported, no sync
 # can be inside such a function and the walk looks only for mechanisms.
-_PHASE_PACKAGES = ("lightning", "pytorch_lightning", "transformers", "torch._dynamo")
-
-
-def annotate(frame: FrameType | None) -> tuple[str | None, str | None]:
-    """Name the framework mechanism and the phase of a sync, from the live stack.
-
-    Args:
-        frame: The innermost frame to walk outward from (inside the sync).
-
-    Returns:
-        ``(mechanism, phase)``: the innermost table mechanism on the stack as
-        ``"name (hook)"`` when a Lightning hook is in flight, else ``"name"``,
-        or ``None``; and the innermost phase marker's phase, or ``None``.
-    """
-    modules = sys.modules
-    phases = any(p in modules for p in _PHASE_PACKAGES)
-    found: str | None = None
-    hook: str | None = None
-    phase: str | None = None
-    first_real = True
-    depth = 0
-    f = frame
-    while f is not None and depth < _STOP_DEPTH:
-        name, direct, marker, caller, real = _entry(f.f_code)
-        if name is not None and found is None and (first_real or not direct):
-            found = name
-            if not phases:
-                break
-        if real:
-            first_real = False
-        if caller and hook is None:
-            value = f.f_locals.get("hook_name")
-            hook = value if isinstance(value, str) else None
-        if marker is not None:
-            phase = marker if isinstance(marker, str) else marker(f)
-            if phase is not None:
-                break
-        f = f.f_back
-        depth += 1
-    if found is not None and hook is not None:
-        found = f"{found} ({hook})"
-    return found, phase
+PHASE_PACKAGES = ("lightning", "pytorch_lightning", "transformers", "torch._dynamo")
 
 
 def describe(mechanisms: Any) -> str | None:

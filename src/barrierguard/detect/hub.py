@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from barrierguard.detect.frames import Location
+from barrierguard.detect.stack import Sync
 
 __all__ = [
     "Engine",
@@ -32,20 +32,21 @@ __all__ = [
 class Recorder(Protocol):
     """What the hub delivers to: one method per sync, one per internal fault."""
 
-    def _record(
-        self, loc: Location, ident: int, stall: float | None = None, again: bool = False
+    def record(
+        self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
     ) -> Callable[[], None] | None:
-        """Count one sync; return the policy's action (a warning, a raise), if any.
+        """Count one sync (located, with its mechanism and phase); return the policy's
+        action (a warning, a raise), if any.
 
         ``again`` marks a further sync inside the same call (``print(t)``
         synchronizes several times): an event of the occurrence already
         counted, not a new one.
         """
 
-    def _fault(self, exc: BaseException) -> None:
+    def fault(self, exc: BaseException) -> None:
         """Note a fault of barrierguard's own, without raising into training."""
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         """Add a note for the report (once per text)."""
 
 
@@ -60,6 +61,7 @@ class Engine(Protocol):
 
 
 _lock = threading.RLock()
+_get_ident = threading.get_ident
 _recorders: dict[str, tuple[Recorder, ...]] = {}
 _engines: dict[str, Engine] = {}
 # Per thread ident: what an engine stopped from another thread left behind on
@@ -144,19 +146,17 @@ def running_recorders() -> tuple[Recorder, ...]:
 def fault(engine_name: str, exc: BaseException) -> None:
     """Report a fault of ``engine_name``'s own to its recorders (never raised)."""
     for recorder in _recorders.get(engine_name, ()):
-        recorder._fault(exc)
+        recorder.fault(exc)
 
 
 def note(engine_name: str, text: str) -> None:
     """Give a note to every recorder of ``engine_name`` (for their reports)."""
     for recorder in _recorders.get(engine_name, ()):
-        recorder._note(text)
+        recorder.note(text)
 
 
-def emit(
-    engine_name: str, loc: Location, stall: float | None = None, *, again: bool = False
-) -> None:
-    """Give one sync at ``loc`` to every recorder of ``engine_name``, then act.
+def emit(engine_name: str, sync: Sync, stall: float | None = None, *, again: bool = False) -> None:
+    """Give one ``sync`` to every recorder of ``engine_name``, then act.
 
     ``stall`` is the time the host was blocked in it, in seconds, when measured;
     ``again`` marks a further sync inside a call already counted.
@@ -165,15 +165,18 @@ def emit(
     its report. The policy's actions (a warning, a :class:`SyncError`) run
     after every recorder has recorded.
     """
-    ident = threading.get_ident()
-    actions: list[Callable[[], None]] = []
+    ident = _get_ident()
+    actions: list[Callable[[], None]] | None = None
     for recorder in _recorders.get(engine_name, ()):
         try:
-            action = recorder._record(loc, ident, stall, again)
+            action = recorder.record(sync, ident, stall, again)
         except Exception as exc:  # never lose the user's run to our own bug
-            recorder._fault(exc)
+            recorder.fault(exc)
             continue
         if action is not None:
+            if actions is None:
+                actions = []
             actions.append(action)
-    for action in actions:
-        action()
+    if actions is not None:
+        for action in actions:
+            action()

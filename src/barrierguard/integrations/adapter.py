@@ -109,7 +109,7 @@ class Adapter:
             self._guard = guard
         if not guard.is_running:
             self._final = None
-            guard._phase = phase
+            guard.set_phase(phase)
             guard.start()
         return guard
 
@@ -129,7 +129,7 @@ class Adapter:
                 merged_file=merged_file() if self.merge_ranks else None,
                 merge_ranks=self.merge_ranks,
                 print_report=self.print_report,
-                fault=guard._fault,
+                fault=guard.fault,
             )
 
     def _abort(self) -> None:

@@ -114,7 +114,7 @@ class HFBarrierGuard(Adapter, TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._guard is not None and self._guard.is_running:
-            self._guard._phase = "teardown"
+            self._guard.set_phase("teardown")
         self._end(lambda: self._rank_path(args), lambda: self._path(args))
 
     def _path(self, args: Any) -> str | None:

@@ -116,7 +116,7 @@ class BarrierGuard(Adapter, pl.Callback):
     # -- lifecycle ------------------------------------------------------------
     def _set_phase(self, phase: str) -> None:
         if self._guard is not None:
-            self._guard._phase = phase
+            self._guard.set_phase(phase)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._begin("setup" if stage == "fit" else _STAGE_PHASES.get(stage, "setup"))
@@ -167,7 +167,7 @@ class BarrierGuard(Adapter, pl.Callback):
         try:
             metrics = self._figures()
         except Exception as exc:
-            self._guard._fault(exc)
+            self._guard.fault(exc)
             return
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)

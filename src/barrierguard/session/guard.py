@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import sys
 import threading
 import time
 import warnings
@@ -21,9 +20,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from barrierguard import _env
 from barrierguard._errors import BarrierGuardError, MemoryGrowthError, SyncError, SyncWarning
-from barrierguard.detect import frameworks, hub
+from barrierguard.detect import hub, stack
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
+from barrierguard.detect.stack import Sync
 from barrierguard.report.records import CaptureProbe, MemoryReport, Report, Timeline, Violation
 from barrierguard.session import allowing, lifecycle, ranks
 from barrierguard.session.compiled import CompileWatch, join
@@ -171,8 +171,8 @@ class Guard:
         self._probing = False
         self._call_probe: CallProbe | None = None
         self._optimizers: dict[int, Any] = {}
-        # Set by framework adapters (the Lightning callback) from their events:
-        # the phase each sync is tagged with.
+        # Set by framework adapters (set_phase) from their events: the phase
+        # each sync is tagged with.
         self._phase: str | None = None
         # Where stop() last saved the report (watch(out=...)), this rank's file.
         self.report_path: str | None = None
@@ -234,7 +234,7 @@ class Guard:
             self._compile.start()
             self._arm_call_probe()
         except Exception as exc:
-            self._fault(exc)
+            self.fault(exc)
         return self
 
     def _arm_call_probe(self) -> None:
@@ -261,7 +261,7 @@ class Guard:
                 self.add_step_listener(self._timeline.on_step)
             self._timeline.start(self._steps)
         except Exception as exc:
-            self._fault(exc)
+            self.fault(exc)
 
     def _start_memory(self) -> None:
         opts = self._options
@@ -284,7 +284,7 @@ class Guard:
             self._memory.thread_ident = self._thread_ident
             self._memory.start(self._steps)
         except Exception as exc:
-            self._fault(exc)
+            self.fault(exc)
 
     def stop(self) -> Report:
         """Remove every hook, restore every global, and return the report.
@@ -322,13 +322,13 @@ class Guard:
                 self._compile.stop()
                 self._disarm_call_probe()
             except Exception as exc:
-                self._fault(exc)
+                self.fault(exc)
             memory_error = self._stop_memory(act)
             if self._timeline is not None:
                 try:
                     self._timeline.stop()
                 except Exception as exc:
-                    self._fault(exc)
+                    self.fault(exc)
         report = self.report
         if self._options.out is not None:
             self._save(report, self._options.out)
@@ -348,7 +348,7 @@ class Guard:
         except OSError as exc:
             text = f"the report could not be written to {path!r}: {exc}"
             log.warning("barrierguard: %s", text)
-            self._note(text)
+            self.note(text)
 
     def _disarm_call_probe(self) -> None:
         probe = self._call_probe
@@ -356,9 +356,9 @@ class Guard:
             return
         probe.disarm()
         if probe.note:
-            self._note(probe.note)
+            self.note(probe.note)
         elif not probe.done:
-            self._note(
+            self.note(
                 f"capture probe: no call of {probe.name!r} after warm-up while watching, "
                 "so nothing was captured"
             )
@@ -371,7 +371,7 @@ class Guard:
         except MemoryGrowthError as err:
             return err
         except Exception as exc:
-            self._fault(exc)
+            self.fault(exc)
         return None
 
     def __enter__(self) -> Guard:
@@ -424,6 +424,7 @@ class Guard:
         self._step_stall.append(0.0)
         self._step_syncs = 0
         self._steps += 1
+        stack.forget()  # the walk's anchors hold frames: none beyond a step
         step = self._steps
         late = self._close_step() if self._open or self._due else None
         for listener in self._step_listeners:
@@ -432,7 +433,7 @@ class Guard:
             except MemoryGrowthError:
                 raise  # the error policy's verdict, raised from the step boundary
             except Exception as exc:
-                self._fault(exc)
+                self.fault(exc)
         if late is not None:
             raise late
 
@@ -524,7 +525,7 @@ class Guard:
         try:
             result = probe(fn, args, kwargs, params)
         except Exception as exc:  # the probe's own failure must not cost the run
-            self._fault(exc)
+            self.fault(exc)
             result = CaptureProbe(
                 status="not run", reason=f"the probe failed: {type(exc).__name__}: {exc}"
             )
@@ -535,12 +536,35 @@ class Guard:
         return result
 
     @property
+    def phase(self) -> str | None:
+        """The phase a framework adapter's events say the run is in (``None``: none said)."""
+        return self._phase
+
+    def set_phase(self, phase: str | None) -> None:
+        """Tag the syncs from now on with ``phase`` (a framework adapter's events).
+
+        A phase the stack shows (an evaluation loop, a checkpoint save) wins
+        over ``"train"``; syncs in ``validate``, ``test``, ``predict``,
+        ``checkpoint``, ``teardown``, ``after-loop``, ``compile`` and ``probe``
+        are counted apart from the steps.
+
+        Example:
+            >>> import barrierguard
+            >>> guard = barrierguard.watch(policy="record")
+            >>> guard.set_phase("validate")
+            >>> guard.phase
+            'validate'
+        """
+        self._phase = phase
+
+    @property
     def steps(self) -> int:
         """Step boundaries seen so far."""
         return self._steps
 
     # -- recording (called from the hub, on any thread) --------------------
-    def _fault(self, exc: BaseException) -> None:
+    def fault(self, exc: BaseException) -> None:
+        """Note a fault of barrierguard's own (logged once, listed in the report), never raised."""
         text = f"internal error in barrierguard: {type(exc).__name__}: {exc}"
         with self._lock:
             first = not self._faults
@@ -549,19 +573,21 @@ class Guard:
         if first:
             log.warning("%s (recording goes on; the report lists it)", text, exc_info=exc)
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
+        """Add ``text`` to the report's notes, once."""
         with self._lock:
             if text not in self._notes:
                 self._notes.append(text)
 
-    def _record(
-        self, loc: Location, ident: int, stall: float | None = None, again: bool = False
+    def record(
+        self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
     ) -> Callable[[], None] | None:
-        """Count one sync at ``loc`` from thread ``ident``; return the policy's action.
+        """Count one ``sync`` from thread ``ident``; return the policy's action.
 
         ``again``: a further sync inside a call already counted (``print(t)``);
         it adds an event to that occurrence, not an occurrence.
         """
+        loc = sync.loc
         if again:
             with self._lock:
                 stats = self._sites.get(loc.key)
@@ -569,35 +595,18 @@ class Guard:
                     stats.events += 1
                     return None
         opts = self._options
-        mechanism: str | None = None
-        found: str | None = None
-        try:
-            mechanism, found = frameworks.annotate(sys._getframe(1))
-        except Exception as exc:
-            self._fault(exc)
+        mechanism = sync.mechanism
         # The stack's phase is the more specific one (an evaluation or a save
         # inside the training loop), except the plain training region, where an
         # adapter's phase from its events (setup, teardown hooks) knows better.
         phase = self._phase
+        found = sync.phase
         if found is not None and (phase is None or found != "train"):
             phase = found
         with self._lock:
             stats = self._sites.get(loc.key)
             if stats is None:
-                known = KINDS.get(loc.kind)
-                stats = SiteStats(
-                    loc,
-                    allowed=opts.allowed(
-                        loc.file,
-                        loc.line,
-                        loc.kind,
-                        loc.origin,
-                        mechanism.split(" (", 1)[0] if mechanism else None,
-                    )
-                    or allowing.inline_allowed(loc.file, loc.line, loc.kind),
-                    blocking=known.blocking if known is not None else True,
-                )
-                self._sites[loc.key] = stats
+                stats = self._new_site(loc, mechanism)
             stats.count += 1
             stats.events += 1
             step = self._steps
@@ -676,6 +685,19 @@ class Guard:
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
         return functools.partial(_raise, error)
 
+    def _new_site(self, loc: Location, mechanism: str | None) -> SiteStats:
+        known = KINDS.get(loc.kind)
+        allowed = self._options.allowed(
+            loc.file,
+            loc.line,
+            loc.kind,
+            loc.origin,
+            mechanism.split(" (", 1)[0] if mechanism else None,
+        ) or allowing.inline_allowed(loc.file, loc.line, loc.kind)
+        stats = SiteStats(loc, allowed=allowed, blocking=known.blocking if known else True)
+        self._sites[loc.key] = stats
+        return stats
+
     def _thread_name(self, ident: int) -> str:
         # Listing the threads costs microseconds on every violating sync: a
         # thread keeps the name it had when first seen.
@@ -736,7 +758,7 @@ class Guard:
             try:
                 memory = self._memory.report()
             except Exception as exc:
-                self._fault(exc)
+                self.fault(exc)
                 notes.append(f"internal error in barrierguard: {type(exc).__name__}: {exc}")
         warmup = self._options.warmup_steps
         timeline: Timeline | None = None
@@ -755,7 +777,7 @@ class Guard:
                     sampling=tl.sampling,
                 )
             except Exception as exc:
-                self._fault(exc)
+                self.fault(exc)
         sites = [site_record(s, max(0, steps - warmup)) for s in stats]
         compiled: Any = None
         try:
@@ -763,7 +785,7 @@ class Guard:
             if joined is not None:
                 sites, compiled = list(joined[0]), joined[1]
         except Exception as exc:
-            self._fault(exc)
+            self.fault(exc)
         return Report(
             engine=self._engine_name,
             detection=self._engine_name != "none",

@@ -53,7 +53,7 @@ class Guard(Protocol):
 
     def _stop(self, *, act: bool) -> Any: ...
 
-    def _note(self, text: str) -> None: ...
+    def note(self, text: str) -> None: ...
 
     def _thread_name(self, ident: int) -> str: ...
 
@@ -82,7 +82,7 @@ def enter(guard: Guard) -> None:
         entries.append(_NESTED)
         return
     entries.append(_ASIDE)
-    guard._note(
+    guard.note(
         ASIDE_NOTE.format(
             thread=threading.current_thread().name, owner=guard._thread_name(owner or 0)
         )

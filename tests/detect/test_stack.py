@@ -1,0 +1,154 @@
+"""The one walk per sync: location, mechanism and phase together, and its anchors."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from barrierguard.detect import frameworks, stack
+
+SP = os.path.join(os.sep, "sp", "site-packages")
+
+
+@pytest.fixture(autouse=True)
+def _framework_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Phases are looked for once a framework that has them is imported.
+    monkeypatch.setattr(frameworks, "PHASE_PACKAGES", ("sys",))
+    stack.forget()
+
+
+def _define(path: str, src: str) -> dict[str, Any]:
+    """Run ``src`` as if it were the installed framework file ``path``."""
+    namespace: dict[str, Any] = {}
+    exec(compile(src, os.path.join(SP, path), "exec"), namespace)
+    return namespace
+
+
+def _nested(depth: int, fn: Callable[[], Any]) -> Any:
+    return fn() if depth <= 1 else _nested(depth - 1, fn)
+
+
+# A framework function that synchronizes itself (its frame is the innermost),
+# called through `depth` more framework frames.
+_METRICS = _define(
+    "lightning/pytorch/trainer/connectors/logger_connector/result.py",
+    "import sys\n"
+    "def metrics(observe):\n"
+    "    return observe(sys._getframe(), 'item')\n"
+    "def through(depth, observe):\n"
+    "    return metrics(observe) if depth <= 1 else through(depth - 1, observe)\n",
+)
+_FIT = _define("lightning/pytorch/loops/fit_loop.py", "def run(inner):\n    return inner()\n")
+_EVAL = _define(
+    "lightning/pytorch/loops/evaluation_loop.py",
+    "class _EvaluationLoop:\n"
+    "    def __init__(self, stage):\n        self._stage = stage\n"
+    "    def run(self, inner):\n        return inner()\n",
+)
+
+
+class _Stage:
+    value = "validate"
+
+
+def _line_a() -> stack.Sync | None:
+    return _METRICS["through"](20, stack.observe)  # line A
+
+
+def _line_b() -> stack.Sync | None:
+    return _METRICS["through"](20, stack.observe)  # line B
+
+
+def test_one_framework_sync_from_two_user_lines_is_two_locations() -> None:
+    seen = [(_line_a(), _line_b()) for _ in range(3)]
+    for a, b in seen:
+        assert a is not None and b is not None
+        assert a.loc.function == "_line_a" and b.loc.function == "_line_b"
+        assert a.loc.line != b.loc.line
+        # ... the same framework line, and the mechanism of that function.
+        assert a.loc.framework_line == b.loc.framework_line
+        assert a.loc.origin == b.loc.origin == "framework:lightning"
+        assert a.mechanism == b.mechanism == "prog_bar"
+    assert seen[0][0].loc is seen[2][0].loc  # interned: a hot site is one lookup
+
+
+_TRAINER = _define(
+    "lightning/pytorch/trainer/trainer.py",
+    "def fit(run, inner, times):\n    return [run(inner) for _ in range(times)]\n",
+)
+
+
+# metrics() syncs inside fit_loop.run (the phase marker) inside fit(): the
+# search ends at the marker, and the walk keeps the frame past it.
+_SYNC = functools.partial(_METRICS["metrics"], stack.observe)
+
+
+def test_the_location_anchor_tells_user_lines_apart_past_a_phase_marker() -> None:
+    def first() -> list[stack.Sync | None]:
+        return _TRAINER["fit"](_FIT["run"], _SYNC, 2)  # type: ignore[no-any-return]
+
+    def second() -> list[stack.Sync | None]:
+        return _TRAINER["fit"](_FIT["run"], _SYNC, 2)  # type: ignore[no-any-return]
+
+    rounds = [(first(), second()) for _ in range(3)]
+    for a, b in rounds:
+        assert all(s is not None and s.phase == "train" for s in (*a, *b))
+        assert {s.loc.function for s in a if s} == {"first"}
+        assert {s.loc.function for s in b if s} == {"second"}
+    assert stack._anchors.located is not None  # the second sync of a fit() met it
+
+
+@pytest.mark.parametrize("depth", [1, 30, 90])
+def test_the_phase_of_a_sync_whose_marker_is_many_frames_out(depth: int) -> None:
+    def probe() -> stack.Sync | None:
+        return stack.observe(sys._getframe(), "item")
+
+    loop = _EVAL["_EvaluationLoop"](_Stage())
+    for _ in range(2):
+        # The same user frames, under the training loop, the evaluation loop
+        # and no loop at all, one after the other: each gets its own phase.
+        in_train = _FIT["run"](lambda: _nested(depth, probe))
+        in_eval = loop.run(lambda: _nested(depth, probe))
+        outside = _nested(depth, probe)
+        assert in_train is not None and in_train.phase == "train"
+        assert in_eval is not None and in_eval.phase == "validate"
+        assert outside is not None and outside.phase is None
+        assert in_train.loc.origin == "user" and in_train.mechanism is None
+
+
+def test_a_plain_loop_keeps_finding_a_mechanism_outward_of_the_user_frame() -> None:
+    # The searched anchor says "nothing outward of here": a call path that
+    # passes a mechanism's function must not take it.
+    send = _define(
+        "accelerate/utils/operations.py", "def send_to_device(inner):\n    return inner()\n"
+    )
+
+    def probe() -> stack.Sync | None:
+        return stack.observe(sys._getframe(), "copy")
+
+    for _ in range(2):
+        plain = _nested(5, probe)
+        inside = send["send_to_device"](lambda: _nested(5, probe))
+        assert plain is not None and plain.mechanism is None
+        assert inside is not None and inside.mechanism == "send_to_device"
+
+
+def test_anchors_are_dropped_by_forget() -> None:
+    def probe() -> stack.Sync | None:
+        return stack.observe(sys._getframe(), "item")
+
+    _TRAINER["fit"](_FIT["run"], _SYNC, 2)
+    probe()
+    assert stack._anchors.located is not None and stack._anchors.searched is not None
+    stack.forget()
+    assert stack._anchors.located is None and stack._anchors.searched is None
+
+
+def test_annotate_is_the_walk_without_the_location() -> None:
+    got = _FIT["run"](lambda: _METRICS["metrics"](lambda frame, kind: stack.annotate(frame)))
+    assert got == ("prog_bar", "train")
