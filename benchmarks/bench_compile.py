@@ -249,7 +249,7 @@ _AT = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)\s*$")
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 
 
-def logged_lines(stderr: str) -> dict[str, list[list[Any]]]:
+def logged_lines(stderr: str, cudagraphs: bool = True) -> dict[str, list[list[Any]]]:
     """(file, line) of each graph break and CUDA-graph skip that torch's logs name in the bench.
 
     A record names the bench's own line either as dynamo's ``in user code at``
@@ -262,7 +262,7 @@ def logged_lines(stderr: str) -> dict[str, list[list[Any]]]:
             records.append(("graph_break", [line]))
         elif "skipping cudagraphs due to" in line:
             records.append(("cudagraph_skip", [line]))
-        elif "__cudagraphs" in line and re.search(r"\bop\d+: reason=", line):
+        elif cudagraphs and "__cudagraphs" in line and re.search(r"\bop\d+: reason=", line):
             # torch >= 2.9 splits the graph instead: a non-cudagraphable partition.
             records.append(("cudagraph_skip", [line]))
         elif records:
@@ -350,7 +350,8 @@ def run_one(name: str, args: argparse.Namespace, out_dir: Path, cache: str) -> d
         return {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}", "seconds": took}
     data = json.loads(result_file.read_text())
     report = data["report"]
-    logged = logged_lines(proc.stderr)
+    # Partitions matter only where CUDA graphs are on (mode="reduce-overhead").
+    logged = logged_lines(proc.stderr, cudagraphs=name.startswith("host") and not args.dry_run)
     reported = reported_lines(report)
     section = report.get("compile") or {}
     sites = report.get("sites", [])

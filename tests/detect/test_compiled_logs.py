@@ -121,15 +121,23 @@ def test_listener_places_each_non_cudagraphable_partition_op_at_its_innermost_us
         "  Partition 1: 5 nodes, cudagraphable, inputs=7, outputs=11",
         '         File "/w/train.py", line 99, in elsewhere',
     ]
+    import torch._inductor.config as inductor_config
+
     logger = torch._logging.getArtifactLogger("barrierguard_test.parts", "cudagraphs")
-    listener = CompileListener()
-    listener.start()
-    try:
-        for text in records:
-            logger.debug("%s", text)
-    finally:
-        listener.stop()
-    assert [(e.what, e.line, e.reason) for e in listener.events] == [
+    events = {}
+    for cudagraphs in (True, False):
+        listener = CompileListener()
+        listener.start()
+        try:
+            with inductor_config.patch({"triton.cudagraphs": cudagraphs}):
+                for text in records:
+                    logger.debug("%s", text)
+        finally:
+            listener.stop()
+        events[cudagraphs] = [(e.what, e.line, e.reason) for e in listener.events]
+    assert events[True] == [
         ("cudagraph_skip", 30, "not in a CUDA graph: DeviceCopy ops"),
         ("cudagraph_skip", 41, "not in a CUDA graph: CPU ops"),
     ]
+    # Without CUDA graphs (no mode="reduce-overhead"), a partition costs nothing.
+    assert events[False] == []

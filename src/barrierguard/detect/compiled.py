@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 from dataclasses import dataclass
 from types import CodeType
@@ -163,6 +164,17 @@ def parse_cudagraph_skip(text: str) -> CompileEvent | None:
 
 
 _PARTITION_OP = re.compile(r"^\s*op\d+: reason=(?P<reason>.+?)(?:, ir=|$)")
+
+
+def _cudagraphs_on() -> bool:
+    """Whether the compile logging now runs with inductor's CUDA graphs on.
+
+    Inductor logs its partitions whether or not CUDA graphs are used; only
+    under ``mode="reduce-overhead"`` (``triton.cudagraphs``, patched in for
+    the compile that logs) is an op outside them a cost.
+    """
+    config = sys.modules.get("torch._inductor.config")
+    return bool(getattr(getattr(config, "triton", None), "cudagraphs", False))
 
 
 class PartitionReader:
@@ -362,7 +374,7 @@ class CompileListener:
             event = parse_graph_break(text, exc)
         else:
             event = parse_cudagraph_skip(text)
-            if event is None:
+            if event is None and _cudagraphs_on():
                 placed = self._partitions.feed(text)
                 if placed is not None:
                     with self._lock:
