@@ -32,6 +32,9 @@ Design:
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_compile.py
 
+    The committed ``benchmarks/results/h200/compile.json`` (and ``compile.txt``, the
+    printed table) is the run at 5e9cb33 with ``--out /tmp/compile --budget 130``.
+
     GPU, under 5 minutes (every scenario has its own time limit, ``--timeout``). On a
     CPU, ``PYTHONPATH=src python benchmarks/bench_compile.py --dry-run`` runs the compile
     scenarios with the ``eager`` backend and no timing (a test runs ``metric_item``).

@@ -47,8 +47,15 @@ Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning.py \\
         --out benchmarks/results/h200/lightning_blocks_mlp.json
 
-    ``benchmarks/results/h200/lightning_blocks_mlp_84500c4.json`` is the last
-    command run at commit ``84500c4``, on another lease.
+    The committed ``lightning_blocks_mlp.json`` was run shorter, at 5e9cb33::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
+            --out benchmarks/results/h200/lightning_blocks_mlp.json
+
+    ``benchmarks/results/h200/lightning_blocks_mlp_5122280.json`` (and ``.txt``)
+    is the full-length command at commit ``5122280``, and
+    ``benchmarks/results/h200/lightning_blocks_mlp_84500c4.json`` at ``84500c4``,
+    each on another machine.
 
     (The committed runs were started as ``--design blocks``, with ``--block-fits``
     for ``--fits``, when the script also had two older designs.) GPU: each

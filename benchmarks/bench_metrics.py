@@ -123,8 +123,8 @@ Reproduce:
     ``benchmarks/results/h200/metrics_8023cfb.json`` and
     ``benchmarks/results/h200/metrics_8023cfb_device_ms_1.15.json`` are these two
     commands run at ``8023cfb``, with the earlier, deferred design of
-    ``MetricBuffer`` (until a run of this design replaces ``metrics.json``, that
-    file holds the same run);
+    ``MetricBuffer``; ``metrics.json`` and ``metrics.txt`` are the shorter command
+    at 5e9cb33, with the block design;
     ``benchmarks/results/h200/metrics_693d1a3.json`` and
     ``benchmarks/results/h200/metrics_693d1a3_device_ms_1.15.json`` are these two
     commands run at commit ``693d1a3`` on another lease of an H200;
