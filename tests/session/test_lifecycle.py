@@ -28,7 +28,7 @@ from _leaks import EXITS, RAISED, global_state
 from barrierguard.cli.main import main
 from barrierguard.detect import hub
 
-DEV = torch.device("cpu")  # the training device of a GPU run, here on CPU
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the training device
 
 
 # With two threads, each starts and stops its guard while the other is not
