@@ -78,7 +78,7 @@ def _audit_loop(guard: barrierguard.Guard) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = torch.nn.Linear(4, 1).to(device)  # the audit takes it for the GPU
     for _ in range(3):
-        loss = model(torch.ones(2, 4)).sum().detach()
+        loss = model(torch.ones(2, 4, device=device)).sum().detach()
         guard.step()
         loss.item()  # barrierguard: allow[item]
         float(loss)
