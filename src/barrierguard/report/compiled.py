@@ -11,9 +11,10 @@ re-exports them.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, Record, to_json
 
 __all__ = ["CaptureProbe", "CompileReport", "CudagraphSkip", "GraphBreak", "consequence"]
 
@@ -31,10 +32,7 @@ FLAG_EFFECT = {
 NO_FLAG = "no dynamo setting keeps it in the graph"
 
 
-_R = TypeVar("_R", bound="_Located")
-
-
-class _Located:
+class _Located(Record):
     """A record at a line (``file`` ``""`` when none is known), plain in JSON."""
 
     file: str
@@ -44,14 +42,6 @@ class _Located:
     def location(self) -> str:
         """``basename:line``, or ``"-"`` when no line is known."""
         return f"{os.path.basename(self.file)}:{self.line}" if self.file else "-"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
-
-    @classmethod
-    def from_dict(cls: type[_R], data: Mapping[str, Any]) -> _R:
-        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass(frozen=True)
@@ -113,7 +103,7 @@ class CaptureProbe(_Located):
 
 
 @dataclass(frozen=True)
-class CompileReport:
+class CompileReport(Record):
     """What torch.compile and the capture probe said about the watched code.
 
     ``compile_syncs`` counts the syncs made while compiling (dynamo tracing,
@@ -129,8 +119,8 @@ class CompileReport:
     graph_breaks: tuple[GraphBreak, ...] = ()
     cudagraph_skips: tuple[CudagraphSkip, ...] = ()
     compile_syncs: int = 0
-    probe: CaptureProbe | None = None
-    notes: tuple[str, ...] = ()
+    probe: CaptureProbe | None = field(default=None, metadata=OMIT_NONE)
+    notes: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
 
     @property
     def verdict(self) -> str:
@@ -158,27 +148,8 @@ class CompileReport:
         return "compile: " + "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "graph_breaks": [b.to_dict() for b in self.graph_breaks],
-            "cudagraph_skips": [s.to_dict() for s in self.cudagraph_skips],
-            "compile_syncs": self.compile_syncs,
-            **({"probe": self.probe.to_dict()} if self.probe is not None else {}),
-            **({"notes": list(self.notes)} if self.notes else {}),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> CompileReport:
-        probe = data.get("probe")
-        return cls(
-            graph_breaks=tuple(GraphBreak.from_dict(b) for b in data.get("graph_breaks", ())),
-            cudagraph_skips=tuple(
-                CudagraphSkip.from_dict(s) for s in data.get("cudagraph_skips", ())
-            ),
-            compile_syncs=int(data.get("compile_syncs", 0)),
-            probe=CaptureProbe.from_dict(probe) if isinstance(probe, Mapping) else None,
-            notes=tuple(str(n) for n in data.get("notes", ())),
-        )
+        """The section as JSON, its one-line verdict first (derived, not read back)."""
+        return {"verdict": self.verdict, **to_json(self)}
 
 
 def consequence(graph_break: str, gb: str, flag: str, cudagraph_skip: str) -> str:
