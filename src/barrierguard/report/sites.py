@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from barrierguard.report.codec import AS_MAP, OMIT_EMPTY, OMIT_NONE, Record
+from barrierguard.report.compiled import consequence
 
 __all__ = ["Site", "SiteKey", "Violation"]
 
@@ -98,6 +99,13 @@ class Site(Record):
     def location(self) -> str:
         """``basename:line`` of the user's frame."""
         return f"{os.path.basename(self.file)}:{self.line}"
+
+    @property
+    def compile_consequence(self) -> str:
+        """What the site does to torch.compile and CUDA graphs, in words (``""``: nothing)."""
+        return consequence(
+            self.graph_break, self.graph_break_id, self.compile_flag, self.cudagraph_skip
+        )
 
     @property
     def key(self) -> SiteKey:

@@ -12,7 +12,6 @@ from barrierguard.report.records import (
     Report,
     Site,
     Violation,
-    consequence,
     rank_ranges,
 )
 
@@ -134,8 +133,8 @@ def render(report: Report) -> str:
                 )
             if site.asymmetric:
                 lines.append(f"       {_asymmetry(site, len(report.rank_summaries), gate)}")
-            if _consequence(site):
-                lines.append(f"       compile: {_consequence(site)}")
+            if compiled := site.compile_consequence:
+                lines.append(f"       compile: {compiled}")
             tag = "allowed; " if site.allowed else ""
             lines.append(f"       {tag}fix: {site.fix}")
     if cold:
@@ -151,8 +150,8 @@ def render(report: Report) -> str:
             lines.append(text)
             if _apart(site):
                 lines.append(f"       counted apart: {_apart(site)}")
-            if _consequence(site):
-                lines.append(f"       compile: {_consequence(site)}")
+            if compiled := site.compile_consequence:
+                lines.append(f"       compile: {compiled}")
     if report.compile is not None:
         lines.append("")
         lines.extend(render_compile(report.compile))
@@ -198,12 +197,6 @@ def violations_heading(report: Report, sites: int) -> str:
     return (
         f"not allowed (policy {report.policy}: {what}, not enforced; --policy error fails on "
         f"them): {n} at {sites} site(s)"
-    )
-
-
-def _consequence(site: Site) -> str:
-    return consequence(
-        site.graph_break, site.graph_break_id, site.compile_flag, site.cudagraph_skip
     )
 
 

@@ -22,7 +22,6 @@ from barrierguard.report.records import (
     RankSummary,
     Report,
     Site,
-    consequence,
     rank_ranges,
 )
 from barrierguard.report.render.console import series_rows, violations_heading
@@ -509,9 +508,7 @@ def _badge(report: Report) -> str:
 
 
 def _compile_note(site: Site) -> str:
-    text = consequence(
-        site.graph_break, site.graph_break_id, site.compile_flag, site.cudagraph_skip
-    )
+    text = site.compile_consequence
     return f'<div class="fix compile">compile: {_e(text)}</div>' if text else ""
 
 
