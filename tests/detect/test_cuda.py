@@ -280,3 +280,100 @@ def test_watch_never_changes_results(fake_cuda: FakeMode) -> None:
         watched = train()
     assert watched == bare
     assert guard.report.steps == 10
+
+
+@pytest.fixture
+def scalar_reads(fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch) -> FakeMode:
+    """Plain CPU tensors read as CUDA ones on the scalar-read path (the mode faked)."""
+    from barrierguard.detect import cuda as cuda_engine
+
+    monkeypatch.setattr(cuda_engine, "_reads_device", lambda tensor: True)
+    monkeypatch.setattr(cuda_engine, "_raw_get", fake_cuda.get)
+    monkeypatch.setattr(cuda_engine, "_raw_set", fake_cuda.set)
+    return fake_cuda
+
+
+def test_scalar_reads_are_recorded_by_their_wrapper_with_the_mode_off(
+    scalar_reads: FakeMode,
+) -> None:
+    x = torch.ones(1)
+    seen: list[int] = []
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        for _ in range(3):
+            guard.step()
+            x.item()  # S-item
+            if x:  # S-bool
+                seen.append(scalar_reads.mode)
+            float(x)  # S-float
+            int(x)  # S-int
+        seen.append(scalar_reads.mode)
+    sites = _sites(guard)
+    assert {(s.line, s.kind, s.count) for s in sites.values()} == {
+        (_line("# S-item"), "item", 3),
+        (_line("# S-bool"), "bool", 3),
+        (_line("# S-float"), "float", 3),
+        (_line("# S-int"), "int", 3),
+    }
+    assert all(s.origin == "user" for s in sites.values())
+    # The mode is off only inside the read, on again after it, restored at the end.
+    assert seen == [1, 1, 1, 1]
+    assert scalar_reads.history[0] == "warn" and scalar_reads.history[-1] == 0
+    assert scalar_reads.history[1:-1] == [0, 1] * 12
+
+
+def test_scalar_read_in_a_helper_is_located_at_each_caller(scalar_reads: FakeMode) -> None:
+    def value(t: torch.Tensor) -> float:
+        return t.item()  # H-read
+
+    x = torch.ones(1)
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        for _ in range(2):
+            guard.step()
+            value(x)  # H-one
+            value(x)  # H-two
+    lines = {(s.line, s.count) for s in guard.report.sites}
+    assert (_line("# H-read"), 4) in lines  # the helper is user code: its own line
+
+
+def test_scalar_read_under_error_policy_raises_at_the_line_with_the_mode_back_on(
+    scalar_reads: FakeMode,
+) -> None:
+    x = torch.ones(1)
+    modes: list[int] = []
+    with pytest.raises(barrierguard.SyncError) as info:  # noqa: SIM117
+        with barrierguard.watch(engine="cuda", policy="error") as guard:
+            for _ in range(2):
+                guard.step()
+                try:
+                    x.item()  # R-site
+                finally:
+                    modes.append(scalar_reads.mode)
+    frames = [f for f in traceback.extract_tb(info.value.__traceback__) if f.filename == HERE]
+    assert frames[-1].lineno == _line("# R-site")
+    assert modes == [1, 1]
+    assert scalar_reads.mode == 0
+
+
+def test_scalar_read_under_a_mode_not_ours_takes_the_warning_path(scalar_reads: FakeMode) -> None:
+    x = torch.ones(1)
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        scalar_reads.mode = 2  # the user chose "error" meanwhile: left alone
+        x.item()
+        scalar_reads.mode = 1
+    assert scalar_reads.history == ["warn", 0]
+    assert not guard.report.sites  # a CPU tensor's read waits for nothing
+
+
+def test_only_plain_cuda_tensors_take_the_scalar_read_path() -> None:
+    from barrierguard.detect.cuda import _reads_device
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not _reads_device(torch.ones(1))  # on the host
+    assert not _reads_device(torch.ones(1).as_subclass(Sub))  # may run Python of its own
+    if torch.cuda.is_available():
+        assert _reads_device(torch.ones(1, device="cuda"))
+        assert _reads_device(torch.nn.Parameter(torch.ones(1, device="cuda")))
+        assert not _reads_device(torch.ones(1, device="cuda").as_subclass(Sub))

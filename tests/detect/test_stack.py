@@ -147,8 +147,41 @@ def test_anchors_are_dropped_by_forget() -> None:
     assert stack._anchors.located is not None and stack._anchors.searched is not None
     stack.forget()
     assert stack._anchors.located is None and stack._anchors.searched is None
+    assert stack._anchors.last is None
 
 
 def test_annotate_is_the_walk_without_the_location() -> None:
     got = _FIT["run"](lambda: _METRICS["metrics"](lambda frame, kind: stack.annotate(frame)))
     assert got == ("prog_bar", "train")
+
+
+def test_a_loop_body_read_is_found_again_without_a_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    walks: list[int] = []
+    real = stack._walk
+
+    def counted(frame: Any, locate: bool) -> Any:
+        walks.append(1)
+        return real(frame, locate)
+
+    monkeypatch.setattr(stack, "_walk", counted)
+    here = sys._getframe()
+    found = []
+    for _ in range(3):
+        found.append(stack.observe(here, "item"))  # the same frame, the same instruction
+    other = stack.observe(here, "item")  # another instruction: walked
+    assert len(walks) == 2
+    assert found[0] is found[1] is found[2]
+    assert other is not None and other.loc.line == found[0].loc.line + 1  # type: ignore[union-attr]
+    assert stack.observe(here, "tolist") is not found[0]  # another kind: walked
+    assert len(walks) == 3
+
+
+def test_a_generator_frame_is_never_kept() -> None:
+    def reads() -> Any:
+        while True:
+            yield stack.observe(sys._getframe(), "item")
+
+    gen = reads()
+    first = next(gen)
+    assert first is not None and stack._anchors.last is None
+    assert next(gen) is not first  # resumed from anywhere: walked again

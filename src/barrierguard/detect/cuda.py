@@ -147,8 +147,42 @@ _on_device: Callable[[Any], bool] = operator.attrgetter("is_cuda")
 _NO_ARGS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
 
 
-def _timed_no_args(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[..., Any]:
-    """Like :func:`_timed`, for a method called as ``tensor.method()``."""
+def _raw_get() -> int:
+    """The sync-debug mode, without the public function's checks (a seam)."""
+    return int(torch._C._cuda_get_sync_debug_mode())
+
+
+def _raw_set(mode: int) -> None:
+    """Set the sync-debug mode by its number, without the public function's (a seam)."""
+    torch._C._cuda_set_sync_debug_mode(mode)
+
+
+_WARN = 1  # the sync-debug mode's number for "warn"
+# Whether a read of this tensor synchronizes for certain: a plain tensor on a
+# CUDA device (a subclass may run Python of its own, or a collective).
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _reads_device(tensor: Any) -> bool:
+    return type(tensor) in _PLAIN and bool(tensor.is_cuda)
+
+
+# Scalar reads: one value, one wait, whenever the tensor is a plain CUDA tensor.
+_SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index__"})
+
+
+def _timed_no_args(
+    orig: Callable[..., Any],
+    compiling: Callable[[], bool],
+    read: Callable[[FrameType, float], None] | None = None,
+) -> Callable[..., Any]:
+    """Like :func:`_timed`, for a method called as ``tensor.method()``.
+
+    With ``read`` (a scalar read), a plain CUDA tensor's read is recorded here,
+    from the caller's frame, with sync-debug mode off for that one call: the
+    read waits for certain, and the mode's warning would only cost its trip
+    through :mod:`warnings`. The mode stays on for every other call.
+    """
     tls = _tls
     clock = _clock
     on_device = _on_device
@@ -159,6 +193,16 @@ def _timed_no_args(orig: Callable[..., Any], compiling: Callable[[], bool]) -> C
         # step counters with item() for every parameter, every step).
         if not on_device(self) or tls.t0 is not None or compiling():
             return orig(self)
+        if read is not None and _reads_device(self) and _raw_get() == _WARN:
+            tls.t0 = t0 = clock()
+            _raw_set(0)
+            try:
+                out = orig(self)
+            finally:
+                _raw_set(_WARN)
+                tls.t0 = None
+            read(sys._getframe(1), clock() - t0)
+            return out
         tls.t0 = clock()
         try:
             return orig(self)
@@ -327,6 +371,18 @@ class CudaEngine:
             if orig is not None:
                 self._patches.set(torch.Tensor, name, _timed(orig, compiling))
 
+    def _read(self, frame: FrameType, stall: float) -> None:
+        """A scalar read of a CUDA tensor, timed by its wrapper (see :func:`_timed_no_args`)."""
+        if distributed.quiet():
+            return
+        try:
+            sync = observe(frame)
+        except Exception as exc:  # a fault of ours is reported, never raised
+            hub.fault(self.name, exc)
+            return
+        if sync is not None:
+            hub.emit(self.name, sync, stall)
+
     # -- what the mode misses ---------------------------------------------
     def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
         try:
@@ -364,8 +420,13 @@ class CudaEngine:
         for name in TIMED_TENSOR_METHODS:
             orig = getattr(torch.Tensor, name, None)
             if orig is not None:
-                wrap = _timed_no_args if name in _NO_ARGS else _timed
-                self._patches.set(torch.Tensor, name, wrap(orig, compiling))
+                if name in _SCALAR_READS:
+                    wrapped = _timed_no_args(orig, compiling, self._read)
+                elif name in _NO_ARGS:
+                    wrapped = _timed_no_args(orig, compiling)
+                else:
+                    wrapped = _timed(orig, compiling)
+                self._patches.set(torch.Tensor, name, wrapped)
         for name in TIMED_TORCH_FUNCTIONS:
             orig = getattr(torch, name, None)
             if orig is not None:

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import sys
 from types import FrameType
 
@@ -73,6 +74,10 @@ _Function = tuple[int, "str | None", frameworks.Marker]
 # caches: a frame costs one lookup (an id() of the code would allocate an int).
 _File = tuple[int, str, "dict[str, _Function] | None", "_Function | None"]
 _files: dict[str, _File] = {}
+
+# Code flags of a function whose frame is suspended and resumed (generator,
+# coroutine, async generator): its f_back is whoever resumed it last.
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 # Depth at which the search for a mechanism and a phase gives up (the location
 # is always found: it ends at the first user frame).
@@ -135,11 +140,17 @@ class _Anchors:
     no function of the framework tables lies on the way to the root (a plain
     loop). Each is one slot, replaced when a walk misses it, and dropped at
     every step boundary and when an engine uninstalls (:func:`forget`), so
-    that no finished frame is held for long.
+    that no finished frame is held for long. ``last``: the frame of the last
+    sync, with the instruction it was at and the sync found there: a loop
+    that reads a value in its own body meets the same frame at the same
+    instruction every step, and gets the sync without a walk.
     """
 
     located: tuple[FrameType, FrameType, FrameType | None, str, bool] | None = None
     searched: FrameType | None = None
+    # The last observed frame, its instruction, the kind and detail asked for,
+    # and the sync found (one tuple: a thread reads it whole).
+    last: tuple[FrameType, int, str | None, str, Sync] | None = None
 
 
 _anchors = _Anchors()
@@ -149,6 +160,7 @@ def forget() -> None:
     """Drop the frames the walk keeps as anchors (step boundaries, uninstall)."""
     _anchors.located = None
     _anchors.searched = None
+    _anchors.last = None
 
 
 def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, str | None]:
@@ -298,11 +310,30 @@ def observe(frame: FrameType | None, kind: str | None = None, detail: str = "") 
     Returns:
         The sync, or ``None`` when the stack holds no frame but barrierguard's.
     """
+    last = _anchors.last
+    if (
+        last is not None
+        and frame is last[0]
+        and frame is not None
+        and frame.f_lasti == last[1]
+        and kind == last[2]
+        and detail == last[3]
+    ):
+        # The same live frame at the same instruction: the frames outward of
+        # it are the ones the walk saw, so the sync is the one it found.
+        return last[4]
     (innermost, framework, name, user), mechanism, phase = _walk(frame, True)
     if innermost is None:
         return None
     loc = place(innermost, framework, name, user, kind, detail)
-    return Sync(loc, mechanism, phase)
+    sync = Sync(loc, mechanism, phase)
+    if frame is innermost and not frame.f_code.co_flags & _RESUMABLE:
+        # Only a frame of the sync's own place is kept: one of barrierguard's
+        # (a wrapper) is new at every call and would never be met again. A
+        # generator's or coroutine's frame is resumed from any caller: the
+        # frames outward of it change, it is never kept.
+        _anchors.last = (frame, frame.f_lasti, kind, detail, sync)
+    return sync
 
 
 def annotate(frame: FrameType | None) -> tuple[str | None, str | None]:
