@@ -473,12 +473,12 @@ class CudaEngine:
                     and isinstance(dst, torch.Tensor)
                     and src is not dst
                 ):
-                    s, d = src.device.type, dst.device.type
-                    if s == "cpu" and d == "cuda":
+                    # is_cpu / is_cuda: flags, where .device.type builds a device.
+                    if src.is_cpu and dst.is_cuda:
                         if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
                             stall = clock() - t0 if outer else None
                             record("copy", "h2d pageable non_blocking", stall)
-                    elif s == "cuda" and d == "cpu" and method != "copy_":
+                    elif src.is_cuda and dst.is_cpu and method != "copy_":
                         # A new host tensor that is not ready yet; copy_ into a
                         # pinned buffer is the deliberate pattern, left alone.
                         record("async_d2h", "non_blocking")

@@ -94,13 +94,19 @@ class _Scope:
         self.seen: set[Hashable] = set()
 
 
-_TLS = threading.local()
+class _Local(threading.local):
+    # A class-level default: a thread with no block open reads None, without
+    # the AttributeError (caught by getattr) that a bare local raises per sync.
+    scopes: list[_Scope] | None = None
+
+
+_TLS = _Local()
 
 
 def admits(key: Hashable, kind: str) -> bool:
     """Whether an open ``allowed()`` block of this thread admits this occurrence
     of the site ``key`` (of ``kind``)."""
-    scopes: list[_Scope] | None = getattr(_TLS, "scopes", None)
+    scopes = _TLS.scopes
     if not scopes:
         return False
     for scope in reversed(scopes):
@@ -139,7 +145,7 @@ def allowed(*kinds: str, first_only: bool = False) -> Iterator[None]:
     if not isinstance(first_only, bool):
         raise BarrierGuardError(f"allowed(first_only={first_only!r}): expected True or False")
     scope = _Scope(resolve_kinds(kinds, "allowed"), first_only)
-    scopes: list[_Scope] | None = getattr(_TLS, "scopes", None)
+    scopes = _TLS.scopes
     if scopes is None:
         scopes = _TLS.scopes = []
     scopes.append(scope)
