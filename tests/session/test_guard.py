@@ -190,3 +190,42 @@ def test_same_seed_same_losses_with_and_without_watch() -> None:
     with barrierguard.watch(policy="record"):
         watched = train()
     assert watched == bare
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_settled_sites_count_as_the_full_path_does(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    import threading
+
+    from barrierguard.session.guard import Guard
+
+    def run() -> dict[str, object]:
+        t = FakeTensor()
+        guard = barrierguard.watch(engine="cuda", policy="record", allow=["tolist"], memory=False)
+        with guard:
+            for step in range(400):
+                guard.step()
+                for _ in range(3):
+                    t.item()
+                t.tolist()  # allowed
+                if step % 7 == 0:
+                    with barrierguard.allowed("item"):
+                        t.item()
+                if step % 50 == 0 and threads == 2:
+                    worker = threading.Thread(target=t.item, name="reader")
+                    worker.start()
+                    worker.join()
+        out = guard.report.to_dict()
+        out.pop("duration_s")
+        out["settled"] = len(guard._quiet)
+        return out
+
+    settled = run()
+    # The allowed site, and the others once 1000 violations are listed.
+    assert settled.pop("settled") == 1 + threads
+    monkeypatch.setattr(Guard, "_settle", lambda self, stats: None)
+    full = run()
+    assert full.pop("settled") == 0
+    assert settled == full
+    assert max(s["count"] for s in settled["sites"]) > 1000  # type: ignore[index]
