@@ -198,9 +198,17 @@ def _timed_no_args(
             _raw_set(0)
             try:
                 out = orig(self)
-            finally:
+            except BaseException:
                 _raw_set(_WARN)
                 tls.t0 = None
+                # One value that failed on the device (a stream being captured,
+                # a CUDA error): the read reached the device, as the mode's
+                # warning would have said. A misfit (several values) did not.
+                if self.numel() == 1:
+                    read(sys._getframe(1), clock() - t0)
+                raise
+            _raw_set(_WARN)
+            tls.t0 = None
             read(sys._getframe(1), clock() - t0)
             return out
         tls.t0 = clock()
