@@ -147,14 +147,14 @@ _on_device: Callable[[Any], bool] = operator.attrgetter("is_cuda")
 _NO_ARGS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
 
 
-def _raw_get() -> int:
-    """The sync-debug mode, without the public function's checks (a seam)."""
-    return int(torch._C._cuda_get_sync_debug_mode())
+def _no_mode(mode: int = 0) -> int:
+    return 0  # a build without CUDA: no mode to read or set
 
 
-def _raw_set(mode: int) -> None:
-    """Set the sync-debug mode by its number, without the public function's (a seam)."""
-    torch._C._cuda_set_sync_debug_mode(mode)
+# The sync-debug mode by its number, read and set without the public
+# functions' checks (seams: tests on CPU replace them).
+_raw_get: Callable[[], int] = getattr(torch._C, "_cuda_get_sync_debug_mode", _no_mode)
+_raw_set: Callable[[int], object] = getattr(torch._C, "_cuda_set_sync_debug_mode", _no_mode)
 
 
 _WARN = 1  # the sync-debug mode's number for "warn"
