@@ -486,7 +486,7 @@ def _ci_output(tr: Any, config: pytest.Config, merged: Report, outs: Sequence[_O
     if fmt == "text":
         return
     from barrierguard.report.render import github, sarif
-    from barrierguard.session.sites import rule_table
+    from barrierguard.session.site_stats import rule_table
 
     # A site fails where a test that barrierguard failed has a violation there.
     failed = [o.report for o in outs if o.failed]

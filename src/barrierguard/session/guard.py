@@ -29,7 +29,7 @@ from barrierguard.session import allowing, lifecycle, ranks
 from barrierguard.session.compiled import CompileWatch, join
 from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
-from barrierguard.session.sites import SiteStats, message, site_record
+from barrierguard.session.site_stats import SiteStats, message, site_record
 from barrierguard.session.steps import OptimizerSteps
 
 if TYPE_CHECKING:
