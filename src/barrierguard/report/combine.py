@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from barrierguard.report.records import Report, Site, SiteKey
-from barrierguard.report.sites import _events
+from barrierguard.report.site_records import _events
 
 __all__ = ["combine"]
 
