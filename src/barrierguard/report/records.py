@@ -23,7 +23,7 @@ from barrierguard.report.compiled import (
 )
 from barrierguard.report.jsonio import read_json, write_json, write_text
 from barrierguard.report.measures import MemoryReport, Timeline
-from barrierguard.report.ranks import RankSummary, job_cost, rank_ranges, summarize_rank
+from barrierguard.report.rank_view import RankSummary, job_cost, rank_ranges, summarize_rank
 from barrierguard.report.site_records import Site, SiteKey, Violation, _merge_sites
 
 __all__ = [

@@ -40,7 +40,7 @@ class Site(Record):
     the count and the stall per rank; ``asymmetric`` marks a site that fired on
     some ranks and not on others, and ``job_cost_s`` estimates what it costs
     every rank per measured step (the others wait for it at the next
-    collective; see ``barrierguard.report.ranks``).
+    collective; see ``barrierguard.report.rank_view``).
 
     Inside compiled code, ``graph_break`` is dynamo's reason for breaking the
     graph at this line (``graph_break_id`` its ``gbNNNN`` page),
