@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from barrierguard._errors import MemoryGrowthError, SyncError
-from barrierguard.session import ranks
+from barrierguard.session import rank_reports
 from barrierguard.session.guard import Guard
 from barrierguard.session.watch import watch
 
@@ -157,7 +157,7 @@ class RankProbe:
     def __call__(self, step: int) -> None:
         if self.rank is not None and self.world > 1:
             return
-        rank, world = ranks.current_rank(), ranks.world_size()
+        rank, world = rank_reports.current_rank(), rank_reports.world_size()
         if rank is not None:
             self.rank, self.world = rank, max(world, self.world)
 
@@ -172,8 +172,8 @@ def child_path(out: str, rank: int | None, world: int) -> str:
         True
     """
     if rank is not None:
-        return ranks.rank_path(out, rank=rank, world=max(world, 2))
-    stem, suffix = os.path.splitext(out.replace(ranks.RANK_PLACEHOLDER, "pid"))
+        return rank_reports.rank_path(out, rank=rank, world=max(world, 2))
+    stem, suffix = os.path.splitext(out.replace(rank_reports.RANK_PLACEHOLDER, "pid"))
     return f"{stem}.pid{os.getpid()}{suffix}"
 
 
@@ -236,7 +236,7 @@ def wait_for_ranks(out: str, world: int, since: float, timeout: float) -> dict[i
     while True:
         found: dict[int, str] = {}
         for rank in range(world):
-            path = ranks.rank_path(out, rank=rank, world=world)
+            path = rank_reports.rank_path(out, rank=rank, world=world)
             try:
                 if os.path.getmtime(path) >= since:
                     found[rank] = path

@@ -20,7 +20,7 @@ from dataclasses import replace
 from barrierguard._errors import BarrierGuardError, SyncError
 from barrierguard.cli import follow
 from barrierguard.cli.output import CI_FORMATS, FORMAT_HELP, emit, write_html
-from barrierguard.session import ranks
+from barrierguard.session import rank_reports
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import ENGINES, POLICIES
 from barrierguard.session.watch import watch
@@ -233,7 +233,7 @@ def _finish(
     started: float = 0.0,
 ) -> int:
     report = guard.report
-    world = ranks.world_size()
+    world = rank_reports.world_size()
     if probe is not None:
         # The process group may be gone by now: the steps saw the rank.
         probe(guard.steps)
@@ -245,7 +245,7 @@ def _finish(
     if world <= 1 or not report.rank:
         print(report, file=sys.stderr)
     if ns.out:
-        path = ranks.rank_path(ns.out, rank=report.rank or 0, world=world)
+        path = rank_reports.rank_path(ns.out, rank=report.rank or 0, world=world)
         try:
             folder = os.path.dirname(path)
             if folder:
@@ -285,7 +285,7 @@ def _say_rank_files(out: str, world: int, started: float) -> None:
             f"; none yet from rank {', '.join(map(str, missing))} (a rank still running, or "
             "one that barrierguard did not follow: see docs/distributed.md)"
         )
-    pattern = _shown(ranks.rank_path(out, rank="*", world=world))
+    pattern = _shown(rank_reports.rank_path(out, rank="*", world=world))
     print(f"{text}; merge them with barrierguard merge '{pattern}'", file=sys.stderr)
 
 

@@ -299,7 +299,7 @@ def parse_out(value: object, *, owner: str = "watch", name: str = "out") -> str 
 
     A path may hold ``{rank}``, replaced by each rank's number; without it, a
     run of several ranks writes ``<stem>.rank<N><suffix>`` (see
-    ``barrierguard.session.ranks.rank_path``).
+    ``barrierguard.session.rank_reports.rank_path``).
 
     Raises:
         BarrierGuardError: For anything else; the message names the value.
