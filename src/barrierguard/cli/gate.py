@@ -50,9 +50,9 @@ def _print_findings(findings: list[Finding], label: str) -> int:
     gone = [f for f in findings if f.change == "gone"]
     for f in findings:
         if not f.fails and f.change != "gone":
-            print(f"barrierguard: info: {f.describe()}")
+            print(f"barrierguard: info: {f.explain()}")
     for f in bad:
-        print(f"barrierguard: {f.describe()}")
+        print(f"barrierguard: {f.explain()}")
     if bad:
         print(f"barrierguard: {label}: {len(bad)} regression(s)", file=sys.stderr)
         return EXIT_REGRESSION
@@ -84,7 +84,7 @@ def _check(ns: argparse.Namespace) -> int:
 
         # Only the regressions are annotated, each with what the check says of it.
         failed = [f for f in findings if f.fails and f.site is not None]
-        messages = {f.site.key: f.describe() for f in failed if f.site is not None}
+        messages = {f.site.key: f.explain() for f in failed if f.site is not None}
         sites = tuple({f.site.key: f.site for f in failed if f.site is not None}.values())
         emit(
             replace(report, policy="error", sites=sites),
@@ -127,7 +127,7 @@ def _diff(ns: argparse.Namespace) -> int:
     findings = compare(make_baseline(a, root=ns.root), b, root=ns.root)
     for f in findings:
         if f.change == "gone":
-            print(f"barrierguard: {f.describe()}")
+            print(f"barrierguard: {f.explain()}")
     per_a = a.step_syncs / a.measured_steps if a.measured_steps else 0.0
     per_b = b.step_syncs / b.measured_steps if b.measured_steps else 0.0
     print(
