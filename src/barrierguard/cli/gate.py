@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.baseline import Baseline, Finding, compare, make_baseline
@@ -23,17 +21,6 @@ __all__ = ["dispatch"]
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
-
-
-def _memory_of(path: str, report: Report) -> Mapping[str, Any] | None:
-    if getattr(report, "memory", None) is not None:
-        return None  # the renderer reads it from the report itself
-    # Reports of builds that record memory carry it in the JSON even when this
-    # build's Report has no field for it.
-    with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
-    memory = data.get("memory") if isinstance(data, Mapping) else None
-    return memory if isinstance(memory, Mapping) else None
 
 
 def _need_detection(report: Report, path: str) -> None:
@@ -96,7 +83,7 @@ def _check(ns: argparse.Namespace) -> int:
     return code
 
 
-def _render(report: Report, fmt: str, path: str | None) -> str:
+def _render(report: Report, fmt: str) -> str:
     if fmt == "json":
         from barrierguard.report.render.json import render as render_json
 
@@ -104,13 +91,13 @@ def _render(report: Report, fmt: str, path: str | None) -> str:
     if fmt == "html":
         from barrierguard.report.render.html import render as render_html
 
-        return render_html(report, memory=_memory_of(path, report) if path else None)
+        return render_html(report)
     return str(report) + "\n"
 
 
 def _report(ns: argparse.Namespace) -> int:
     report = Report.load(ns.report)
-    text = _render(report, ns.format, ns.report)
+    text = _render(report, ns.format)
     if ns.out:
         with open(ns.out, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -198,7 +185,7 @@ def _merge(ns: argparse.Namespace) -> int:
     if ns.out:
         merged.save(ns.out)
         print(f"barrierguard: {len(paths)} rank report(s) merged into {ns.out}", file=sys.stderr)
-    sys.stdout.write(_render(merged, ns.format, None))
+    sys.stdout.write(_render(merged, ns.format))
     return EXIT_OK
 
 
