@@ -245,16 +245,8 @@ def _rules(owner: str, allow: object) -> list[str]:
     )
 
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_UNITS.update(kib=2**10, mib=2**20, gib=2**30)
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 _BYTES_FORMS = (
     "an int number of bytes (>= 0) or a string like '512KB', '1MB', '1.5MiB', '2GB' "
@@ -398,11 +390,6 @@ def make_report_options(
         BarrierGuardError: For a value of the wrong type, a malformed path, or
             ``merge_ranks=False`` with no per-rank files to merge later.
     """
-    for name, value in (("print_report", print_report), ("merge_ranks", merge_ranks)):
-        if not isinstance(value, bool):
-            raise BarrierGuardError(
-                f"{owner}({name}={value!r}) is not valid: expected True or False"
-            )
     if not isinstance(save_report, (bool, str, os.PathLike)):
         raise BarrierGuardError(
             f"{owner}(save_report={save_report!r}) is not valid: expected True "
@@ -415,15 +402,15 @@ def make_report_options(
         )
     if not isinstance(rank_reports, bool):
         parse_out(rank_reports, owner=owner, name="rank_reports")
-    if not merge_ranks and rank_reports is False:
+    if merge_ranks is False and rank_reports is False:
         raise BarrierGuardError(
             f"{owner}(merge_ranks=False) keeps each rank's report in its own process only: "
             f"also pass rank_reports=True (each rank writes barrierguard_report.rank{{rank}}.json "
             f"in {where}) or a path, and join the files with barrierguard merge"
         )
     return ReportOptions(
-        print_report=bool(print_report),
-        save_report=save_report,
-        rank_reports=rank_reports,
-        merge_ranks=bool(merge_ranks),
+        _flag(owner, "print_report", print_report),
+        save_report,
+        rank_reports,
+        _flag(owner, "merge_ranks", merge_ranks),
     )
