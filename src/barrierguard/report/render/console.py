@@ -35,10 +35,6 @@ def _short(path: str, width: int = 28) -> str:
     return path if len(path) <= width else "..." + path[-(width - 3) :]
 
 
-def _where(site: Site) -> str:
-    return f"{os.path.basename(site.file)}:{site.line}"
-
-
 # Phases whose syncs a guard counts apart from the training steps.
 _APART = ("validate", "test", "predict", "checkpoint", "teardown", "after-loop", "compile", "probe")
 
@@ -54,7 +50,7 @@ def _row(i: int, site: Site, measured: bool) -> list[str]:
     stall = f"{site.stall_s * 1e3:.2f}" if site.stall_s is not None else "-"
     kind = site.kind + (f"/{site.detail}" if site.detail else "")
     rule = site.rule or "-"
-    return [str(i), _where(site), rule, kind, site.origin, str(count), per, stall, site.code]
+    return [str(i), site.location, rule, kind, site.origin, str(count), per, stall, site.code]
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -266,7 +262,7 @@ def render_ranks(summaries: tuple[RankSummary, ...], gate: Site | None) -> list[
         lines[0] += "every site fires on every rank (no rank-asymmetric site in the steps)"
     else:
         fired = rank_ranges(r for r, _ in gate.rank_counts)
-        lines[0] += f"the gating site is {_where(gate)} ({gate.kind}, rank {fired} only)"
+        lines[0] += f"the gating site is {gate.location} ({gate.kind}, rank {fired} only)"
         if gate.job_cost_s is not None:
             lines[0] += (
                 f": the other ranks wait about {gate.job_cost_s * 1e3:.2f} ms per step at "
