@@ -18,6 +18,7 @@ from barrierguard.report.records import (
 __all__ = [
     "SeriesRow",
     "memory_state",
+    "rank_cells",
     "render",
     "render_compile",
     "series_rows",
@@ -246,6 +247,18 @@ def _ms(x: float | None) -> str:
     return f"{x * 1e3:.2f}" if x is not None else "-"
 
 
+def rank_cells(s: RankSummary) -> list[str]:
+    """A rank's row of the ranks table, but its wait: rank, steps, syncs, stall, step times."""
+    return [
+        str(s.rank),
+        str(s.steps),
+        f"{s.syncs_per_step:.2f}",
+        _ms(s.stall_per_step_s),
+        _ms(s.host_step_s),
+        _ms(s.device_step_s),
+    ]
+
+
 _RANK_ROWS = 16
 
 
@@ -278,17 +291,7 @@ def render_ranks(summaries: tuple[RankSummary, ...], gate: Site | None) -> list[
             waits = f"{s.wait_s * 1e3:.2f} ms"
             if s.wait_s and s.step_s:
                 waits += f" ({s.wait_s / s.step_s:.0%} of its step)"
-        rows.append(
-            [
-                str(s.rank),
-                str(s.steps),
-                f"{s.syncs_per_step:.2f}",
-                _ms(s.stall_per_step_s),
-                _ms(s.host_step_s),
-                _ms(s.device_step_s),
-                waits,
-            ]
-        )
+        rows.append([*rank_cells(s), waits])
     lines.extend(_table(rows, header))
     if len(summaries) > _RANK_ROWS:
         lines.append(

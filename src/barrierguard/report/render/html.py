@@ -23,7 +23,7 @@ from barrierguard.report.records import (
     Site,
     rank_ranges,
 )
-from barrierguard.report.render.console import series_rows, violations_heading
+from barrierguard.report.render.console import rank_cells, series_rows, violations_heading
 
 __all__ = ["render"]
 
@@ -320,24 +320,13 @@ def _sites_table(report: Report) -> str:
     )
 
 
-def _ms(x: float | None) -> str:
-    return f"{x * 1e3:.2f}" if x is not None else "-"
-
-
 def _rank_row(s: RankSummary) -> str:
     waits = "-"
     if s.wait_s is not None:
         waits = f"{s.wait_s * 1e3:.2f}"
         if s.wait_s and s.step_s:
             waits += f' <span class="small">({s.wait_s / s.step_s:.0%} of its step)</span>'
-    cells = (
-        str(s.rank),
-        str(s.steps),
-        f"{s.syncs_per_step:.2f}",
-        _ms(s.stall_per_step_s),
-        _ms(s.host_step_s),
-        _ms(s.device_step_s),
-    )
+    cells = rank_cells(s)
     return (
         f'<tr data-rank="{s.rank}">'
         + "".join(f'<td class="num">{c}</td>' for c in cells)
