@@ -7,7 +7,7 @@ the fix, or plainly that none exists), and :data:`PHASES` marks the framework
 functions that tell which phase of a run a sync belongs to (a validation loop,
 a checkpoint save, the teardown after the last step).
 
-:func:`code_entry` says what a code object is to these tables; the walk of
+:func:`file_entry` says what a source file is to these tables; the walk of
 ``detect.stack`` classifies each code object once with it, and returns the
 innermost mechanism (with the Lightning hook in flight) and the phase of each
 sync.
