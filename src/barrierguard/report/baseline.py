@@ -145,17 +145,9 @@ def _entries(sites: Iterable[Site], root: str | None) -> dict[Key, Entry]:
         if not _counts(site):
             continue
         key = site_key(site, root)
-        old = out.get(key)
-        if old is None:
-            out[key] = Entry(*key, 1, site.per_step, site.count, site.line)
-        else:
-            out[key] = Entry(
-                *key,
-                old.lines + 1,
-                old.per_step + site.per_step,
-                old.count + site.count,
-                min(old.line, site.line),
-            )
+        old = out.get(key) or Entry(*key, 0, 0.0, 0, site.line)
+        lines, per_step, count = old.lines + 1, old.per_step + site.per_step, old.count + site.count
+        out[key] = Entry(*key, lines, per_step, count, min(old.line, site.line))
     return out
 
 

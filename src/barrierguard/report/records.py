@@ -1,7 +1,7 @@
 """The report: plain, frozen records that round-trip through JSON.
 
 :class:`Report` and its JSON (docs/report-schema.md); the records it nests
-live in ``sites`` (a site, a violation) and ``measures`` (memory, the
+live in ``site_records`` (a site, a violation) and ``measures`` (memory, the
 timeline), and are re-exported here.
 """
 
