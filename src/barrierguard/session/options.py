@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.detect import frameworks
-from barrierguard.detect.kinds import CODES, KINDS
+from barrierguard.detect.kinds import KINDS, kind_named
 
 __all__ = [
     "ENGINES",
@@ -43,7 +43,6 @@ _ALLOW_FORMS = (
     + " (docs/rules.md)"
 )
 _MECHANISMS = tuple(m.name for m in frameworks.MECHANISMS)
-_KIND_OF_CODE = {code: kind for kind, code in CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -104,11 +103,9 @@ def parse_allow(rule: str) -> AllowRule:
     if not isinstance(rule, str):
         raise BarrierGuardError(f"allow rule {rule!r} is not a string: expected {_ALLOW_FORMS}")
     text = rule.strip()
-    if text in KINDS:
-        return AllowRule(text=rule, kind=text)
-    by_code = _KIND_OF_CODE.get(text.upper())
-    if by_code is not None:
-        return AllowRule(text=rule, kind=by_code)
+    kind = kind_named(text)
+    if kind is not None:
+        return AllowRule(text=rule, kind=kind)
     if text == "user" or (text.startswith("framework:") and len(text) > len("framework:")):
         return AllowRule(text=rule, origin=text)
     if text.startswith("mechanism:"):
