@@ -36,6 +36,7 @@ from typing import Any
 from barrierguard._errors import MemoryGrowthError, SyncError
 from barrierguard.session import rank_reports
 from barrierguard.session.guard import Guard
+from barrierguard.session.options import GUARD_OPTIONS
 from barrierguard.session.watch import watch
 
 __all__ = [
@@ -185,13 +186,7 @@ def start_child() -> Guard | None:
     data = json.loads(raw)
     if not follows(data, sys.argv, getattr(sys, "orig_argv", sys.argv)):
         return None
-    guard: Guard = watch(
-        policy=data.get("policy"),
-        engine=data.get("engine", "auto"),
-        warmup_steps=data.get("warmup_steps", 0),
-        allow=data.get("allow", ()),
-        max_syncs_per_step=data.get("max_syncs_per_step"),
-    )
+    guard: Guard = watch(**{k: v for k, v in data.items() if k in GUARD_OPTIONS})
     probe = RankProbe()
     guard.add_step_listener(probe)
     guard.start()
