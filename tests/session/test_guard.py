@@ -7,6 +7,7 @@ import torch
 
 import barrierguard
 from _fake_cuda import FakeMode, FakeTensor
+from _runif import run_if
 
 
 def _sgd() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -173,13 +174,19 @@ def test_violations_are_listed_per_step_and_threads_listed_once(
     assert len(calls) == 1
 
 
-def test_same_seed_same_losses_with_and_without_watch() -> None:
+@pytest.mark.parametrize(
+    ("engine", "device"),
+    [("audit", "cpu"), pytest.param("cuda", "cuda", marks=run_if(min_cuda_gpus=1))],
+)
+def test_same_seed_same_losses_with_and_without_watch(engine: str, device: str) -> None:
     def train() -> list[float]:
         torch.manual_seed(0)
-        model, opt = _sgd()
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        model = model.to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         out = []
         for _ in range(5):
-            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss = model(torch.randn(32, 8).to(device)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -187,7 +194,7 @@ def test_same_seed_same_losses_with_and_without_watch() -> None:
         return out
 
     bare = train()
-    with barrierguard.watch(policy="record"):
+    with barrierguard.watch(engine=engine, policy="record"):
         watched = train()
     assert watched == bare
 
