@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import torch
 
 import barrierguard
-from barrierguard.report.records import Report
-from barrierguard.session.capture import blocking_line, probe
+from barrierguard.report.records import CaptureProbe, CompileReport, Report
+from barrierguard.session.capture import (
+    _backward_by_inductor,
+    blocking_line,
+    inductor_cuda_graphs,
+    probe,
+)
 
 
 def _blocked_here() -> None:
@@ -96,3 +103,66 @@ def test_capture_probe_by_name_that_never_runs_is_noted() -> None:
     ) as guard:
         torch.ones(2).sum()
     assert any("no call of 'never_called'" in n for n in guard.report.notes)
+
+
+def _backward_joined_default_stream() -> None:
+    raise RuntimeError(
+        "CUDA error: operation would make the legacy stream depend on a capturing blocking stream"
+    )
+
+
+def _mismatch() -> RuntimeError:
+    try:
+        _backward_joined_default_stream()
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_backward_by_inductor_when_its_graphs_run_and_none_was_skipped() -> None:
+    result = _backward_by_inductor(_mismatch(), 3, [], "one call of step")
+    assert result.status == "capturable"
+    assert result.reason.startswith("backward by inductor's verdict: the forward was captured")
+    assert "inductor's 3 CUDA graphs" in result.reason
+    assert "Not checked: autograd hooks" in result.reason
+    assert not result.file  # no line blocked
+    section = CompileReport(probe=result)
+    assert section.verdict.endswith("the step is capturable (backward by inductor's verdict)")
+
+
+def test_backward_not_by_inductor_when_it_skipped_or_does_not_run() -> None:
+    skipped = _backward_by_inductor(_mismatch(), 2, ["cpu device at t.py:3"], "x")
+    assert skipped.status == "not run"
+    assert "CUDA graphs skipped or split (cpu device at t.py:3)" in skipped.reason
+    alone = _backward_by_inductor(_mismatch(), 0, [], "x")
+    assert alone.status == "not run"
+    assert "del loss" in alone.reason and alone.reason.startswith("inconclusive")
+
+
+def test_no_inductor_cuda_graphs_without_cuda() -> None:
+    assert inductor_cuda_graphs() == 0
+
+
+def test_the_guard_hands_its_cudagraph_skips_to_the_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import barrierguard.session.capture as capture
+    from barrierguard.detect.compiled import CompileEvent
+
+    seen: list[Sequence[str]] = []
+
+    def fake_probe(
+        fn: object, args: object, kwargs: object, params: object, skips: Sequence[str]
+    ) -> CaptureProbe:
+        seen.append(skips)
+        return CaptureProbe(status="not run", reason="fake")
+
+    monkeypatch.setattr(capture, "probe", fake_probe)
+    with barrierguard.watch(policy="record", engine="audit", memory=False) as guard:
+        guard._compile.listener.events.append(
+            CompileEvent(
+                what="cudagraph_skip", file="/w/t.py", line=3, function="f", reason="cpu device"
+            )
+        )
+        guard.probe_capture(lambda: None)
+    assert seen == [["cpu device at t.py:3"]]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import barrierguard
 from _runif import run_if
+from barrierguard.report.records import CaptureProbe
 
 pytestmark = run_if(min_cuda_gpus=1)
 
@@ -73,3 +76,75 @@ def test_probe_names_the_item_that_blocks_capture() -> None:
     assert "# blocks" in result.code
     (site,) = [s for s in guard.report.sites if s.file == __file__ and s.kind == "item"]
     assert dict(site.phases) == {"probe": 1} and site.step_count == 0
+
+
+def _train_reduce_overhead(
+    steps: int, probe_at: int | None, host_copy: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor], CaptureProbe | None]:
+    """A step compiled with mode="reduce-overhead", probed by name's way: the step itself."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)
+    ).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = torch.randn(steps, 8, 16, device="cuda")
+    target = torch.randint(0, 4, (steps, 8), device="cuda")
+    weights = torch.linspace(0.5, 1.5, 4)
+    weights = weights if host_copy else weights.cuda()
+
+    def loss_fn(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        logits = model(x)
+        w = w.to(x.device)  # host copy when w lives on the host
+        return torch.nn.functional.cross_entropy(logits, y, weight=w)
+
+    compiled = torch.compile(loss_fn, mode="reduce-overhead")
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = compiled(x, y, weights)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    losses, result = [], None
+    with barrierguard.watch(policy="record", memory=False) as guard:
+        for i in range(steps):
+            if i == probe_at:
+                torch.cuda.synchronize()
+                allocated = torch.cuda.memory_allocated()
+                result = guard.probe_capture(train_step, data[i], target[i])
+                torch.cuda.synchronize()
+                assert torch.cuda.memory_allocated() <= allocated
+            losses.append(train_step(data[i], target[i]).detach().clone())
+    return losses, [p.detach().clone() for p in model.parameters()], result
+
+
+def _marked(text: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, ln in enumerate(lines, 1) if text in ln and "next(" not in ln)
+
+
+@pytest.mark.parametrize("host_copy", [False, True])
+def test_reduce_overhead_step_probe_is_conclusive_and_leaves_training_alone(
+    host_copy: bool,
+) -> None:
+    plain_losses, plain_params, _ = _train_reduce_overhead(6, None, host_copy)
+    losses, params, result = _train_reduce_overhead(6, 3, host_copy)
+    assert result is not None
+    print(result)
+    if host_copy:
+        # The host copy keeps its op out of inductor's CUDA graphs, and blocks capture.
+        assert result.status == "blocked", result
+        assert (result.file, result.line) == (__file__, _marked("# host copy when"))
+    else:
+        # The forward is captured here; the backward is inductor's (its CUDA
+        # graphs hold the last step's autograd graph), or captured here too.
+        assert result.status == "capturable", result
+        assert "force_eager" in result.captured
+        assert not result.reason or result.reason.startswith("backward by inductor's verdict")
+    for a, b in zip(plain_losses, losses, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(plain_params, params, strict=True):
+        assert torch.equal(a, b)

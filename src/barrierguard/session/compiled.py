@@ -9,6 +9,7 @@ the breaks that are not syncs listed apart.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -78,6 +79,14 @@ class CompileWatch:
     @property
     def events(self) -> list[CompileEvent]:
         return list(self.listener.events)
+
+    def skips(self) -> list[str]:
+        """The CUDA-graph skips heard so far, ``"reason at file:line"`` (for the probe)."""
+        return [
+            f"{e.reason} at {os.path.basename(e.file)}:{e.line}" if e.file else e.reason
+            for e in self.listener.events
+            if e.what == "cudagraph_skip"
+        ]
 
 
 def _group(
