@@ -166,3 +166,27 @@ def test_the_guard_hands_its_cudagraph_skips_to_the_probe(
         )
         guard.probe_capture(lambda: None)
     assert seen == [["cpu device at t.py:3"]]
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.autograd.graph, "set_override_stale_capture_stream"),
+    reason="a torch without the stale-stream override",
+)
+def test_stale_streams_follow_the_capture_only_inside_and_are_restored() -> None:
+    from barrierguard.session.capture import _stale_streams_follow_capture
+
+    assert torch._C._override_stale_capture_stream() is False
+    with _stale_streams_follow_capture() as follow:
+        assert follow and torch._C._override_stale_capture_stream() is True
+    assert torch._C._override_stale_capture_stream() is False
+    with pytest.raises(ValueError), _stale_streams_follow_capture():
+        raise ValueError
+    assert torch._C._override_stale_capture_stream() is False
+
+
+def test_stream_mismatch_is_read_from_the_cuda_error_and_torchs_own() -> None:
+    from barrierguard.session.capture import _stream_mismatch
+
+    assert _stream_mismatch(_mismatch())
+    assert _stream_mismatch(RuntimeError("... see set_override_stale_capture_stream ..."))
+    assert not _stream_mismatch(RuntimeError("operation not permitted when stream is capturing"))

@@ -112,8 +112,53 @@ def _end_generator_capture(stream: Any) -> None:
 
 # A capture on a side stream that autograd had to join to the default stream:
 # an AccumulateGrad node of an earlier iteration (kept alive by a tensor of
-# that iteration, such as the last loss) runs on the default stream.
-_STREAM_MISMATCH = "legacy stream depend on"
+# that iteration, such as the last loss) runs on the default stream. The CUDA
+# error, and the errors of torch versions that name the case themselves.
+_STREAM_MISMATCH = (
+    "legacy stream depend on",
+    "stale non-capturing stream",
+    "set_override_stale_capture_stream",
+)
+
+
+def _stream_mismatch(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(m in text for m in _STREAM_MISMATCH)
+
+
+@contextlib.contextmanager
+def _stale_streams_follow_capture() -> Iterator[bool]:
+    """Autograd nodes of earlier iterations follow the capture's stream, where torch can.
+
+    ``torch.autograd.graph.set_override_stale_capture_stream(True)`` (newer
+    torch): during a capture, a node whose stream is a stale non-capturing one
+    (an AccumulateGrad made on the default stream by an earlier iteration) uses
+    the capturing stream instead, so the backward is captured like the rest.
+    The flag is process-wide and touches nothing outside a capture; its value
+    before is back at the exit. Yields whether it is on.
+    """
+    import torch
+
+    setter = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
+    getter = getattr(torch._C, "_override_stale_capture_stream", None)
+    before: bool | None = None
+    if setter is not None and getter is not None:
+        try:
+            before = bool(getter())
+            setter(True)
+        except Exception:  # a torch that has the name but not the switch
+            before = None
+    if setter is None or before is None:
+        yield False
+        return
+    try:
+        with warnings.catch_warnings():
+            # "During CUDA graph capture, autograd node ... had a stale non-capturing stream"
+            warnings.filterwarnings("ignore", message=r"(?s).*stale non-capturing stream")
+            yield True
+    finally:
+        with contextlib.suppress(Exception):
+            setter(before)
 
 
 def inductor_cuda_graphs() -> int:
@@ -308,7 +353,7 @@ def probe(
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     try:
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), _stale_streams_follow_capture() as follow:
             graph.capture_begin(capture_error_mode="thread_local")
             try:
                 with _eager_stance(graphs > 0):
@@ -335,13 +380,15 @@ def probe(
             p.grad = g
         torch.set_rng_state(cpu_rng)
         torch.cuda.set_rng_state_all(cuda_rng)
+    if follow:
+        captured += "; autograd nodes of earlier iterations follow its stream"
     blocker = error or end_error
     # The error's traceback holds the step's frames, and with them what it
     # allocated in the capture: let go of it as soon as it is read.
     error = end_error = None
     if blocker is None:
         return CaptureProbe(status="capturable", captured=captured)
-    if _STREAM_MISMATCH in str(blocker):
+    if _stream_mismatch(blocker):
         # Not the step's own doing: the probe's side stream met autograd state
         # of an earlier iteration. Rather than blame a line, take inductor's
         # verdict on the backward where it holds, or say why not.
