@@ -30,7 +30,7 @@ Design:
 
     Timing: per pair, one more subprocess (unwatched, no ``TORCH_LOGS``) builds the step
     before and after its fix (each its own model copy), warms both up, and runs paired
-    rounds: ``--rounds`` (9) rounds of ``--round-steps`` (50) steps of each, the order
+    rounds: ``--rounds`` (9) rounds of ``--round-steps`` (100) steps of each, the order
     alternated, wall time per step with the device drained at each round's ends. Each
     step does the same host work (a spin standing for reading and collating the next
     batch) of the fixed step's own time, measured first: a barrier in the step keeps that
@@ -573,7 +573,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.backend = args.backend or ("inductor" if cuda else "eager")
     args.steps = args.steps or (20 if cuda else 4)
     args.rounds = args.rounds or (9 if cuda else 3)
-    args.round_steps = args.round_steps or (50 if cuda else 3)
+    args.round_steps = args.round_steps or (100 if cuda else 3)
     dry = args.device != "cuda"
     names = args.only or (["nanogpt", "metric_item", "metric_fixed"] if dry else list(SCENARIOS))
     pairs = [p for p, members in PAIRS.items() if all(n in names for n in members)]
