@@ -190,3 +190,82 @@ def test_stream_mismatch_is_read_from_the_cuda_error_and_torchs_own() -> None:
     assert _stream_mismatch(_mismatch())
     assert _stream_mismatch(RuntimeError("... see set_override_stale_capture_stream ..."))
     assert not _stream_mismatch(RuntimeError("operation not permitted when stream is capturing"))
+
+
+class _FakeGraph:
+    """Records and never runs: enough of torch.cuda.CUDAGraph for the probe's flow."""
+
+    def capture_begin(self, capture_error_mode: str = "global") -> None:
+        pass
+
+    def capture_end(self) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class _FakeStream:
+    def wait_stream(self, other: object) -> None:
+        pass
+
+
+def _fake_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda as far as the probe uses it, on a CPU: every capture succeeds."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", list)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU stand-in for CUDA")
+def test_the_probed_call_runs_compiled_code_as_plain_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch._dynamo.eval_frame import _stance
+    from torch._dynamo.utils import counters
+
+    seen: list[bool] = []
+
+    @torch.compile(backend="eager", dynamic=False)
+    def step(x: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.compiler.is_compiling())
+        return x * 2
+
+    step(torch.ones(2))
+    frames = counters["frames"]["total"]
+    seen.clear()
+    _fake_capture(monkeypatch)
+    # A new shape would recompile; under the probe nothing compiles.
+    result = probe(step, (torch.ones(3),))
+    assert result.status == "capturable", result
+    assert "its compiled functions run as plain Python (force_eager)" in result.captured
+    assert seen == [False]  # the Python body ran, not traced
+    assert counters["frames"]["total"] == frames
+    assert _stance.stance == "default"  # the stance before is back
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU stand-in for CUDA")
+def test_probe_takes_inductors_verdict_on_the_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    import barrierguard.session.capture as capture
+
+    _fake_capture(monkeypatch)
+    monkeypatch.setattr(capture, "inductor_cuda_graphs", lambda: 4)
+    model = torch.nn.Linear(2, 1)
+    model.weight.grad = before = torch.ones(1, 2)
+
+    def step() -> None:
+        model(torch.ones(1, 2)).sum().backward()
+        _backward_joined_default_stream()  # as the backward of a capture on a side stream
+
+    result = probe(step, params=[model.weight])
+    assert result.status == "capturable"
+    assert result.reason.startswith("backward by inductor's verdict")
+    assert model.weight.grad is before  # put back
+    skipped = probe(step, skips=["cpu device at t.py:3"])
+    assert skipped.status == "not run" and "cpu device at t.py:3" in skipped.reason

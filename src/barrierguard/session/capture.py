@@ -17,15 +17,18 @@ from pageable host memory, ``torch.cuda.synchronize()``, an optimizer built
 without ``capturable=True``) raises inside the capture; its traceback names
 the user's line.
 
-Where inductor's CUDA graphs (``mode="reduce-overhead"``) already run in the
-process, the probed call runs its compiled functions as plain Python
+The probed call runs compiled functions as plain Python
 (``torch.compiler.set_stance("force_eager")``): the probe never replays or
-records inductor's graphs inside its own capture. Those graphs keep the last
-step's outputs alive, and with them the autograd graph of that step, whose
-gradient accumulators belong to the default stream: the probe's backward
-cannot be captured on a side stream then. When the forward was captured and
-inductor recorded no CUDA-graph skip, the backward is inductor's verdict (it
-captured the compiled backward itself); the probe says so in its reason.
+records inductor's CUDA graphs (``mode="reduce-overhead"``) inside its own
+capture, and never compiles there. Those graphs keep the last step's outputs
+alive, and with them the autograd graph of that step, whose gradient
+accumulators belong to the default stream: a backward captured on a side
+stream would have to join it. Where torch can, those nodes follow the
+capture's stream while the probe captures
+(``torch.autograd.graph.set_override_stale_capture_stream``); elsewhere, when
+the forward was captured and inductor kept no op out of its CUDA graphs, the
+backward is inductor's verdict (it captured the compiled backward itself),
+and the probe's reason says so.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any
 
 from barrierguard.detect.frames import OWN, USER, classify_file
 from barrierguard.report.records import CaptureProbe
+from barrierguard.session.compiled import frames_compiled
 
 __all__ = ["CallProbe", "blocking_line", "inductor_cuda_graphs", "probe"]
 
@@ -331,12 +335,19 @@ def probe(
                 "(recorded, never replayed)"
             ),
         )
-    # Inductor's CUDA graphs run in this process: the probed call must not
-    # replay (or record) them inside its own capture.
+    # Compiled code runs as plain Python in the probed call: it must not replay
+    # (or record) inductor's CUDA graphs inside the probe's capture, nor compile
+    # there (a guard that fails on the probe's call would recompile under
+    # capture, and add to the compiled code the training uses).
+    eager = "torch._dynamo" in sys.modules
     graphs = inductor_cuda_graphs()
     captured = (
         f"one call of {_name(fn)}"
-        + (", its compiled functions run as plain Python (force_eager)" if graphs else "")
+        + (
+            ", its compiled functions run as plain Python (force_eager)"
+            if eager and (graphs or frames_compiled())
+            else ""
+        )
         + " under torch.cuda.graph on a side stream (recorded, never replayed)"
     )
     saved_grads = [(p, p.grad) for p in params]
@@ -356,7 +367,7 @@ def probe(
         with torch.cuda.stream(side), _stale_streams_follow_capture() as follow:
             graph.capture_begin(capture_error_mode="thread_local")
             try:
-                with _eager_stance(graphs > 0):
+                with _eager_stance(eager):
                     fn(*args, **(kwargs or {}))
             except Exception as exc:
                 error = exc
