@@ -133,7 +133,7 @@ def test_backward_by_inductor_when_its_graphs_run_and_none_was_skipped() -> None
 def test_backward_not_by_inductor_when_it_skipped_or_does_not_run() -> None:
     skipped = _backward_by_inductor(_mismatch(), 2, ["cpu device at t.py:3"], "x")
     assert skipped.status == "not run"
-    assert "CUDA graphs skipped or split (cpu device at t.py:3)" in skipped.reason
+    assert "kept ops out of its CUDA graphs (cpu device at t.py:3)" in skipped.reason
     alone = _backward_by_inductor(_mismatch(), 0, [], "x")
     assert alone.status == "not run"
     assert "del loss" in alone.reason and alone.reason.startswith("inconclusive")

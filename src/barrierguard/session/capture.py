@@ -267,16 +267,18 @@ def _backward_by_inductor(
             captured=captured,
         )
     why = (
-        f"CUDA graphs skipped or split ({'; '.join(skips[:2])})"
+        "(inductor's CUDA graphs keep the last step's autograd graph alive), and inductor "
+        f"kept ops out of its CUDA graphs ({'; '.join(skips[:2])}), so its verdict does not "
+        "cover the backward"
         if graphs and skips
-        else "an AccumulateGrad node of an earlier iteration is still alive (a tensor of "
-        "that iteration, such as the last loss, holds its graph); run the probe where no "
+        else "because an AccumulateGrad node of an earlier iteration is still alive (a tensor "
+        "of that iteration, such as the last loss, holds its graph); run the probe where no "
         "earlier graph is alive, e.g. with del loss before the call"
     )
     return CaptureProbe(
         status="not run",
         reason=(
-            f"inconclusive: the backward{at} joined the default stream, and {why} "
+            f"inconclusive: the backward{at} joined the default stream {why} "
             f"({_first_line(blocker)})"
         ),
         captured=captured,
