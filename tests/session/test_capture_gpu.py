@@ -85,15 +85,22 @@ def test_probe_names_the_item_that_blocks_capture() -> None:
     assert dict(site.phases) == {"probe": 1} and site.step_count == 0
 
 
-def _train_reduce_overhead(
-    steps: int, probe_at: int | None, host_copy: bool
-) -> tuple[list[torch.Tensor], list[torch.Tensor], CaptureProbe | None]:
-    """A step compiled with mode="reduce-overhead", probed by name's way: the step itself."""
+Run = tuple[list[torch.Tensor], list[torch.Tensor], CaptureProbe | None]
+
+
+def _reduce_overhead_runs(steps: int, probe_at: int, host_copy: bool) -> tuple[Run, Run]:
+    """A step compiled once with mode="reduce-overhead", trained twice from the same start.
+
+    The second training probes the step itself (as ``capture_probe="train_step"``
+    does) before step ``probe_at``. One compilation serves both, so the two
+    run the same kernels.
+    """
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)
     ).cuda()
+    start = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     data = torch.randn(steps, 8, 16, device="cuda")
     target = torch.randint(0, 4, (steps, 8), device="cuda")
@@ -115,17 +122,24 @@ def _train_reduce_overhead(
         opt.zero_grad(set_to_none=True)
         return loss
 
-    losses, result = [], None
-    with barrierguard.watch(policy="record", memory=False) as guard:
-        for i in range(steps):
-            if i == probe_at:
-                torch.cuda.synchronize()
-                allocated = torch.cuda.memory_allocated()
-                result = guard.probe_capture(train_step, data[i], target[i])
-                torch.cuda.synchronize()
-                assert torch.cuda.memory_allocated() <= allocated
-            losses.append(train_step(data[i], target[i]).detach().clone())
-    return losses, [p.detach().clone() for p in model.parameters()], result
+    def train(probe_at: int | None) -> Run:
+        with torch.no_grad():
+            for p, p0 in zip(model.parameters(), start, strict=True):
+                p.copy_(p0)  # in place: inductor's CUDA graphs keep reading them there
+        opt.state.clear()
+        losses, result = [], None
+        with barrierguard.watch(policy="record", memory=False) as guard:
+            for i in range(steps):
+                if i == probe_at:
+                    torch.cuda.synchronize()
+                    allocated = torch.cuda.memory_allocated()
+                    result = guard.probe_capture(train_step, data[i], target[i])
+                    torch.cuda.synchronize()
+                    assert torch.cuda.memory_allocated() <= allocated
+                losses.append(train_step(data[i], target[i]).detach().clone())
+        return losses, [p.detach().clone() for p in model.parameters()], result
+
+    return train(None), train(probe_at)
 
 
 def _marked(text: str) -> int:
@@ -137,8 +151,9 @@ def _marked(text: str) -> int:
 def test_reduce_overhead_step_probe_is_conclusive_and_leaves_training_alone(
     host_copy: bool,
 ) -> None:
-    plain_losses, plain_params, _ = _train_reduce_overhead(6, None, host_copy)
-    losses, params, result = _train_reduce_overhead(6, 3, host_copy)
+    (plain_losses, plain_params, _), (losses, params, result) = _reduce_overhead_runs(
+        6, 3, host_copy
+    )
     assert result is not None
     print(result)
     if host_copy:
