@@ -23,6 +23,10 @@ Design:
       non-cudagraphable partition in torch 2.9+, a skip before), and the loss with the
       weights made once on the device.
 
+    The metric steps train an MLP classifier whose device work per step is of the order
+    of the host's (512-2048-2048-10, batch 512); the ``reduce-overhead`` steps a small,
+    launch-bound one (256-512-512-10, batch 64), what CUDA graphs are for.
+
     The capture probe (``Guard.probe_capture``) captures, before and after each fix, the
     eager forward+backward of the metric steps, and the ``reduce-overhead`` training step
     itself (its compiled code runs as plain Python inside the capture; where inductor's
@@ -137,19 +141,23 @@ def _nanogpt(device: str, backend: str, steps: int) -> dict[str, Any]:
     }
 
 
-def _classifier(device: str) -> tuple[Any, Any, Any]:
+def _classifier(device: str, big: bool) -> tuple[Any, Any, Any]:
+    """A classifier, its optimizer and one batch.
+
+    ``big``: the device's work per step is of the order of the host's (about
+    half a millisecond on an H200), so that what a barrier serializes shows;
+    else a small, launch-bound one (what ``mode="reduce-overhead"`` is for).
+    """
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    # Big enough that the device's work per step is of the order of the host's
-    # (about half a millisecond on an H200): what a barrier serializes shows.
-    wide, batch = (2048, 512) if device == "cuda" else (64, 16)
+    features, wide, batch = (512, 2048, 512) if big and device == "cuda" else (256, 512, 64)
     model = nn.Sequential(
-        nn.Linear(512, wide), nn.GELU(), nn.Linear(wide, wide), nn.GELU(), nn.Linear(wide, 10)
+        nn.Linear(features, wide), nn.GELU(), nn.Linear(wide, wide), nn.GELU(), nn.Linear(wide, 10)
     ).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, 512, device=device)
+    x = torch.randn(batch, features, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
     return model, opt, (x, y)
 
@@ -202,7 +210,7 @@ def _train_step(name: str, device: str, backend: str) -> tuple[Any, Any]:
     """A scenario's training step (compiled) and the eager forward+backward of the same code."""
     import torch
 
-    model, opt, (x, y) = _classifier(device)
+    model, opt, (x, y) = _classifier(device, big=name.startswith("metric"))
     fn, eager = _steps(name, model)
     mode = "reduce-overhead" if name.startswith("host") and backend == "inductor" else None
     compiled = torch.compile(fn, backend=backend, mode=mode)
