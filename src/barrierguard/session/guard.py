@@ -526,7 +526,7 @@ class Guard:
         saved, self._phase = self._phase, "probe"
         self._probing = True
         try:
-            result = probe(fn, args, kwargs, params)
+            result = probe(fn, args, kwargs, params, self._compile.skips())
         except Exception as exc:  # the probe's own failure must not cost the run
             self.fault(exc)
             result = CaptureProbe(
