@@ -23,9 +23,10 @@ Design:
       non-cudagraphable partition in torch 2.9+, a skip before), and the loss with the
       weights made once on the device.
 
-    The metric steps train an MLP classifier whose device work per step is of the order
-    of the host's (512-2048-2048-10, batch 512); the ``reduce-overhead`` steps a small,
-    launch-bound one (256-512-512-10, batch 64), what CUDA graphs are for.
+    The metric steps train an MLP classifier whose device work per step is far above the
+    host's launch time (4096-4096-4096-10, batch 4096, TF32: about 3 ms on an H200); the
+    ``reduce-overhead`` steps a small, deep, launch-bound one (256, then 24 layers of 256,
+    then 10, batch 64), what CUDA graphs are for.
 
     The capture probe (``Guard.probe_capture``) captures, before and after each fix, the
     eager forward+backward of the metric steps, and the ``reduce-overhead`` training step
@@ -35,10 +36,11 @@ Design:
     Timing: per pair, one more subprocess (unwatched, no ``TORCH_LOGS``) builds the step
     before and after its fix (each its own model copy), warms both up, and runs paired
     rounds: ``--rounds`` (9) rounds of ``--round-steps`` (100) steps of each, the order
-    alternated, wall time per step with the device drained at each round's ends. Each
-    step does the same host work (a spin standing for reading and collating the next
-    batch) of the fixed step's own time, measured first: a barrier in the step keeps that
-    host work from overlapping the device's; without it they overlap. Reported: medians
+    alternated, wall time per step with the device drained at each round's ends. In the
+    metric pair each step does the same host work (a spin standing for reading and
+    collating the next batch) of the fixed step's own time, measured first: a barrier in
+    the step keeps that host work from overlapping the device's; without it they overlap.
+    The reduce-overhead pair does none (its fix saves launches, host time). Reported: medians
     and quartiles, the median of the per-round ratios, and in how many rounds the fixed
     step was faster (the check asks for all but at most one).
 
@@ -144,18 +146,24 @@ def _nanogpt(device: str, backend: str, steps: int) -> dict[str, Any]:
 def _classifier(device: str, big: bool) -> tuple[Any, Any, Any]:
     """A classifier, its optimizer and one batch.
 
-    ``big``: the device's work per step is of the order of the host's (about
-    half a millisecond on an H200), so that what a barrier serializes shows;
-    else a small, launch-bound one (what ``mode="reduce-overhead"`` is for).
+    ``big``: the device's work per step (about 3 ms on an H200, TF32 matrix
+    products of 4096) is far above the host's launch time, so that what a
+    barrier serializes shows; else a small, deep, launch-bound one (24
+    layers of 256 at batch 64: what ``mode="reduce-overhead"`` is for).
     """
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    features, wide, batch = (512, 2048, 512) if big and device == "cuda" else (256, 512, 64)
-    model = nn.Sequential(
-        nn.Linear(features, wide), nn.GELU(), nn.Linear(wide, wide), nn.GELU(), nn.Linear(wide, 10)
-    ).to(device)
+    if big and device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        features, wide, batch, depth = 4096, 4096, 4096, 1
+    else:
+        features, wide, batch, depth = 256, 256, 64, 24 if device == "cuda" else 1
+    layers: list[nn.Module] = [nn.Linear(features, wide), nn.GELU()]
+    for _ in range(depth):
+        layers += [nn.Linear(wide, wide), nn.GELU()]
+    model = nn.Sequential(*layers, nn.Linear(wide, 10)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(batch, features, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
@@ -300,9 +308,10 @@ def _timing(pair: str, device: str, backend: str, rounds: int, steps: int) -> di
     """Paired rounds: the step before and after its fix, alternated in one process.
 
     Each variant trains its own copy of the model, with the same host work
-    per step in both: the fixed step's own time, measured first (without host
-    work). Where a barrier serializes the host and the device, the overlap it
-    prevents is then largest; a step without the barrier overlaps the two.
+    per step in both. For the metric pair it is the fixed step's own time,
+    measured first (without host work): where a barrier serializes the host and
+    the device, the overlap it prevents is then largest; a step without the
+    barrier overlaps the two. The reduce-overhead pair has none.
     """
     before, after = PAIRS[pair]
     cuda = device == "cuda"
@@ -318,7 +327,11 @@ def _timing(pair: str, device: str, backend: str, rounds: int, steps: int) -> di
         for _ in range(10):  # compile, record inductor's CUDA graphs, warm up
             step()
         steps_of[name] = step
-    host["ms"] = statistics.median(_round_ms(steps_of[after], steps, cuda) for _ in range(3))
+    if pair == "metric":
+        # The device-bound pair: as much host work as the device's, which the
+        # fixed step overlaps and the barrier serializes. The launch-bound
+        # pair gets none: its fix saves host time itself.
+        host["ms"] = statistics.median(_round_ms(steps_of[after], steps, cuda) for _ in range(3))
     walls: dict[str, list[float]] = {before: [], after: []}
     for r in range(rounds):
         for name in (before, after) if r % 2 == 0 else (after, before):
