@@ -51,8 +51,7 @@ Reproduce:
     PYTHONPATH=src python benchmarks/bench_compile.py
 
     The committed ``benchmarks/results/h200/compile.json`` (and ``compile.txt``, the
-    printed table) is the run at 5e9cb33 with ``--out /tmp/compile --budget 130``, before
-    the paired rounds (one timing per scenario then).
+    printed table) is the run at 266a5c1 (187 s).
 
     GPU, under 5 minutes (every subprocess has its own time limit, ``--timeout``). On a
     CPU, ``PYTHONPATH=src python benchmarks/bench_compile.py --dry-run`` runs the compile
