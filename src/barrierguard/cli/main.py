@@ -346,8 +346,7 @@ def _run(ns: argparse.Namespace) -> int:
                     runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
             except BaseException:
                 # Restore everything; the script's own exception is the news.
-                guard._deferred.clear()
-                guard._stop(act=False)
+                guard.abandon()
                 raise
             guard.stop()
     except SystemExit as exc:

@@ -105,7 +105,7 @@ class Adapter:
             guard = Guard(self._options)
             # Steps are the framework's (the callback calls step()), so the
             # optimizer hook must not count them as well.
-            guard._manual = True
+            guard.steps_by_caller()
             self._guard = guard
         if not guard.is_running:
             self._final = None
@@ -140,6 +140,5 @@ class Adapter:
         """
         guard = self._guard
         if guard is not None and guard.is_running:
-            guard._deferred.clear()
-            guard._stop(act=False)
+            guard.abandon()
             self._final = self._local_report()

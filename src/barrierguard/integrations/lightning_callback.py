@@ -178,17 +178,13 @@ class BarrierGuard(Adapter, pl.Callback):
         assert guard is not None
         end = guard.steps
         start = min(self._epoch_start, end)
-        # _per_step[k] holds the syncs recorded after k steps, i.e. in step k + 1.
-        series = guard._per_step[start:end]
+        series = guard.syncs_in_steps(start, end)
         steps = end - start
         metrics: dict[str, float] = {
             "barrierguard/syncs_per_step": (sum(series) / steps) if steps else 0.0,
         }
-        memory = guard._memory
-        if memory is not None:
-            slopes = memory.report().slopes
-            for name, slope in slopes.items():
-                metrics[f"barrierguard/memory_growth_per_step/{name}"] = float(slope)
+        for name, slope in guard.memory_slopes().items():
+            metrics[f"barrierguard/memory_growth_per_step/{name}"] = float(slope)
         return metrics
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -565,6 +565,33 @@ class Guard:
         """Step boundaries seen so far."""
         return self._steps
 
+    # -- for the framework adapters and the command line --------------------
+    def steps_by_caller(self) -> None:
+        """Take step boundaries from :meth:`step` calls only (a framework's own steps).
+
+        The optimizer hook stops counting them, before the first ``step()``.
+        """
+        self._manual = True
+
+    def syncs_in_steps(self, start: int, end: int) -> list[int]:
+        """The blocking syncs of each measured step from ``start`` to ``end`` (steps seen)."""
+        # _per_step[k] holds the syncs recorded after k steps, i.e. in step k + 1.
+        return self._per_step[start:end]
+
+    def memory_slopes(self) -> dict[str, float]:
+        """Memory growth per step by series so far (empty when memory is not sampled)."""
+        memory = self._memory
+        return dict(memory.report().slopes) if memory is not None else {}
+
+    def abandon(self) -> Report:
+        """Stop because the run is failing: restore every global, act on nothing.
+
+        No policy error is raised (not even one deferred from another thread):
+        the run's own exception is the news. The report keeps what was found.
+        """
+        self._deferred.clear()
+        return self._stop(act=False)
+
     # -- recording (called from the hub, on any thread) --------------------
     def fault(self, exc: BaseException) -> None:
         """Note a fault of barrierguard's own (logged once, listed in the report), never raised."""

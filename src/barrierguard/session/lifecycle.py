@@ -45,13 +45,12 @@ class Guard(Protocol):
     _entries: threading.local
     _running: bool
     _thread_ident: int | None
-    _deferred: list[Any]
 
     def start(self) -> Any: ...
 
     def stop(self) -> Any: ...
 
-    def _stop(self, *, act: bool) -> Any: ...
+    def abandon(self) -> Any: ...
 
     def note(self, text: str) -> None: ...
 
@@ -103,8 +102,7 @@ def leave(guard: Guard, failed: bool) -> None:
             return
         # An exception is already on its way out: restore everything, and do
         # not hide it behind a deferred policy error.
-        guard._deferred.clear()
-        guard._stop(act=False)
+        guard.abandon()
     finally:
         # stop() from another thread may have left this thread's engine state
         # behind (the audit's function mode is per thread): remove it here.
