@@ -1,8 +1,6 @@
 """Metrics: :class:`~barrierguard.MetricBuffer`, per-step metrics with no barrier.
 
-Independent of the rest of barrierguard: imports only the leaf ``_errors``.
-``buffer`` holds the public class; it composes ``spec`` (the vocabulary and its
-checks), ``slots`` (per-metric state and the blocks of device rows), ``fold``
-(the reductions), ``readback`` (the one transfer and the gather across ranks)
-and ``state`` (the ``state_dict`` format).
+Imports only the leaf ``_errors``: ``buffer`` (the public class) over ``spec``
+(the vocabulary and its checks), ``slots`` (the state, the blocks of device
+rows, the reductions) and ``readback`` (the one transfer, ``state_dict``).
 """

@@ -1,32 +1,20 @@
 """MetricBuffer: log metrics every step without a host-device barrier.
 
-``running_loss += loss.item()`` waits for the device at every step. A
-:class:`MetricBuffer` keeps running reductions in float64 tensors on the device
-instead, folds Python numbers into host-side floats, and reads everything back
-with one device-to-host transfer in :meth:`MetricBuffer.compute`.
-
-This module owns the public class, the slots and blocks it holds, and the
-per-step control flow of :meth:`MetricBuffer.update`; the arithmetic is in
-the sibling modules.
+This module owns the public class and the per-step control flow of
+:meth:`MetricBuffer.update`: a hot path for a set of names logged before, and
+the checked path that explains a misfit or gives a new set of names its block.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.metrics.fold import (
-    fold_block,
-    update_cat,
-    update_number,
-    update_torchmetric,
-)
-from barrierguard.metrics.readback import read_back
-from barrierguard.metrics.slots import BLOCK_STEPS, Block, Slot
+from barrierguard.metrics.readback import check_version, read_back, restore, snapshot
+from barrierguard.metrics.slots import BLOCK_STEPS, Block, Slot, update_cat, update_number
 from barrierguard.metrics.spec import (
     NAN_POLICIES,
     REDUCTIONS,
@@ -43,7 +31,6 @@ from barrierguard.metrics.spec import (
     quote_all,
     same_device,
 )
-from barrierguard.metrics.state import check_version, restore_metrics, restore_slots, snapshot
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -64,17 +51,14 @@ class MetricBuffer:
     * ``"min"``, ``"max"``: running extremes; ``"last"``: the latest value.
     * ``"cat"``: keeps every value (tensors of any shape, concatenated on dim 0).
 
-    Running reductions keep float64 state of constant size, however many steps
-    are logged. :meth:`update` never synchronizes and keeps nothing of the
-    caller's: for a repeated set of names it checks each tensor's metadata and
-    copies the step's values into the next row of a preallocated float64 block
-    on the device with one kernel (``torch._foreach_copy_``); every
-    :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps, and before
-    :meth:`compute`, :meth:`state_dict` and :meth:`load_state_dict`, the rows
-    are folded into the state with a few reductions. Python numbers are folded
-    in with host arithmetic. Tensors that require grad are copied without
-    their graph. A logged tensor may be changed in place right after
-    :meth:`update` returns.
+    Running reductions keep float64 state of constant size. :meth:`update` never
+    synchronizes and keeps nothing of the caller's: it copies a step's tensor
+    values into the next row of a preallocated float64 block on the device with
+    one kernel, and folds the rows into the state every
+    :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps and before
+    :meth:`compute`, :meth:`state_dict` and :meth:`load_state_dict`. Python
+    numbers are folded in on the host. A logged tensor may be changed in place
+    as soon as :meth:`update` returns.
 
     Args:
         reductions: Metric name to reduction spec, e.g.
@@ -132,10 +116,10 @@ class MetricBuffer:
         self._sync_dist = sync_dist
         self._group = process_group
         self._slots: dict[str, Slot] = {}
-        # A block per set of names in call order, and the block of the last update().
-        self._blocks: dict[tuple[str, ...], Block] = {}
+        # The block of each set of names and pattern of tensors and numbers in it.
         self._patterns: dict[tuple[tuple[str, ...], tuple[str, ...]], Block] = {}
-        self._last: Block | None = None
+        self._last: Block | None = None  # the block of the last step
+        self._hot: Block | None = None  # the block the next step may take unchecked
         for name, spec in (reductions or {}).items():
             check_name(name, "reductions")
             self._slots[name] = Slot(*parse_spec("MetricBuffer(reductions", name, spec))
@@ -177,10 +161,10 @@ class MetricBuffer:
     ) -> None:
         """Log one step's values, without synchronizing with the device.
 
-        For a set of names logged before, this checks metadata and launches one
-        copy kernel (a few more every :data:`~barrierguard.metrics.slots.BLOCK_STEPS`
-        steps, to fold the rows in). Raising for NaN (``nan="error"``) waits for
-        :meth:`compute`.
+        For the set of names of the last step, this compares the values' devices
+        and dtypes with that step's and launches one copy kernel (a few more
+        every :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps, to fold the
+        rows in). Raising for NaN (``nan="error"``) waits for :meth:`compute`.
 
         Args:
             values: Metric values by name, for names that are not identifiers.
@@ -208,18 +192,22 @@ class MetricBuffer:
             2.5
         """
         items = kwargs if values is None else {**values, **kwargs} if kwargs else values
-        # The hot path: a set of names logged before, with a Python weight.
-        block = self._blocks.get(tuple(items))
-        if (
-            block is not None
-            and (n is None or type(n) is int or type(n) is float)
-            and self._log(block, items, 1.0 if n is None else float(n), None)
-        ):
-            return
-        n_tensor, n_float = self._weight(n)
-        if block is not None and self._log(block, items, n_float, n_tensor):
-            return
-        self._update_slow(items, n_tensor, n_float)
+        block = self._hot
+        if block is not None and len(items) == len(block.tensors):
+            # The hot path: the names of the last step (as many, and none missing),
+            # on its devices with its dtypes, copied with one kernel (Block.put).
+            try:
+                step = block.take(items)
+            except KeyError:
+                step = ()
+            if not step:
+                pass
+            elif block.tensor_weights:
+                if isinstance(n, torch.Tensor) and block.put((*step, n), n):
+                    return
+            elif (n is None or type(n) is int or type(n) is float) and block.put(step, n):
+                return
+        self._update_checked(items, *self._weight(n))
 
     def compute(self) -> dict[str, Any]:
         """Reduce every metric, with one device-to-host transfer for all of them.
@@ -273,6 +261,7 @@ class MetricBuffer:
             >>> buf.compute()
             {'loss': 0.0}
         """
+        self._hot = self._last = None
         for block in self._patterns.values():
             block.clear()  # its rows are dropped, never folded in
         for slot in self._slots.values():
@@ -324,8 +313,8 @@ class MetricBuffer:
         """
         check_version(state_dict)
         self._fold_all()  # slots the snapshot does not name keep their values
-        restore_slots(state_dict["slots"], self._slots, self._adopt)
-        restore_metrics(state_dict.get("metrics", {}), self._metrics)
+        self._hot = self._last = None
+        restore(state_dict, self._slots, self._metrics, self._adopt)
 
     def __repr__(self) -> str:
         specs = ", ".join(f"{k!r}: {v!r}" for k, v in self.reductions.items())
@@ -380,88 +369,18 @@ class MetricBuffer:
             f"Python number or a tensor with one element"
         )
 
-    def _log(
-        self,
-        block: Block,
-        items: Mapping[str, Any],
-        n_float: float,
-        n_tensor: torch.Tensor | None,
-    ) -> bool:
-        """Copy one step into the next row of ``block``; ``False``, doing nothing, for a misfit.
-
-        A misfit (a value of another type than the block's, on another device,
-        with more than one element, complex) is left to :meth:`_update_slow`,
-        which explains it or makes a new block.
-        """
-        values = block.take(items)
-        device = block.device
-        grad = False
-        src: list[torch.Tensor] | None = None
-        for i, v in enumerate(values):
-            if not isinstance(v, torch.Tensor) or v.device != device or v.is_complex():
-                return False
-            if v.dim():
-                if v.numel() != 1:
-                    return False
-                src = src or list(values)
-                src[i] = v.reshape(())
-            grad = grad or v.requires_grad
-        for name in block.numbers:
-            x = items[name]
-            if type(x) is not float and type(x) is not int and not is_number(x):
-                return False
-        if n_tensor is not None and block.weighted and n_tensor.device != device:
-            return False
-        src = src or list(values)
-        if block.weighted:
-            if block.steps and block.tensor_weights != (n_tensor is not None):
-                fold_block(block, self._nan)  # one kind of weight per fold
-            block.tensor_weights = n_tensor is not None
-        if self._last is not block:
-            self._settle(block)
-        dst = block.row()
-        if block.weighted:
-            if n_tensor is not None:
-                src.append(n_tensor)
-            else:
-                dst = dst[:-1]
-                block.weights.append(n_float)
-        groups = block.groups.get(len(src))
-        if groups is None:
-            groups = block.groups[len(src)] = _by_dtype(src)
-        with torch.no_grad() if grad else contextlib.nullcontext():
-            if len(groups) == 1:
-                torch._foreach_copy_(dst, src)
-            else:  # one kernel per dtype: mixed dtypes would make torch copy one by one
-                for index in groups:
-                    torch._foreach_copy_([dst[i] for i in index], [src[i] for i in index])
-        if not block.steps:
-            for slot in block.slots:
-                slot.block = block
-        block.steps += 1
-        for name, slot in zip(block.numbers, block.number_slots, strict=True):
-            update_number(slot, float(items[name]), n_tensor, n_float, self._nan, device)
-        if block.steps == BLOCK_STEPS:
-            fold_block(block, self._nan)
-        return True
-
-    def _settle(self, block: Block) -> None:
-        """Fold in other blocks with rows of ``block``'s metrics: they come first (``last``)."""
-        for slot in (*block.slots, *block.number_slots):
-            other = slot.block
-            if other is not None and other is not block:
-                fold_block(other, self._nan)
-        self._last = block
-
-    def _update_slow(
+    def _update_checked(
         self, items: Mapping[str, Any], n_tensor: torch.Tensor | None, n_float: float
     ) -> None:
-        """A step no block takes as it is: check it, and give its tensors a block."""
+        """Check every value of a step, then log it: into a block, or on the host."""
         running: dict[str, Any] = {}
         for name, value in items.items():
             metric = self._metrics.get(name)
-            if metric is not None:
-                update_torchmetric(metric, value)
+            if metric is not None:  # a tuple: positional arguments, a mapping: keywords
+                if isinstance(value, tuple):
+                    metric.update(*value)
+                else:
+                    metric.update(**value) if isinstance(value, Mapping) else metric.update(value)
                 continue
             slot = self._slots.get(name) or self._register(name)
             if isinstance(value, torch.Tensor):
@@ -482,24 +401,51 @@ class MetricBuffer:
         tensors = tuple(name for name, v in running.items() if isinstance(v, torch.Tensor))
         if tensors and self._device is not None:
             key = tuple(running)
-            numbers = tuple(name for name in key if name not in tensors)
             # A block per pattern of tensors and numbers: a name that changes kind
             # from call to call switches blocks, it does not rebuild one.
             block = self._patterns.get((key, tensors))
             if block is None:
-                block = Block(self._slots, tensors, numbers, self._device)
+                numbers = tuple(name for name in key if name not in tensors)
+                block = Block(self._slots, tensors, numbers, self._device, self._nan)
                 self._patterns[key, tensors] = block
-            if len(running) == len(items):
-                self._blocks[key] = block  # the hot path takes the next step
-            logged = self._log(block, running, n_float, n_tensor)
-            assert logged, "a checked step fits its block"
+            self._log(block, running, n_tensor, n_float)
+            self._hot = block if len(running) == len(items) and not block.numbers else None
             return
-        self._last = None
+        self._hot = self._last = None
         for name, value in running.items():
             slot = self._slots[name]
             if slot.block is not None:
-                fold_block(slot.block, self._nan)  # its rows come before this value
+                slot.block.fold()  # its rows come before this value
             update_number(slot, float(value), n_tensor, n_float, self._nan, self._device)
+
+    def _log(
+        self,
+        block: Block,
+        items: Mapping[str, Any],
+        n_tensor: torch.Tensor | None,
+        n_float: float,
+    ) -> None:
+        """Copy a checked step into ``block``, under ``no_grad``, and remember its signature."""
+        if block.weighted:
+            if block.steps and block.tensor_weights != (n_tensor is not None):
+                block.fold()  # one kind of weight per fold
+            block.tensor_weights = n_tensor is not None
+        if self._last is not block:
+            # Fold in other blocks with rows of these metrics: they come first (``last``).
+            for slot in (*block.slots, *block.number_slots):
+                if slot.block is not None and slot.block is not block:
+                    slot.block.fold()
+            self._last = block
+        with torch.no_grad():
+            values = [v.reshape(()) for v in block.take(items)]
+            if block.tensor_weights:
+                assert n_tensor is not None
+                values.append(n_tensor)
+            block.sign(values)
+            block.copy(values)
+        for name, slot in zip(block.numbers, block.number_slots, strict=True):
+            update_number(slot, float(items[name]), n_tensor, n_float, self._nan, block.device)
+        block.advance(n_float)
 
     def _distributed(self) -> bool:
         return (
@@ -510,12 +456,4 @@ class MetricBuffer:
 
     def _fold_all(self) -> None:
         for block in self._patterns.values():
-            fold_block(block, self._nan)
-
-
-def _by_dtype(values: Sequence[torch.Tensor]) -> list[list[int]]:
-    """The indices of ``values``, grouped by dtype: one copy kernel per group."""
-    groups: dict[torch.dtype, list[int]] = {}
-    for i, v in enumerate(values):
-        groups.setdefault(v.dtype, []).append(i)
-    return list(groups.values())
+            block.fold()

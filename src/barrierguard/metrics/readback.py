@@ -1,29 +1,31 @@
-"""Reading every running state back: the one transfer of :meth:`MetricBuffer.compute`.
+"""Reading the state back: :meth:`MetricBuffer.compute` and the ``state_dict`` format.
 
-Owns the packing of all slots into one float64 tensor (host parts folded in as
-kernel arguments), its gather across ranks with one collective, the check that
-every rank registered the same metrics, and the combination of the per-rank
-``[a, w, bad]`` triples into each metric's value, including the ``nan="error"``
-verdict. ``cat`` values are concatenated here too; they never leave the rank.
+:func:`read_back` packs every slot into one float64 tensor (host parts as
+kernel arguments), gathers it across ranks with one collective, reads it with
+one transfer and combines the per-rank ``[a, w, bad]`` triples (``cat`` values
+stay on the rank). :func:`snapshot` and :func:`restore` are ``state_dict`` and
+``load_state_dict``: device tensors are cloned on their device, never read.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.metrics.slots import F64, Slot
-from barrierguard.metrics.spec import SUM_KINDS, quote_all
+from barrierguard.metrics.spec import SUM_KINDS, ReductionSpec, check_name, parse_spec, quote_all
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-__all__ = ["read_back"]
+__all__ = ["STATE_VERSION", "check_version", "read_back", "restore", "snapshot"]
+
+STATE_VERSION: Final = 1
 
 
 def read_back(
@@ -74,11 +76,7 @@ def _layout_hash(slots: Mapping[str, Slot], names: list[str]) -> float:
 
 
 def _pack_slot(slot: Slot, device: torch.device) -> list[torch.Tensor]:
-    """Three 0-d float64 tensors on ``device``: ``[a, w, bad]`` with host parts folded in.
-
-    Host floats enter as kernel arguments (``torch.full``, ``+ scalar``), never as
-    host-to-device copies.
-    """
+    """``[a, w, bad]`` on ``device``, host parts added as kernel arguments (no copy)."""
 
     def full(value: float) -> torch.Tensor:
         return torch.full((), value, dtype=F64, device=device)
@@ -182,3 +180,102 @@ def _cat_result(slot: Slot, device: torch.device | None) -> torch.Tensor:
         # Python numbers were kept on the host; they join the device values here.
         return torch.cat([v.to(device) for v in slot.values])
     return torch.cat(slot.values)
+
+
+def snapshot(
+    slots: Mapping[str, Slot], metrics: Mapping[str, Any], nan: str, device: torch.device | None
+) -> dict[str, Any]:
+    """The state dict of a buffer whose blocks are folded in."""
+    saved_slots = {
+        name: {
+            "reduction": slot.reduction,
+            "weighted": slot.weighted,
+            "row": None if slot.row is None else slot.row.clone(),
+            "host": [slot.host_a, slot.host_w, slot.host_bad],
+            "host_last": slot.host_last,
+            "last_on_host": slot.last_on_host,
+            "values": [v.clone() for v in slot.values],
+        }
+        for name, slot in slots.items()
+    }
+    saved_metrics = {
+        # torchmetrics states are not persistent by default, so they are saved explicitly.
+        name: {
+            "state_dict": metric.state_dict(),
+            "metric_state": {
+                k: (v.clone() if isinstance(v, torch.Tensor) else [t.clone() for t in v])
+                for k, v in metric.metric_state.items()
+            },
+            "update_count": int(metric.update_count),
+        }
+        for name, metric in metrics.items()
+    }
+    return {
+        "version": STATE_VERSION,
+        "nan": nan,
+        "device": None if device is None else str(device),
+        "slots": saved_slots,
+        "metrics": saved_metrics,
+    }
+
+
+def check_version(state_dict: Mapping[str, Any]) -> None:
+    """Raise unless ``state_dict`` has the layout :func:`snapshot` writes."""
+    version = state_dict.get("version")
+    if version != STATE_VERSION:
+        raise BarrierGuardError(
+            f"MetricBuffer.load_state_dict(version={version!r}) is not a known state "
+            f"version: expected {STATE_VERSION}"
+        )
+
+
+def restore(
+    state_dict: Mapping[str, Any],
+    slots: dict[str, Slot],
+    metrics: Mapping[str, Any],
+    adopt: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    """Put a snapshot back into ``slots`` (registering names they lack) and ``metrics``.
+
+    The caller folds its blocks in first. ``adopt`` moves a tensor to the
+    buffer's device, or gives the buffer the tensor's device.
+
+    Raises:
+        BarrierGuardError: A saved slot declares another reduction than the slot
+            of the same name, or a saved torchmetrics name is not in ``metrics``.
+    """
+    for name, saved in state_dict["slots"].items():
+        spec: ReductionSpec = (
+            (saved["reduction"], "weighted") if saved["weighted"] else saved["reduction"]
+        )
+        parsed = parse_spec("MetricBuffer.load_state_dict(slots", name, spec)
+        slot = slots.get(name)
+        if slot is None:
+            check_name(name, "reductions")
+            slot = slots[name] = Slot(*parsed)
+        elif (slot.reduction, slot.weighted) != parsed:
+            raise BarrierGuardError(
+                f"MetricBuffer.load_state_dict(slots={{{name!r}: {spec!r}}}) does not "
+                f"match this buffer: expected reduction {slot.spec!r} for {name!r}"
+            )
+        row = saved["row"]
+        slot.row = None if row is None else adopt(row).to(F64).clone()
+        slot.block = None
+        slot.host_a, slot.host_w, slot.host_bad = (float(v) for v in saved["host"])
+        slot.host_last = float(saved["host_last"])
+        slot.last_on_host = bool(saved["last_on_host"])
+        slot.values = [adopt(v).clone() for v in saved["values"]]
+    for name, saved in state_dict.get("metrics", {}).items():
+        metric = metrics.get(name)
+        if metric is None:
+            raise BarrierGuardError(
+                f"MetricBuffer.load_state_dict(metrics={{{name!r}: ...}}) names a "
+                f"torchmetrics metric this buffer lacks: expected one of "
+                f"{quote_all(tuple(metrics))}"
+            )
+        metric.load_state_dict(saved["state_dict"], strict=False)
+        for key, value in saved["metric_state"].items():
+            setattr(metric, key, value)
+        # torchmetrics warns in compute() when it believes update() never ran.
+        metric._update_count = saved["update_count"]
+        metric._computed = None
