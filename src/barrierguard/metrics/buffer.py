@@ -193,19 +193,14 @@ class MetricBuffer:
         """
         items = kwargs if values is None else {**values, **kwargs} if kwargs else values
         block = self._hot
-        if block is not None and len(items) == len(block.tensors):
-            # The hot path: the names of the last step (as many, and none missing),
-            # on its devices with its dtypes, copied with one kernel (Block.put).
+        if block is not None and len(items) == block.width:
+            # The hot path: the names of the last step (as many, none missing), on
+            # its devices with its dtypes, copied with one kernel.
             try:
                 step = block.take(items)
             except KeyError:
-                step = ()
-            if not step:
-                pass
-            elif block.tensor_weights:
-                if isinstance(n, torch.Tensor) and block.put((*step, n), n):
-                    return
-            elif (n is None or type(n) is int or type(n) is float) and block.put(step, n):
+                step = None
+            if step is not None and block.put(step, n):
                 return
         self._update_checked(items, *self._weight(n))
 

@@ -117,6 +117,7 @@ class Block:
         "tensors",
         "weighted",
         "weights",
+        "width",
         "wrows",
     )
 
@@ -129,15 +130,14 @@ class Block:
         nan: str,
     ) -> None:
         self.tensors, self.numbers, self.device, self.nan = tensors, numbers, device, nan
+        self.width = len(tensors)
         self.slots = [slots[name] for name in tensors]
         self.number_slots = [slots[name] for name in numbers]
         self.weighted = any(slot.weighted for slot in self.slots)
         self.take: Callable[[Mapping[str, Any]], tuple[Any, ...]] = (
             operator.itemgetter(*tensors) if len(tensors) > 1 else _one(tensors[0])
         )
-        self.data = torch.zeros(
-            (BLOCK_STEPS, len(tensors) + self.weighted), dtype=F64, device=device
-        )
+        self.data = torch.zeros((BLOCK_STEPS, self.width + self.weighted), dtype=F64, device=device)
         # Each row's 0-d views, without and with the weight column, made on first use.
         self.rows: list[list[torch.Tensor] | None] = [None] * BLOCK_STEPS
         self.wrows: list[list[torch.Tensor] | None] = [None] * BLOCK_STEPS
@@ -161,18 +161,27 @@ class Block:
     def put(self, values: tuple[Any, ...], n: object) -> bool:
         """Copy a step that matches the last checked one into the next row; else ``False``.
 
-        ``values`` end with the tensor weight when ``tensor_weights``. The row
-        views come from ``unbind``: an in-place copy into them from a tensor
-        that requires grad raises before it copies, so such a step, like one
-        with a shape other than 0-d, is left to the checked path.
+        The row views come from ``unbind``: an in-place copy into them from a
+        tensor that requires grad raises before it copies, so such a step, like
+        one with a shape other than 0-d, is left to the checked path.
         """
+        if self.tensor_weights:
+            if not isinstance(n, torch.Tensor):
+                return False
+            values = (*values, n)
+        elif not (n is None or type(n) is int or type(n) is float):
+            return False
         try:
             if (
                 list(map(_DEVICE, values)) != self.devices
                 or list(map(_DTYPE, values)) != self.dtypes
             ):
                 return False
-            self.copy(values)
+            dst = (self.wrows if self.tensor_weights else self.rows)[self.steps]
+            if dst is None or self.groups is not None:
+                self.copy(values)
+            else:
+                torch._foreach_copy_(dst, values)
         except (TypeError, RuntimeError):  # TypeError: a value that is not a tensor
             return False
         if self.weighted and not self.tensor_weights:
@@ -188,8 +197,8 @@ class Block:
         dst = (self.wrows if self.tensor_weights else self.rows)[steps]
         if dst is None:
             views = self.wrows[steps] = list(self.data[steps].unbind(0))
-            self.rows[steps] = views[: len(self.tensors)]
-            dst = views if self.tensor_weights else views[: len(self.tensors)]
+            self.rows[steps] = views[: self.width]
+            dst = views if self.tensor_weights else views[: self.width]
         if self.groups is None:
             torch._foreach_copy_(dst, values)
         else:
