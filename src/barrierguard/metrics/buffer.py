@@ -7,6 +7,7 @@ the checked path that explains a misfit or gives a new set of names its block.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,15 +22,10 @@ from barrierguard.metrics.spec import (
     WEIGHTABLE,
     ReductionSpec,
     check_name,
-    check_torchmetric,
     describe,
     is_number,
-    not_real,
-    not_single_value,
-    other_device,
     parse_spec,
     quote_all,
-    same_device,
 )
 
 if TYPE_CHECKING:
@@ -116,8 +112,7 @@ class MetricBuffer:
         self._sync_dist = sync_dist
         self._group = process_group
         self._slots: dict[str, Slot] = {}
-        # The block of each set of names and pattern of tensors and numbers in it.
-        self._patterns: dict[tuple[tuple[str, ...], tuple[str, ...]], Block] = {}
+        self._blocks: dict[tuple[str, ...], Block] = {}  # by the names of a step's tensors
         self._last: Block | None = None  # the block of the last step
         self._hot: Block | None = None  # the block the next step may take unchecked
         for name, spec in (reductions or {}).items():
@@ -131,10 +126,15 @@ class MetricBuffer:
                     f"MetricBuffer(metrics={{{name!r}: ...}}) names a metric already in "
                     f"reductions: expected each name in only one of reductions and metrics"
                 )
-            check_torchmetric(name, metric)
+            # A Metric means torchmetrics is imported; importing it here would cost
+            # seconds and change the warnings filters.
+            module = sys.modules.get("torchmetrics")
+            if module is None or not isinstance(metric, module.Metric):
+                raise BarrierGuardError(
+                    f"MetricBuffer(metrics={{{name!r}: {metric!r}}}) is not a torchmetrics "
+                    f"Metric: expected an instance of torchmetrics.Metric"
+                )
             self._metrics[name] = metric
-
-    # -- public API --------------------------------------------------------------------
 
     @property
     def device(self) -> torch.device | None:
@@ -257,7 +257,7 @@ class MetricBuffer:
             {'loss': 0.0}
         """
         self._hot = self._last = None
-        for block in self._patterns.values():
+        for block in self._blocks.values():
             block.clear()  # its rows are dropped, never folded in
         for slot in self._slots.values():
             slot.clear()
@@ -316,8 +316,6 @@ class MetricBuffer:
         extra = f", metrics={sorted(self._metrics)}" if self._metrics else ""
         return f"MetricBuffer({{{specs}}}{extra}, nan={self._nan!r}, device={self._device})"
 
-    # -- internals: registration, the device, the blocks ---------------------------------
-
     def _register(self, name: str) -> Slot:
         if self._default is None:
             raise BarrierGuardError(
@@ -330,14 +328,17 @@ class MetricBuffer:
         return slot
 
     def _claim_device(self, name: str, tensor: torch.Tensor) -> torch.device:
-        device = tensor.device
-        if self._device is None or (
-            self._device.index is None and device.type == self._device.type
-        ):
-            self._device = device
-        elif not same_device(device, self._device):
-            raise other_device(name, tensor, self._device)
-        return self._device
+        device, mine = tensor.device, self._device
+        # "cuda" (no index) given by the user matches whichever CUDA device is used.
+        if mine is None or (mine.index is None and device.type == mine.type):
+            self._device = mine = device
+        elif device.type != mine.type or device.index not in (None, mine.index):
+            raise BarrierGuardError(
+                f"MetricBuffer.update({name}={describe(tensor)}) is on another device than "
+                f"the buffer: expected a tensor on {mine} (the device of the buffer's "
+                f"state), or a Python number"
+            )
+        return mine
 
     def _adopt(self, tensor: torch.Tensor) -> torch.Tensor:
         if self._device is None:
@@ -384,63 +385,60 @@ class MetricBuffer:
                     update_cat(name, slot, value, self._nan, device)
                     continue
                 if value.numel() != 1:
-                    raise not_single_value(name, value, slot.reduction)
+                    raise BarrierGuardError(
+                        f"MetricBuffer.update({name}={describe(value)}) is not a single value "
+                        f"for reduction {slot.reduction!r}: expected a tensor with one element "
+                        f"or a Python number (use reduction 'cat' to keep whole tensors)"
+                    )
                 if value.is_complex():
-                    raise not_real(name)
+                    raise BarrierGuardError(
+                        f"MetricBuffer.update({name}=<complex tensor>) is not a real value: "
+                        f"expected a real (float, int or bool) tensor"
+                    )
             elif not is_number(value):
                 raise BarrierGuardError(
                     f"MetricBuffer.update({name}={value!r}) is not a valid value: "
                     f"expected a tensor or a Python number"
                 )
             running[name] = value
-        tensors = tuple(name for name, v in running.items() if isinstance(v, torch.Tensor))
-        if tensors and self._device is not None:
-            key = tuple(running)
-            # A block per pattern of tensors and numbers: a name that changes kind
-            # from call to call switches blocks, it does not rebuild one.
-            block = self._patterns.get((key, tensors))
-            if block is None:
-                numbers = tuple(name for name in key if name not in tensors)
-                block = Block(self._slots, tensors, numbers, self._device, self._nan)
-                self._patterns[key, tensors] = block
-            self._log(block, running, n_tensor, n_float)
-            self._hot = block if len(running) == len(items) and not block.numbers else None
-            return
-        self._hot = self._last = None
+        tensors: dict[str, torch.Tensor] = {}
         for name, value in running.items():
+            if isinstance(value, torch.Tensor):
+                tensors[name] = value
+                continue
             slot = self._slots[name]
             if slot.block is not None:
-                slot.block.fold()  # its rows come before this value
+                slot.block.fold()  # its rows come before this value (``last``)
             update_number(slot, float(value), n_tensor, n_float, self._nan, self._device)
-
-    def _log(
-        self,
-        block: Block,
-        items: Mapping[str, Any],
-        n_tensor: torch.Tensor | None,
-        n_float: float,
-    ) -> None:
-        """Copy a checked step into ``block``, under ``no_grad``, and remember its signature."""
+        self._hot = None
+        if not tensors:
+            self._last = None
+            return
+        assert self._device is not None
+        key = tuple(tensors)
+        block = self._blocks.get(key)
+        if block is None:
+            block = self._blocks[key] = Block(self._slots, key, self._device, self._nan)
         if block.weighted:
             if block.steps and block.tensor_weights != (n_tensor is not None):
                 block.fold()  # one kind of weight per fold
             block.tensor_weights = n_tensor is not None
         if self._last is not block:
             # Fold in other blocks with rows of these metrics: they come first (``last``).
-            for slot in (*block.slots, *block.number_slots):
+            for slot in block.slots:
                 if slot.block is not None and slot.block is not block:
                     slot.block.fold()
             self._last = block
         with torch.no_grad():
-            values = [v.reshape(()) for v in block.take(items)]
+            values = [v.reshape(()) for v in block.take(tensors)]
             if block.tensor_weights:
                 assert n_tensor is not None
                 values.append(n_tensor)
             block.sign(values)
             block.copy(values)
-        for name, slot in zip(block.numbers, block.number_slots, strict=True):
-            update_number(slot, float(items[name]), n_tensor, n_float, self._nan, block.device)
         block.advance(n_float)
+        if len(tensors) == len(items):
+            self._hot = block
 
     def _distributed(self) -> bool:
         return (
@@ -450,5 +448,5 @@ class MetricBuffer:
         )
 
     def _fold_all(self) -> None:
-        for block in self._patterns.values():
+        for block in self._blocks.values():
             block.fold()

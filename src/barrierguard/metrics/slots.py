@@ -43,19 +43,6 @@ class Slot:
     not folded in yet.
     """
 
-    __slots__ = (
-        "block",
-        "host_a",
-        "host_bad",
-        "host_last",
-        "host_w",
-        "last_on_host",
-        "reduction",
-        "row",
-        "values",
-        "weighted",
-    )
-
     def __init__(self, reduction: str, weighted: bool) -> None:
         self.reduction = reduction
         self.weighted = weighted
@@ -91,48 +78,19 @@ class Slot:
 
 
 class Block:
-    """The rows of one repeated set of names, copied in one step at a time.
+    """The rows of one repeated set of tensor names, copied in one step at a time.
 
     Column ``j`` holds ``tensors[j]``; a weighted block has a last column for a
-    tensor weight ``n`` (Python weights go to ``weights``). ``numbers`` are the
-    names that were Python numbers when the block was made. ``devices``,
+    tensor weight ``n`` (Python weights go to ``weights``). ``devices``,
     ``dtypes`` and ``groups`` describe the last step that was checked: the next
     step that matches them is copied by :meth:`put` without further checks.
     """
 
-    __slots__ = (
-        "data",
-        "device",
-        "devices",
-        "dtypes",
-        "groups",
-        "nan",
-        "number_slots",
-        "numbers",
-        "rows",
-        "slots",
-        "steps",
-        "take",
-        "tensor_weights",
-        "tensors",
-        "weighted",
-        "weights",
-        "width",
-        "wrows",
-    )
-
     def __init__(
-        self,
-        slots: Mapping[str, Slot],
-        tensors: tuple[str, ...],
-        numbers: tuple[str, ...],
-        device: torch.device,
-        nan: str,
+        self, slots: Mapping[str, Slot], tensors: tuple[str, ...], device: torch.device, nan: str
     ) -> None:
-        self.tensors, self.numbers, self.device, self.nan = tensors, numbers, device, nan
-        self.width = len(tensors)
+        self.tensors, self.width, self.device, self.nan = tensors, len(tensors), device, nan
         self.slots = [slots[name] for name in tensors]
-        self.number_slots = [slots[name] for name in numbers]
         self.weighted = any(slot.weighted for slot in self.slots)
         self.take: Callable[[Mapping[str, Any]], tuple[Any, ...]] = (
             operator.itemgetter(*tensors) if len(tensors) > 1 else _one(tensors[0])
