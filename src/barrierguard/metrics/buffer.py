@@ -1,8 +1,7 @@
-"""MetricBuffer: log metrics every step without a host-device barrier.
+"""MetricBuffer: the public class, and the two paths of a step through :meth:`~MetricBuffer.update`.
 
-This module owns the public class and the per-step control flow of
-:meth:`MetricBuffer.update`: a hot path for a set of names logged before, and
-the checked path that explains a misfit or gives a new set of names its block.
+The hot path takes a step with the names, devices and dtypes of the last one;
+the checked path checks every value, explains a misfit, or finds the step a block.
 """
 
 from __future__ import annotations
@@ -48,13 +47,10 @@ class MetricBuffer:
     * ``"cat"``: keeps every value (tensors of any shape, concatenated on dim 0).
 
     Running reductions keep float64 state of constant size. :meth:`update` never
-    synchronizes and keeps nothing of the caller's: it copies a step's tensor
-    values into the next row of a preallocated float64 block on the device with
-    one kernel, and folds the rows into the state every
-    :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps and before
-    :meth:`compute`, :meth:`state_dict` and :meth:`load_state_dict`. Python
-    numbers are folded in on the host. A logged tensor may be changed in place
-    as soon as :meth:`update` returns.
+    synchronizes and keeps nothing of the caller's: it copies a step's tensors
+    into a row of a float64 block on the device with one kernel (folded into the
+    state every :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps and before
+    anything reads it) and Python numbers into host floats.
 
     Args:
         reductions: Metric name to reduction spec, e.g.
@@ -62,9 +58,8 @@ class MetricBuffer:
         metrics: torchmetrics ``Metric`` objects logged alongside; ``update``
             forwards to ``metric.update``, ``compute`` calls ``metric.compute()``
             (which may transfer or synchronize by itself).
-        nan: What to do with NaN and +/-inf values: ``"propagate"`` (plain
-            arithmetic), ``"ignore"`` (skipped, with fixed-shape ``torch.where``
-            masking) or ``"error"`` (a device-side flag, raised at ``compute()``).
+        nan: NaN and +/-inf values are kept (``"propagate"``), skipped by
+            fixed-shape masking (``"ignore"``) or raised at ``compute()`` (``"error"``).
         default: Reduction given to metric names first seen in :meth:`update`;
             ``None`` makes an unknown name an error.
         device: Device of the state; by default the device of the first tensor
@@ -207,14 +202,11 @@ class MetricBuffer:
     def compute(self) -> dict[str, Any]:
         """Reduce every metric, with one device-to-host transfer for all of them.
 
-        The blocks' rows are folded in first (device work, no transfer).
-        All running states are packed into one float64 tensor on the device and
-        read back at once. With ``torch.distributed`` initialised (and
-        ``sync_dist=True``) that tensor is first gathered from every rank with one
-        collective: means are weighted over all samples of all ranks, sums and
-        counts add up, min/max are global, ``last`` is the value of the highest
-        rank that logged one. ``cat`` values stay on the device and stay local to
-        each rank. torchmetrics metrics are computed by their own ``compute()``.
+        With ``torch.distributed`` initialised (and ``sync_dist=True``) the packed
+        state is first gathered from every rank with one collective: means are
+        weighted over all samples of all ranks, sums and counts add up, min/max
+        are global, ``last`` is the highest rank's that logged one. ``cat`` values
+        stay on the device and on their rank; torchmetrics metrics compute their own.
 
         Returns:
             Metric name to a Python float (running reductions; ``nan`` for a mean,
@@ -234,13 +226,12 @@ class MetricBuffer:
             {'lr': 0.05, 'steps': 2.0}
         """
         self._fold_all()
-        results = read_back(
-            self._slots,
-            nan=self._nan,
-            device=self._device,
-            distributed=self._distributed(),
-            group=self._group,
+        distributed = (
+            self._sync_dist
+            and torch.distributed.is_available()
+            and torch.distributed.is_initialized()
         )
+        results = read_back(self._slots, self._nan, self._device, distributed and self._group)
         for name, metric in self._metrics.items():
             results[name] = metric.compute()
         return results
@@ -268,9 +259,8 @@ class MetricBuffer:
         """Snapshot of the state; device tensors are cloned on the device, never read.
 
         Returns:
-            A dict that :meth:`load_state_dict` takes back (and ``torch.save`` can
-            store). torchmetrics metrics are saved with their own ``state_dict()``
-            plus their metric states.
+            A dict for :meth:`load_state_dict` (and ``torch.save``); torchmetrics
+            metrics are saved with their ``state_dict()`` and metric states.
 
         Example:
             >>> from barrierguard import MetricBuffer
@@ -289,9 +279,6 @@ class MetricBuffer:
 
         Tensors are moved to this buffer's device when it has one (a host-device
         copy, outside the training loop); otherwise the buffer takes their device.
-
-        Args:
-            state_dict: A dict from :meth:`state_dict`.
 
         Raises:
             BarrierGuardError: The snapshot comes from another version, or declares a
@@ -348,28 +335,22 @@ class MetricBuffer:
 
     def _weight(self, n: object) -> tuple[torch.Tensor | None, float]:
         """The step's weight ``n``, checked: a device tensor, or a Python number."""
-        if n is None:
-            return None, 1.0
-        if isinstance(n, torch.Tensor):
-            if n.numel() != 1:
-                raise BarrierGuardError(
-                    f"MetricBuffer.update(n={describe(n)}) is not a valid weight: "
-                    f"expected a Python number or a tensor with one element"
-                )
-            self._claim_device("n", n)
-            return n.detach().reshape(()), 1.0
-        if is_number(n):
-            return None, float(n)  # type: ignore[arg-type]
-        raise BarrierGuardError(
-            f"MetricBuffer.update(n={n!r}) is not a valid weight: expected a "
-            f"Python number or a tensor with one element"
-        )
+        if n is None or is_number(n):
+            return None, 1.0 if n is None else float(n)  # type: ignore[arg-type]
+        if not isinstance(n, torch.Tensor) or n.numel() != 1:
+            raise BarrierGuardError(
+                f"MetricBuffer.update(n={describe(n)}) is not a valid weight: expected a "
+                f"Python number or a tensor with one element"
+            )
+        self._claim_device("n", n)
+        return n.detach().reshape(()), 1.0
 
     def _update_checked(
         self, items: Mapping[str, Any], n_tensor: torch.Tensor | None, n_float: float
     ) -> None:
         """Check every value of a step, then log it: into a block, or on the host."""
-        running: dict[str, Any] = {}
+        numbers: dict[str, Any] = {}
+        tensors: dict[str, torch.Tensor] = {}
         for name, value in items.items():
             metric = self._metrics.get(name)
             if metric is not None:  # a tuple: positional arguments, a mapping: keywords
@@ -395,24 +376,21 @@ class MetricBuffer:
                         f"MetricBuffer.update({name}=<complex tensor>) is not a real value: "
                         f"expected a real (float, int or bool) tensor"
                     )
-            elif not is_number(value):
+                tensors[name] = value
+            elif is_number(value):
+                numbers[name] = value
+            else:
                 raise BarrierGuardError(
                     f"MetricBuffer.update({name}={value!r}) is not a valid value: "
                     f"expected a tensor or a Python number"
                 )
-            running[name] = value
-        tensors: dict[str, torch.Tensor] = {}
-        for name, value in running.items():
-            if isinstance(value, torch.Tensor):
-                tensors[name] = value
-                continue
+        for name, value in numbers.items():  # only once every value is checked
             slot = self._slots[name]
             if slot.block is not None:
                 slot.block.fold()  # its rows come before this value (``last``)
             update_number(slot, float(value), n_tensor, n_float, self._nan, self._device)
-        self._hot = None
         if not tensors:
-            self._last = None
+            self._hot = self._last = None
             return
         assert self._device is not None
         key = tuple(tensors)
@@ -437,15 +415,7 @@ class MetricBuffer:
             block.sign(values)
             block.copy(values)
         block.advance(n_float)
-        if len(tensors) == len(items):
-            self._hot = block
-
-    def _distributed(self) -> bool:
-        return (
-            self._sync_dist
-            and torch.distributed.is_available()
-            and torch.distributed.is_initialized()
-        )
+        self._hot = block if len(tensors) == len(items) else None
 
     def _fold_all(self) -> None:
         for block in self._blocks.values():

@@ -1,10 +1,9 @@
-"""The state of a :class:`~barrierguard.MetricBuffer` and the arithmetic that folds into it.
+"""The state of a :class:`~barrierguard.MetricBuffer` and the reductions that fold into it.
 
-:class:`Slot` is one metric's running state, on the device and on the host;
-:class:`Block` is a preallocated float64 block that one repeated set of names
-copies its tensor values into, a row a step, until :meth:`Block.fold` folds the
-rows into the slots. :func:`update_number` folds a Python number on the host,
-:func:`update_cat` keeps a ``cat`` value. Nothing here reads a device value.
+:class:`Slot` is a metric's running state; :class:`Block` the float64 device rows
+a repeated set of names copies its tensors into until they are folded in;
+:func:`update_number` and :func:`update_cat` log a Python number and a ``cat``
+value. Nothing here reads a device value.
 """
 
 from __future__ import annotations
@@ -21,26 +20,22 @@ from barrierguard.metrics.spec import SUM_KINDS, ReductionSpec, describe
 
 __all__ = ["BLOCK_STEPS", "F64", "Block", "Slot", "update_cat", "update_number"]
 
-F64: Final = torch.float64
-"""The dtype of every running state."""
+F64: Final = torch.float64  # the dtype of every running state
 BLOCK_STEPS: Final = 1024
 """Rows of a block: the steps a set of names copies in before they are folded in."""
 
 _DEVICE: Final = torch.Tensor.get_device  # an int, and a TypeError for a non-tensor
 _DTYPE: Final = operator.attrgetter("dtype")
 
-Weight = float | torch.Tensor
-"""A fold's weight: a Python number, or a float64 device vector with one weight a row."""
+Weight = float | torch.Tensor  # a fold's weight: a number, or a device vector of one a row
 
 
 class Slot:
-    """State of one running (or ``cat``) metric.
+    """State of one metric: a float64 device ``row`` ``[a, w, bad]`` and its host twin.
 
-    The device ``row`` is ``[a, w, bad]`` in float64: ``a`` the weighted sum
-    (mean/sum), the running min/max or the last value, ``w`` the total weight,
-    ``bad`` the count of non-finite values (``nan="error"``). The ``host_*``
-    fields hold the same for Python numbers. ``block`` has rows of this metric
-    not folded in yet.
+    ``a``: the weighted sum (mean/sum), min/max or last value; ``w``: the total
+    weight; ``bad``: non-finite values seen (``nan="error"``). ``block`` has rows
+    of this metric not folded in yet; ``values`` are a ``cat`` metric's.
     """
 
     def __init__(self, reduction: str, weighted: bool) -> None:
@@ -92,8 +87,9 @@ class Block:
         self.tensors, self.width, self.device, self.nan = tensors, len(tensors), device, nan
         self.slots = [slots[name] for name in tensors]
         self.weighted = any(slot.weighted for slot in self.slots)
+        # A step's values picked at C speed (itemgetter of one name gives no tuple).
         self.take: Callable[[Mapping[str, Any]], tuple[Any, ...]] = (
-            operator.itemgetter(*tensors) if len(tensors) > 1 else _one(tensors[0])
+            operator.itemgetter(*tensors) if len(tensors) > 1 else lambda x: (x[tensors[0]],)
         )
         self.data = torch.zeros((BLOCK_STEPS, self.width + self.weighted), dtype=F64, device=device)
         # Each row's 0-d views, without and with the weight column, made on first use.
@@ -130,10 +126,7 @@ class Block:
         elif not (n is None or type(n) is int or type(n) is float):
             return False
         try:
-            if (
-                list(map(_DEVICE, values)) != self.devices
-                or list(map(_DTYPE, values)) != self.dtypes
-            ):
+            if [*map(_DEVICE, values)] != self.devices or [*map(_DTYPE, values)] != self.dtypes:
                 return False
             dst = (self.wrows if self.tensor_weights else self.rows)[self.steps]
             if dst is None or self.groups is not None:
@@ -142,11 +135,7 @@ class Block:
                 torch._foreach_copy_(dst, values)
         except (TypeError, RuntimeError):  # TypeError: a value that is not a tensor
             return False
-        if self.weighted and not self.tensor_weights:
-            self.weights.append(1.0 if n is None else n)  # type: ignore[arg-type]
-        self.steps += 1
-        if self.steps == 1 or self.steps == BLOCK_STEPS:
-            self.edge()
+        self.advance(1.0 if n is None else n)  # type: ignore[arg-type]
         return True
 
     def copy(self, values: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> None:
@@ -164,19 +153,14 @@ class Block:
                 torch._foreach_copy_([dst[i] for i in index], [values[i] for i in index])
 
     def advance(self, n: float) -> None:
-        """Count the row just copied, with its Python weight ``n`` (as :meth:`put` does)."""
+        """Count the row just copied, with its Python weight ``n``; fold a full block in."""
         if self.weighted and not self.tensor_weights:
             self.weights.append(n)
         self.steps += 1
-        if self.steps == 1 or self.steps == BLOCK_STEPS:
-            self.edge()
-
-    def edge(self) -> None:
-        """After the first row, mark the slots; after the last, fold the rows in."""
         if self.steps == 1:
             for slot in self.slots:
                 slot.block = self
-        if self.steps == BLOCK_STEPS:
+        elif self.steps == BLOCK_STEPS:
             self.fold()
 
     def clear(self) -> None:
@@ -215,9 +199,12 @@ class Block:
                 _fold_column(slot, data[:, j], ok, weight if slot.weighted else 1.0, self.device)
 
 
-def _one(name: str) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
-    """``operator.itemgetter(name)``, but returning a tuple of one value."""
-    return lambda items: (items[name],)
+def _add(dst: torch.Tensor, v: torch.Tensor, weight: Weight) -> None:
+    """``dst += sum(weight * v)``: a dot product, or a sum with the number as ``alpha``."""
+    if isinstance(weight, torch.Tensor):
+        dst.add_(v @ weight)
+    else:
+        dst.add_(v.sum(), alpha=weight)
 
 
 def _fold_column(
@@ -227,16 +214,10 @@ def _fold_column(
     a, w, _ = slot.device_row(device)
     steps, red = col.shape[0], slot.reduction
     if red in SUM_KINDS:
-        x = col if ok is None else torch.where(ok, col, 0.0)  # fixed-shape masking
         if red != "count":
-            a.add_(x @ weight) if isinstance(weight, torch.Tensor) else a.add_(
-                x.sum(), alpha=weight
-            )
+            _add(a, col if ok is None else torch.where(ok, col, 0.0), weight)  # fixed shape
         if ok is not None:
-            okf = ok.to(F64)
-            w.add_(okf @ weight) if isinstance(weight, torch.Tensor) else w.add_(
-                okf.sum(), alpha=weight
-            )
+            _add(w, ok.to(F64), weight)
         elif isinstance(weight, torch.Tensor):
             w.add_(weight.sum())
         else:
@@ -246,12 +227,12 @@ def _fold_column(
         slot.host_w += steps
     else:
         w.add_(ok.sum())
-    if red == "min":
-        part = col if ok is None else torch.where(ok, col, math.inf)
-        torch.minimum(a, part.amin(), out=a)
-    elif red == "max":
-        part = col if ok is None else torch.where(ok, col, -math.inf)
-        torch.maximum(a, part.amax(), out=a)
+    if red in ("min", "max"):
+        part = col if ok is None else torch.where(ok, col, math.inf if red == "min" else -math.inf)
+        if red == "min":
+            torch.minimum(a, part.amin(), out=a)
+        else:
+            torch.maximum(a, part.amax(), out=a)
     else:  # last: the latest (finite) value, or the previous one if none
         previous: torch.Tensor | float = slot.host_last if slot.last_on_host else a
         if ok is None:
