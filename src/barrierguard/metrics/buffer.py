@@ -1,7 +1,5 @@
-"""MetricBuffer: the public class, and the two paths of a step through :meth:`~MetricBuffer.update`.
-
-The hot path takes a step with the names, devices and dtypes of the last one;
-the checked path checks every value, explains a misfit, or finds the step a block.
+"""MetricBuffer, and the two paths of a step: the hot one, for a step with the names,
+devices and dtypes of the last one, and the checked one, that explains a misfit.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.metrics.readback import check_version, read_back, restore, snapshot
+from barrierguard.metrics.readback import read_back, restore, snapshot
 from barrierguard.metrics.slots import BLOCK_STEPS, Block, Slot, update_cat, update_number
 from barrierguard.metrics.spec import (
     NAN_POLICIES,
@@ -39,12 +37,9 @@ class MetricBuffer:
     Follows torchmetrics' ``update``/``compute``/``reset``. Each metric has a
     reduction fixed at construction (or on first use, see ``default``):
 
-    * ``"mean"``: mean of the logged values; ``("mean", "weighted")`` weights each
-      value by the ``n`` passed to :meth:`update` (``n`` defaults to 1).
-    * ``"sum"``: sum of values (``("sum", "weighted")``: sum of ``value * n``).
-    * ``"count"``: number of values logged (``("count", "weighted")``: sum of ``n``).
-    * ``"min"``, ``"max"``: running extremes; ``"last"``: the latest value.
-    * ``"cat"``: keeps every value (tensors of any shape, concatenated on dim 0).
+    ``"mean"``, ``"sum"``, ``"count"`` (weighted by the ``n`` of :meth:`update` as
+    ``("mean", "weighted")`` etc.), ``"min"``, ``"max"``, ``"last"``, and ``"cat"``
+    (every value, tensors of any shape, concatenated on dim 0).
 
     Running reductions keep float64 state of constant size. :meth:`update` never
     synchronizes and keeps nothing of the caller's: it copies a step's tensors
@@ -62,10 +57,10 @@ class MetricBuffer:
             fixed-shape masking (``"ignore"``) or raised at ``compute()`` (``"error"``).
         default: Reduction given to metric names first seen in :meth:`update`;
             ``None`` makes an unknown name an error.
-        device: Device of the state; by default the device of the first tensor
-            logged. All tensors logged must be on it.
-        sync_dist: Reduce across ranks in :meth:`compute` when
-            ``torch.distributed`` is initialised.
+        device: Device of the state, where every logged tensor must be; by
+            default the first tensor's.
+        sync_dist: Reduce across ranks in :meth:`compute` when ``torch.distributed``
+            is initialised.
         process_group: Process group for that reduction (default: the world).
 
     Raises:
@@ -156,10 +151,9 @@ class MetricBuffer:
     ) -> None:
         """Log one step's values, without synchronizing with the device.
 
-        For the set of names of the last step, this compares the values' devices
-        and dtypes with that step's and launches one copy kernel (a few more
-        every :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps, to fold the
-        rows in). Raising for NaN (``nan="error"``) waits for :meth:`compute`.
+        For the names of the last step, on its devices with its dtypes, this is
+        one copy kernel (and a fold every :data:`~barrierguard.metrics.slots.BLOCK_STEPS`
+        steps). Raising for NaN (``nan="error"``) waits for :meth:`compute`.
 
         Args:
             values: Metric values by name, for names that are not identifiers.
@@ -172,10 +166,8 @@ class MetricBuffer:
                 tensor for its ``update``.
 
         Raises:
-            BarrierGuardError: An unknown name when ``default=None``; a tensor with
-                more than one element for a running reduction, a complex tensor or
-                a tensor on another device than the buffer's; a value that is not a
-                number or tensor.
+            BarrierGuardError: An unknown name when ``default=None``; a value that is
+                not a number or a one-element real tensor on the buffer's device.
 
         Example:
             >>> import torch
@@ -202,16 +194,13 @@ class MetricBuffer:
     def compute(self) -> dict[str, Any]:
         """Reduce every metric, with one device-to-host transfer for all of them.
 
-        With ``torch.distributed`` initialised (and ``sync_dist=True``) the packed
-        state is first gathered from every rank with one collective: means are
-        weighted over all samples of all ranks, sums and counts add up, min/max
-        are global, ``last`` is the highest rank's that logged one. ``cat`` values
-        stay on the device and on their rank; torchmetrics metrics compute their own.
+        With ``torch.distributed`` initialised (and ``sync_dist=True``), over all
+        ranks with one collective (``last``: the highest rank that logged one);
+        ``cat`` values stay on the device and their rank.
 
         Returns:
-            Metric name to a Python float (running reductions; ``nan`` for a mean,
-            min, max or last with no values), a tensor (``cat``) or whatever the
-            torchmetrics metric returns.
+            Metric name to a Python float (``nan`` for a mean, min, max or last with
+            no values), a device tensor (``cat``) or the torchmetrics result.
 
         Raises:
             BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; the
@@ -226,12 +215,9 @@ class MetricBuffer:
             {'lr': 0.05, 'steps': 2.0}
         """
         self._fold_all()
-        distributed = (
-            self._sync_dist
-            and torch.distributed.is_available()
-            and torch.distributed.is_initialized()
-        )
-        results = read_back(self._slots, self._nan, self._device, distributed and self._group)
+        dist = torch.distributed
+        ranks = self._sync_dist and dist.is_available() and dist.is_initialized()
+        results = read_back(self._slots, self._nan, self._device, ranks and self._group)
         for name, metric in self._metrics.items():
             results[name] = metric.compute()
         return results
@@ -293,7 +279,6 @@ class MetricBuffer:
             >>> restored.compute()
             {'best': 0.5}
         """
-        check_version(state_dict)
         self._fold_all()  # slots the snapshot does not name keep their values
         self._hot = self._last = None
         restore(state_dict, self._slots, self._metrics, self._adopt)
@@ -302,17 +287,6 @@ class MetricBuffer:
         specs = ", ".join(f"{k!r}: {v!r}" for k, v in self.reductions.items())
         extra = f", metrics={sorted(self._metrics)}" if self._metrics else ""
         return f"MetricBuffer({{{specs}}}{extra}, nan={self._nan!r}, device={self._device})"
-
-    def _register(self, name: str) -> Slot:
-        if self._default is None:
-            raise BarrierGuardError(
-                f"MetricBuffer.update({name}=...) names an unknown metric: expected one of "
-                f"{quote_all(tuple(self._slots) + tuple(self._metrics))}, or construct the "
-                f"buffer with a default reduction (default='mean')"
-            )
-        check_name(name, "reductions")
-        slot = self._slots[name] = Slot(*self._default)
-        return slot
 
     def _claim_device(self, name: str, tensor: torch.Tensor) -> torch.device:
         device, mine = tensor.device, self._device
@@ -359,7 +333,16 @@ class MetricBuffer:
                 else:
                     metric.update(**value) if isinstance(value, Mapping) else metric.update(value)
                 continue
-            slot = self._slots.get(name) or self._register(name)
+            slot = self._slots.get(name)
+            if slot is None:
+                if self._default is None:
+                    raise BarrierGuardError(
+                        f"MetricBuffer.update({name}=...) names an unknown metric: expected one "
+                        f"of {quote_all((*self._slots, *self._metrics))}, or construct the "
+                        f"buffer with a default reduction (default='mean')"
+                    )
+                check_name(name, "reductions")
+                slot = self._slots[name] = Slot(*self._default)
             if isinstance(value, torch.Tensor):
                 device = self._claim_device(name, value)
                 if slot.reduction == "cat":

@@ -1,10 +1,6 @@
-"""Reading the state back: :meth:`MetricBuffer.compute` and the ``state_dict`` format.
+"""Reading the state back: one transfer (and one collective) in ``compute()``, the ``state_dict``.
 
-:func:`read_back` packs every slot into one float64 tensor (host parts as
-kernel arguments), gathers it across ranks with one collective, reads it with
-one transfer and combines the per-rank ``[a, w, bad]`` triples (``cat`` values
-stay on the rank). :func:`snapshot` and :func:`restore` are ``state_dict`` and
-``load_state_dict``: device tensors are cloned on their device, never read.
+Device tensors are packed, gathered and read once, or cloned on their device.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ if TYPE_CHECKING:
 
     Group = ProcessGroup | None | Literal[False]
 
-__all__ = ["STATE_VERSION", "check_version", "read_back", "restore", "snapshot"]
+__all__ = ["STATE_VERSION", "read_back", "restore", "snapshot"]
 
 STATE_VERSION: Final = 1
 
@@ -37,8 +33,7 @@ def read_back(
 ) -> dict[str, Any]:
     """The result of every slot (blocks folded in), by name, with one transfer.
 
-    ``group`` is ``False`` in a single process; otherwise the packed state is
-    first gathered from every rank of the group (``None``: the world).
+    ``group``: ``False`` in one process, else the ranks to gather from (``None``: all).
 
     Raises:
         BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; or the
@@ -74,12 +69,8 @@ def read_back(
 def _pack_slot(slot: Slot, device: torch.device) -> list[torch.Tensor]:
     """``[a, w, bad]`` on ``device``, host parts added as kernel arguments (no copy)."""
     red, host_a = slot.reduction, slot.host_a
-    if slot.row is None:
-        a_val = slot.host_last if red == "last" else host_a
-        return [
-            torch.full((), v, dtype=F64, device=device) for v in (a_val, slot.host_w, slot.host_bad)
-        ]
-    row = slot.row.to(device)
+    # A metric logged only as Python numbers has no row: a fresh one (fills, no copy).
+    row = Slot(red, False).device_row(device) if slot.row is None else slot.row.to(device)
     a = row[0]
     if red in SUM_KINDS:
         a = a + host_a
@@ -171,22 +162,9 @@ def snapshot(
         for name, metric in metrics.items()
     }
     device_name = None if device is None else str(device)
-    return {
-        "version": STATE_VERSION,
-        "nan": nan,
-        "device": device_name,
-        "slots": saved_slots,
-        "metrics": saved_metrics,
-    }
-
-
-def check_version(state_dict: Mapping[str, Any]) -> None:
-    """Raise unless ``state_dict`` has the layout :func:`snapshot` writes."""
-    if (version := state_dict.get("version")) != STATE_VERSION:
-        raise BarrierGuardError(
-            f"MetricBuffer.load_state_dict(version={version!r}) is not a known state "
-            f"version: expected {STATE_VERSION}"
-        )
+    return dict(
+        version=STATE_VERSION, nan=nan, device=device_name, slots=saved_slots, metrics=saved_metrics
+    )
 
 
 def restore(
@@ -200,9 +178,14 @@ def restore(
     ``adopt`` moves a tensor to the buffer's device, or gives the buffer its device.
 
     Raises:
-        BarrierGuardError: A saved slot declares another reduction than the slot
-            of the same name, or a saved torchmetrics name is not in ``metrics``.
+        BarrierGuardError: Another version; a saved slot of another reduction than
+            this buffer's; a saved torchmetrics name that is not in ``metrics``.
     """
+    if (version := state_dict.get("version")) != STATE_VERSION:
+        raise BarrierGuardError(
+            f"MetricBuffer.load_state_dict(version={version!r}) is not a known state "
+            f"version: expected {STATE_VERSION}"
+        )
     for name, saved in state_dict["slots"].items():
         spec = (saved["reduction"], "weighted") if saved["weighted"] else saved["reduction"]
         parsed = parse_spec("MetricBuffer.load_state_dict(slots", name, spec)

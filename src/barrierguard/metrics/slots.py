@@ -39,20 +39,16 @@ class Slot:
     """
 
     def __init__(self, reduction: str, weighted: bool) -> None:
-        self.reduction = reduction
-        self.weighted = weighted
-        self.values: list[torch.Tensor] = []
+        self.reduction, self.weighted = reduction, weighted
         self.block: Block | None = None
         self.row: torch.Tensor | None = None
         self.clear()
 
     def clear(self) -> None:
-        """Forget every value."""
         self.host_a = self.initial_a()
         self.host_w = self.host_bad = 0.0
-        self.host_last = math.nan
-        self.last_on_host = False
-        self.values = []
+        self.host_last, self.last_on_host = math.nan, False
+        self.values: list[torch.Tensor] = []
         if self.row is not None:  # fill kernels with the value as an argument: no copy
             self.row.zero_()
             self.row[0].fill_(self.initial_a())
@@ -73,12 +69,10 @@ class Slot:
 
 
 class Block:
-    """The rows of one repeated set of tensor names, copied in one step at a time.
+    """The float64 rows of a set of tensor names (column ``j``: ``tensors[j]``), a row a step.
 
-    Column ``j`` holds ``tensors[j]``; a weighted block has a last column for a
-    tensor weight ``n`` (Python weights go to ``weights``). ``devices``,
-    ``dtypes`` and ``groups`` describe the last step that was checked: the next
-    step that matches them is copied by :meth:`put` without further checks.
+    A weighted block has a last column for a tensor weight ``n`` (Python weights
+    go to ``weights``). ``devices``, ``dtypes`` and ``groups`` are the last checked step's.
     """
 
     def __init__(
@@ -106,24 +100,21 @@ class Block:
         """Remember the devices and dtypes of checked ``values``; group them by dtype."""
         self.devices = list(map(_DEVICE, values))
         self.dtypes = list(map(_DTYPE, values))
-        groups: dict[torch.dtype, list[int]] = {}
-        for i, dtype in enumerate(self.dtypes):
-            groups.setdefault(dtype, []).append(i)
         # One kernel per dtype: torch would copy a mixed list one tensor at a time.
-        self.groups = None if len(groups) == 1 else list(groups.values())
+        groups = [
+            [i for i, d in enumerate(self.dtypes) if d == k] for k in dict.fromkeys(self.dtypes)
+        ]
+        self.groups = groups if len(groups) > 1 else None
 
     def put(self, values: tuple[Any, ...], n: object) -> bool:
         """Copy a step that matches the last checked one into the next row; else ``False``.
 
-        The row views come from ``unbind``: an in-place copy into them from a
-        tensor that requires grad raises before it copies, so such a step, like
-        one with a shape other than 0-d, is left to the checked path.
+        The rows are ``unbind`` views: a copy into them from a tensor that requires
+        grad raises before it copies; such a step, or one not 0-d, goes the checked path.
         """
-        if self.tensor_weights:
-            if not isinstance(n, torch.Tensor):
-                return False
+        if self.tensor_weights and isinstance(n, torch.Tensor):
             values = (*values, n)
-        elif not (n is None or type(n) is int or type(n) is float):
+        elif self.tensor_weights or not (n is None or type(n) is int or type(n) is float):
             return False
         try:
             if [*map(_DEVICE, values)] != self.devices or [*map(_DTYPE, values)] != self.dtypes:
@@ -280,11 +271,7 @@ def update_number(
 
 
 def update_cat(name: str, slot: Slot, x: torch.Tensor, nan: str, device: torch.device) -> None:
-    """Keep a device clone of one ``cat`` value (later in-place changes do not leak in).
-
-    Raises:
-        BarrierGuardError: ``x`` does not share the trailing shape of earlier values.
-    """
+    """Keep a device clone of one ``cat`` value; raise if its trailing shape is another."""
     value = x.detach()
     value = value.reshape(1) if value.dim() == 0 else value
     if slot.values and slot.values[0].shape[1:] != value.shape[1:]:

@@ -1,8 +1,5 @@
-"""The vocabulary of :class:`~barrierguard.MetricBuffer` and the one place that checks it.
-
-Reduction names, NaN policies and the spec format, the checks on specs and
-metric names, what counts as a Python number, and the wording of values in
-the buffer's error messages.
+"""The vocabulary of :class:`~barrierguard.MetricBuffer` (reductions, NaN policies, specs,
+names, Python numbers) and the one place that checks it.
 """
 
 from __future__ import annotations
