@@ -815,3 +815,17 @@ def test_steps_that_vary_order_weights_and_dtypes_fold_as_they_were_logged() -> 
     assert out["best"] == max(xs["best"])
     assert out["lr"] == xs["lr"][-1]
     assert out["extra"] == 1.0
+
+
+def test_a_value_that_requires_grad_after_steps_that_did_not_leaves_no_graph() -> None:
+    weight = torch.nn.Parameter(torch.tensor(2.0))
+    buf = MetricBuffer({"loss": "mean", "w": "max"})
+    for step in range(6):
+        loss = weight * float(step)
+        if step in (0, 1, 4):  # steps of tensors that do not require grad, then ones that do
+            loss = loss.detach()
+        buf.update(loss=loss, w=weight.detach())
+    state = [t for t in _walk(buf.state_dict()) if isinstance(t, torch.Tensor)]
+    assert state and not any(t.requires_grad or t.grad_fn is not None for t in state)
+    assert buf.compute() == {"loss": 2.0 * sum(range(6)) / 6, "w": 2.0}
+    assert weight.grad is None

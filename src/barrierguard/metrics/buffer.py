@@ -390,15 +390,15 @@ class MetricBuffer:
                 if slot.block is not None and slot.block is not block:
                     slot.block.fold()
             self._last = block
-        with torch.no_grad():
-            values = [v.reshape(()) for v in block.take(tensors)]
-            if block.tensor_weights:
-                assert n_tensor is not None
-                values.append(n_tensor)
-            block.sign(values)
-            block.copy(values)
+        values = [v.reshape(()) for v in block.take(tensors)]
+        if block.tensor_weights:
+            assert n_tensor is not None
+            values.append(n_tensor)
+        block.sign(values)
+        block.copy(values)
         block.advance(n_float)
-        self._hot = block if len(tensors) == len(items) else None
+        whole = len(tensors) == len(items) and not any(v.dim() for v in tensors.values())
+        self._hot = block if whole else None
 
     def _fold_all(self) -> None:
         for block in self._blocks.values():

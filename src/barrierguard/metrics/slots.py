@@ -1,9 +1,6 @@
-"""The state of a :class:`~barrierguard.MetricBuffer` and the reductions that fold into it.
-
-:class:`Slot` is a metric's running state; :class:`Block` the float64 device rows
-a repeated set of names copies its tensors into until they are folded in;
-:func:`update_number` and :func:`update_cat` log a Python number and a ``cat``
-value. Nothing here reads a device value.
+"""The state of a :class:`~barrierguard.MetricBuffer` (:class:`Slot` per metric, a
+:class:`Block` of device rows per set of names) and the reductions that fold into it.
+Nothing here reads a device value.
 """
 
 from __future__ import annotations
@@ -92,12 +89,14 @@ class Block:
         self.devices: list[int] = []
         self.dtypes: list[torch.dtype] = []
         self.groups: list[list[int]] | None = None
+        self.grad = False
         self.steps = 0
         self.weights: list[float] = []
         self.tensor_weights = False
 
     def sign(self, values: Sequence[torch.Tensor]) -> None:
-        """Remember the devices and dtypes of checked ``values``; group them by dtype."""
+        """Remember the devices, dtypes and grad of checked ``values``; group them by dtype."""
+        self.grad = any(v.requires_grad for v in values)
         self.devices = list(map(_DEVICE, values))
         self.dtypes = list(map(_DTYPE, values))
         # One kernel per dtype: torch would copy a mixed list one tensor at a time.
@@ -109,8 +108,9 @@ class Block:
     def put(self, values: tuple[Any, ...], n: object) -> bool:
         """Copy a step that matches the last checked one into the next row; else ``False``.
 
-        The rows are ``unbind`` views: a copy into them from a tensor that requires
-        grad raises before it copies; such a step, or one not 0-d, goes the checked path.
+        A value that is not a tensor fails the device read, one that is not 0-d the copy,
+        and one that requires grad (unlike the last step's) too: the rows are ``unbind``
+        views, which autograd refuses to write a graph into, before it copies.
         """
         if self.tensor_weights and isinstance(n, torch.Tensor):
             values = (*values, n)
@@ -119,24 +119,26 @@ class Block:
         try:
             if [*map(_DEVICE, values)] != self.devices or [*map(_DTYPE, values)] != self.dtypes:
                 return False
-            dst = (self.wrows if self.tensor_weights else self.rows)[self.steps]
-            if dst is None or self.groups is not None:
-                self.copy(values)
-            else:
-                torch._foreach_copy_(dst, values)
+            self.copy(values)
         except (TypeError, RuntimeError):  # TypeError: a value that is not a tensor
             return False
         self.advance(1.0 if n is None else n)  # type: ignore[arg-type]
         return True
 
     def copy(self, values: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> None:
-        """Copy ``values`` into the next row: one kernel per dtype."""
+        """Copy ``values`` into the next row: one kernel per dtype, no autograd graph."""
         steps = self.steps
         dst = (self.wrows if self.tensor_weights else self.rows)[steps]
         if dst is None:
             views = self.wrows[steps] = list(self.data[steps].unbind(0))
             self.rows[steps] = views[: self.width]
             dst = views if self.tensor_weights else views[: self.width]
+        if self.grad and torch.is_grad_enabled():  # a value requires grad: copy it graph-free
+            torch._C._set_grad_enabled(False)  # a microsecond less than no_grad()
+            try:
+                return self.copy(values)
+            finally:
+                torch._C._set_grad_enabled(True)
         if self.groups is None:
             torch._foreach_copy_(dst, values)
         else:
@@ -154,8 +156,7 @@ class Block:
         elif self.steps == BLOCK_STEPS:
             self.fold()
 
-    def clear(self) -> None:
-        """Drop the rows not folded in yet."""
+    def clear(self) -> None:  # drops the rows not folded in yet
         self.steps = 0
         self.weights = []
         self.tensor_weights = False

@@ -27,11 +27,8 @@ __all__ = [
 REDUCTIONS: Final = ("mean", "sum", "min", "max", "last", "count", "cat")
 WEIGHTABLE: Final = ("mean", "sum", "count")
 NAN_POLICIES: Final = ("propagate", "ignore", "error")
-SUM_KINDS: Final = frozenset(WEIGHTABLE)
-"""Reductions whose state is a (weighted) sum and a total weight."""
-
-ReductionSpec = str | tuple[str, str]
-"""``"mean"`` or ``("mean", "weighted")``: a reduction name, optionally weighted by ``n``."""
+SUM_KINDS: Final = frozenset(WEIGHTABLE)  # state: a (weighted) sum and a total weight
+ReductionSpec = str | tuple[str, str]  # "mean", or ("mean", "weighted"): weighted by n
 
 
 def quote_all(names: tuple[str, ...]) -> str:
