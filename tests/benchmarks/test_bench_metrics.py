@@ -223,3 +223,41 @@ def test_fits_counted_under_the_cuda_engine_leave_the_clock_out(
         assert rec["at_epoch_end"] == (1 if row == "buffer" else 0), row
     bench.run_fit("nothing", settings, loader, args.fit_warmup)  # timed: it synchronizes
     assert len(clock_syncs) == 2
+
+
+def test_host_rows_time_the_floors_and_the_buffer(quick: tuple[dict[str, Any], str]) -> None:
+    data, printed = quick
+    hosts = data["host_rows"]
+    assert set(hosts["update_us"]) == {"refs_floor", "copy_floor", "buffer"}
+    assert all(us > 0 for us in hosts["update_us"].values())
+    us = hosts["update_us"]
+    assert hosts["floor_ratio"] == pytest.approx(us["buffer"] / us["refs_floor"])
+    assert "host time a step, no loop around it" in printed
+
+
+def test_the_keep_rule_is_judged_against_the_deferred_design(bench: Any) -> None:
+    def loop(buffer_over_floor: float) -> dict[str, Any]:
+        us = {"buffer": buffer_over_floor * 10.0, "refs_floor": 10.0, "copy_floor": 6.0}
+        return {**_loop(us, {"buffer": 1.0}, {"buffer"}), "ms_per_step": {"nothing": 1.0}}
+
+    previous = bench.PREVIOUS_FLOOR_RATIO
+    ok = bench.goals({"balanced": loop(1.05 * previous["balanced"])}, None)
+    assert ok["per_loop"]["balanced"]["floor_ratio"] == pytest.approx(1.05 * previous["balanced"])
+    assert ok["per_loop"]["balanced"]["floor_rule_met"] is True
+    assert ok["floor_rule_met"] is True
+    missed = bench.goals(
+        {"balanced": loop(1.05 * previous["balanced"]), "launch": loop(1.2 * previous["launch"])},
+        None,
+    )
+    assert missed["per_loop"]["launch"]["floor_rule_met"] is False
+    assert missed["floor_rule_met"] is False
+
+
+def test_out_dir_gets_the_log_and_the_json(
+    bench: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    with contextlib.redirect_stdout(io.StringIO()):
+        bench.main(["--device", "cpu", "--quick", "--loops", "", "--fits", "0"])
+    assert "host time a step" in (tmp_path / "out" / "bench_metrics.log").read_text()
+    assert "host_rows" in json.loads((tmp_path / "out" / "metrics.json").read_text())

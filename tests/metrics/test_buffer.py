@@ -778,3 +778,54 @@ def test_steps_are_checked_when_logged_until_one_passes() -> None:
             buf.update(loss=bad)
     buf.update(loss=torch.tensor(3.0))
     assert buf.compute() == {"loss": 2.0}
+
+
+def test_steps_that_vary_order_weights_and_dtypes_fold_as_they_were_logged() -> None:
+    # Each step varies one thing the copy of a repeated set of names depends on: the
+    # names' order, the kind of weight, a dtype, a shape, a name more; the result
+    # must be the same as if every step had been checked.
+    rng = np.random.default_rng(7)
+    specs: dict[str, Any] = {"loss": ("mean", "weighted"), "best": "max", "lr": "last"}
+    buf = MetricBuffer(specs)
+    xs: dict[str, list[float]] = {name: [] for name in specs}
+    ws: list[float] = []
+    for i in range(2 * BLOCK_STEPS + 50):
+        x = {name: float(rng.integers(-50, 50)) for name in specs}
+        w = float(rng.integers(1, 5))
+        kind = rng.integers(0, 12)
+        dtype = torch.float64 if kind == 1 else torch.int32 if kind == 2 else torch.float32
+        values: dict[str, Any] = {name: torch.tensor(v, dtype=dtype) for name, v in x.items()}
+        if kind == 3:
+            values["loss"] = values["loss"].reshape(1, 1)
+        if kind == 4:
+            values = dict(reversed(values.items()))
+        if kind == 5:
+            values["lr"] = x["lr"]  # a Python number
+        if kind == 6:
+            values["extra"] = 1.0
+            xs.setdefault("extra", []).append(1.0)
+        n: Any = torch.tensor(w) if kind in (7, 8) or (i // 100) % 2 else w
+        buf.update(values, n=n)
+        for name in specs:
+            xs[name].append(x[name])
+        ws.append(w)
+    out = buf.compute()
+    loss = np.asarray(xs["loss"]) * np.asarray(ws)
+    assert out["loss"] == pytest.approx(loss.sum() / sum(ws), rel=1e-12)
+    assert out["best"] == max(xs["best"])
+    assert out["lr"] == xs["lr"][-1]
+    assert out["extra"] == 1.0
+
+
+def test_a_value_that_requires_grad_after_steps_that_did_not_leaves_no_graph() -> None:
+    weight = torch.nn.Parameter(torch.tensor(2.0))
+    buf = MetricBuffer({"loss": "mean", "w": "max"})
+    for step in range(6):
+        loss = weight * float(step)
+        if step in (0, 1, 4):  # steps of tensors that do not require grad, then ones that do
+            loss = loss.detach()
+        buf.update(loss=loss, w=weight.detach())
+    state = [t for t in _walk(buf.state_dict()) if isinstance(t, torch.Tensor)]
+    assert state and not any(t.requires_grad or t.grad_fn is not None for t in state)
+    assert buf.compute() == {"loss": 2.0 * sum(range(6)) / 6, "w": 2.0}
+    assert weight.grad is None

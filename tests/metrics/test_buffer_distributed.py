@@ -34,7 +34,7 @@ def test_layout_hash_mismatch_is_reported(monkeypatch: pytest.MonkeyPatch) -> No
     # Fake a 2-rank gather in which the other rank registered different metrics.
     buf = MetricBuffer({"loss": "mean"})
     buf.update(loss=1.0)
-    monkeypatch.setattr(buf, "_distributed", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: "gloo")
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
 
