@@ -59,7 +59,9 @@ from barrierguard.detect.audit_provenance import (
     _stack_at,
     _stack_len,
     _stack_pop,
+    _compiling,
     _stack_push,
+    sync_frame,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.audit_rules import build_rules, install_patches, tagged_ops
@@ -189,7 +191,7 @@ class AuditEngine:
         if mode is None or not mode.active:
             return
         try:
-            sync = observe(sys._getframe(1), kind, detail)
+            sync = observe(sync_frame(sys._getframe(1)), kind, detail)
         except Exception as exc:
             _fault(exc)
             return
@@ -275,6 +277,7 @@ class AuditEngine:
                 _stack_push(mode)
 
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
+        self._patch_clip(mode, thread)
 
         # An exception inside optimizer.step() skips the post hook that puts
         # the mode back; the step's profiler range still closes, so the mode
@@ -322,6 +325,61 @@ class AuditEngine:
         )
         # torch.save / torch.load of device tensors.
         install_patches(self._patches, mode, record, aside)
+
+    def _patch_clip(self, mode: AuditMode, thread: int) -> None:
+        """``clip_grad_norm_`` steps aside, as ``zero_grad()`` does, when it cannot sync.
+
+        Two reads of ``p.grad`` and a copy of each gradient's norm per parameter
+        (five torch calls for each), none of which syncs on a GPU when every
+        gradient is on the device (or every one on the host) and
+        ``error_if_nonfinite`` is off: the mode steps off the stack, and the
+        total norm takes the gradients' side. Otherwise (mixed sides, the
+        non-finite check that reads the norm) it runs under the mode.
+        """
+        from torch.nn import utils
+
+        module = sys.modules.get("torch.nn.utils.clip_grad")
+        orig: Callable[..., Any] | None = getattr(utils, "clip_grad_norm_", None)
+        if module is None or orig is None or getattr(module, "clip_grad_norm_", None) is not orig:
+            return
+        clip = orig
+
+        @functools.wraps(clip)
+        def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+            n = _stack_len()
+            if (
+                n == 0
+                or not mode.active
+                or _stack_at(n - 1) is not mode
+                or threading.get_ident() != thread
+                or _compiling()
+                or kwargs.get("error_if_nonfinite", len(args) > 2 and args[2])
+            ):
+                return clip(parameters, *args, **kwargs)
+            _stack_pop()
+            try:
+                params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+                sides = {mode.is_dev(p) for p in params if p.grad is not None}
+            except BaseException:
+                _stack_push(mode)
+                raise
+            if len(sides) != 1:
+                # No gradient, or gradients on both sides: what the mode sees matters.
+                _stack_push(mode)
+                return clip(params, *args, **kwargs)
+            try:
+                total = clip(params, *args, **kwargs)
+            finally:
+                _stack_push(mode)
+            try:
+                if isinstance(total, Tensor):
+                    mode.mark(total, sides.pop())
+            except Exception as exc:
+                _fault(exc)
+            return total
+
+        self._patches.set(module, "clip_grad_norm_", clip_grad_norm_)
+        self._patches.set(utils, "clip_grad_norm_", clip_grad_norm_)
 
 
 def _on_stack(mode: TorchFunctionMode) -> bool:

@@ -35,7 +35,7 @@ from barrierguard.detect.frames import (
 )
 from barrierguard.detect.stack import observe
 
-__all__ = ["NAME", "AuditMode", "EngineHooks", "Rule", "fault"]
+__all__ = ["NAME", "AuditMode", "EngineHooks", "Rule", "fault", "sync_frame"]
 
 NAME = "audit"
 
@@ -137,7 +137,7 @@ class AuditMode(TorchFunctionMode):
         self.rules = rules
         self.active = True
         self.marks: dict[int, _Mark] = {}
-        self.where_cache: dict[tuple[CodeType, int], bool] = {}
+        self.where_cache: dict[tuple[int, int], tuple[CodeType, bool]] = {}
         pop = self.marks.pop
 
         def forget(ref: _Mark) -> None:
@@ -242,12 +242,16 @@ class AuditMode(TorchFunctionMode):
             f = f.f_back
         if f is None:
             return False
-        key = (f.f_code, f.f_lasti)
+        # Keyed by the code's id (hashing a code object hashes its constants);
+        # the entry keeps the code alive, so the id stays its own.
+        code = f.f_code
+        key = (id(code), f.f_lasti)
         hit = self.where_cache.get(key)
-        if hit is None:
-            hit = bool(_CPU_LITERAL.search(_call_text(f)))
-            self.where_cache[key] = hit
-        return hit
+        if hit is not None and hit[0] is code:
+            return hit[1]
+        literal = bool(_CPU_LITERAL.search(_call_text(f)))
+        self.where_cache[key] = (code, literal)
+        return literal
 
     # -- the mode ------------------------------------------------------------
     def __torch_function__(
@@ -309,8 +313,13 @@ class AuditMode(TorchFunctionMode):
 
     # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "") -> None:
+        """Record a sync of ``kind`` at the caller's place (the first frame not ours)."""
+        self.record_at(sys._getframe(1), kind, detail)
+
+    def record_at(self, frame: FrameType | None, kind: str, detail: str = "") -> None:
+        """Record a sync of ``kind`` at ``frame``'s place (the first frame not ours)."""
         try:
-            sync = observe(sys._getframe(1), kind, detail)
+            sync = observe(sync_frame(frame), kind, detail)
         except Exception as exc:
             fault(exc)
             return
@@ -376,6 +385,23 @@ def _call_text(frame: FrameType) -> str:
     if text is None:
         text = linecache.getline(code.co_filename, frame.f_lineno)
     return text
+
+
+def sync_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame from ``frame`` outward that is not barrierguard's own.
+
+    The audit's rules and patches run in frames of their own, new at every
+    call; the walk of ``detect.stack`` keeps the frame it is given only when
+    it is the sync's place, so that a read repeated at the same instruction
+    of a live frame is found again without a walk.
+    """
+    cache = _classifier._cache
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if (cache.get(name) or classify_file(name))[0] != OWN:
+            return frame
+        frame = frame.f_back
+    return None
 
 
 def fault(exc: BaseException) -> None:
