@@ -7,7 +7,7 @@ that read such a tensor on the host (``item``, ``bool``, printing, ...), need a
 host-side size (mask indexing, ``nonzero``, ``unique``, ...), or copy between
 host and device.
 
-Design, chosen for cost (a training step must stay within 1.5x of bare):
+Design, chosen for cost (a transformer step of many small ops must stay within 1.2x of bare):
 
 * One lean :class:`~torch.overrides.TorchFunctionMode` sees every torch call in
   the thread that started the guard. Most calls take the fast path: run the op,
@@ -19,6 +19,11 @@ Design, chosen for cost (a training step must stay within 1.5x of bare):
 * During ``optimizer.step()`` without a closure the mode steps off the stack
   (a pre/post hook pair): optimizers make a hundred small calls per step that
   only update tensors already marked, and that cost dominated small steps.
+  ``zero_grad()`` and ``clip_grad_norm_`` (five calls per parameter, none of
+  which syncs unless ``error_if_nonfinite`` reads the norm) step aside too.
+* A recorded read repeated at the same instruction of a live frame (a loop's
+  ``loss.item()``) is found again without a walk of the stack: the rules hand
+  ``detect.stack`` the frame of the sync's place (``audit_provenance.sync_frame``).
 
 Which tensors are device tensors (see docs/audit.md):
 

@@ -261,52 +261,54 @@ class AuditMode(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if kwargs is None:
-            kwargs = _NO_KWARGS  # never written to: a dict per call costs every op
         # Inert once stopped from another thread (until removed), and while
         # dynamo traces: the compiled graph's own calls are seen when they run.
         if not self.active or _compiling():
-            return func(*args, **kwargs)
+            return func(*args, **kwargs) if kwargs else func(*args)
         try:
             rule = self.rules.get(func)
         except TypeError:  # an unhashable callable: no rule can name it
             rule = None
         if rule is not None:
-            return rule(self, func, args, kwargs)
-        out = func(*args, **kwargs)
+            # _NO_KWARGS is never written to: a dict per call costs every op.
+            return rule(self, func, args, kwargs or _NO_KWARGS)
+        if kwargs:
+            out = func(*args, **kwargs)
+            if out is not None:
+                try:
+                    self.propagate(args, kwargs, out)
+                except Exception as exc:  # never lose the user's op to our bookkeeping
+                    fault(exc)
+            return out
+        # The fast path, propagate() inlined: most ops take no keyword, one or
+        # two tensors already marked, and return one tensor (f(*args) builds
+        # no dict, as f(*args, **kwargs) does).
+        out = func(*args)
         if out is None:
             return out
-        # The fast path, propagate() inlined: most ops take one or two tensors
-        # already marked, and return one tensor.
         try:
-            if kwargs and "device" in kwargs:
-                self.factory(kwargs, out)
-                return out
             get = self.marks.get
-            dev = False
             for a in args:
                 if type(a) is Tensor:
                     m = get(id(a))
                     if m.dev if m is not None else self.is_dev(a):
-                        dev = True
                         break
-                elif isinstance(a, (Tensor, list, tuple)):
-                    dev = self.any_dev((a,), _NO_KWARGS)
-                    if dev:
-                        break
-            if not dev and kwargs:
-                dev = self.any_dev(tuple(kwargs.values()), _NO_KWARGS)
-            if dev:
-                if type(out) is Tensor:
-                    if get(id(out)) is None:
-                        m = _Mark(out, self._forget)
-                        m.dev = True
-                        m.key = id(out)
-                        self.marks[m.key] = m
-                    else:
-                        self.mark(out, True)
+                elif isinstance(a, (Tensor, list, tuple)) and self.any_dev((a,), _NO_KWARGS):
+                    break
+            else:
+                return out
+            if type(out) is Tensor:
+                key = id(out)
+                m = get(key)
+                if m is None:
+                    m = _Mark(out, self._forget)
+                    m.dev = True
+                    m.key = key
+                    self.marks[key] = m
                 else:
-                    self.mark_out(out, True)
+                    m.dev = True
+            else:
+                self.mark_out(out, True)
         except Exception as exc:  # never lose the user's op to our bookkeeping
             fault(exc)
         return out
