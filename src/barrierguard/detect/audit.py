@@ -61,10 +61,10 @@ from barrierguard.detect.audit_provenance import (
     AuditMode,
     Parameter,
     Tensor,
+    _compiling,
     _stack_at,
     _stack_len,
     _stack_pop,
-    _compiling,
     _stack_push,
     sync_frame,
 )
@@ -344,10 +344,11 @@ class AuditEngine:
         from torch.nn import utils
 
         module = sys.modules.get("torch.nn.utils.clip_grad")
-        orig: Callable[..., Any] | None = getattr(utils, "clip_grad_norm_", None)
-        if module is None or orig is None or getattr(module, "clip_grad_norm_", None) is not orig:
+        clip = getattr(utils, "clip_grad_norm_", None)
+        if getattr(module, "clip_grad_norm_", None) is not clip:
+            return  # not the layout this wrapper knows
+        if not callable(clip):
             return
-        clip = orig
 
         @functools.wraps(clip)
         def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
