@@ -50,6 +50,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -61,11 +62,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from public_script import make_corpus  # noqa: E402  (word_language_model's text files)
-
 CORPUS = ROOT / "benchmarks" / "corpus"
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 MODES = ("audit", "cuda", "raw")
+WORDS = [f"w{i}" for i in range(200)]
+
+
+def make_corpus(folder: Path, seed: int = 0) -> None:
+    """Tiny train/valid/test.txt files of synthetic words (word_language_model's data)."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, lines in (("train.txt", 400), ("valid.txt", 60), ("test.txt", 60)):
+        text = "\n".join(
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 15))) for _ in range(lines)
+        )
+        (folder / name).write_text(text + "\n")
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def synthetic(rank: int, *, sites: int, steps: int, samples: int) -> Report:
 def _worker(rank: int, world: int, port: int, out: str, cfg: dict[str, int]) -> None:
     import torch.distributed as dist
 
-    from barrierguard.session import ranks
+    from barrierguard.session import rank_reports
 
     dist.init_process_group(
         "gloo",
@@ -149,7 +149,7 @@ def _worker(rank: int, world: int, port: int, out: str, cfg: dict[str, int]) -> 
         for _ in range(cfg["repeats"]):
             dist.barrier()
             t0 = time.perf_counter()
-            ranks.merge(local)  # gather_object to rank 0
+            rank_reports.merge(local)  # gather_object to rank 0
             times["gather_object"].append(time.perf_counter() - t0)
             dist.barrier()
             t0 = time.perf_counter()

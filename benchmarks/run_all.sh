@@ -34,6 +34,12 @@
 #         --out benchmarks/results/h200/lightning_shapes.json
 #     PYTHONPATH=src python benchmarks/bench_lightning_costs.py \
 #         --out benchmarks/results/h200/lightning_costs.json
+#   and one whose script was removed after ae4bc18 (git checkout ae4bc18; the
+#   example's files from pytorch/examples word_language_model in a folder WLM):
+#     PYTHONPATH=src python benchmarks/public_script.py --example WLM --engine cuda \
+#         --out benchmarks/results/h200/public_script_cuda.json
+#     PYTHONPATH=src python benchmarks/public_script.py --example WLM --engine audit \
+#         --out benchmarks/results/public_script_audit_cpu.json
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

@@ -96,7 +96,7 @@ def _train(rank: int, out: str, engine: str) -> barrierguard.Report:
 
 def worker(rank: int, world: int, port: int, out: str, engine: str) -> None:
     """One rank: train, save its report (watch(out=...)), rank 0 merges in process."""
-    from barrierguard.session import ranks
+    from barrierguard.session import rank_reports
 
     # The audit never calls the real synchronize; the CUDA engine times this one.
     torch.cuda.synchronize = lambda device=None: time.sleep(SYNC_WAIT_S)  # type: ignore[assignment]
@@ -113,7 +113,7 @@ def worker(rank: int, world: int, port: int, out: str, engine: str) -> None:
                 report = _train(rank, out, engine)
         else:
             report = _train(rank, out, engine)
-        merged = ranks.merge(report)
+        merged = rank_reports.merge(report)
         if merged is not None:
             merged.save(os.path.join(out, "merged.json"))
     finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from barrierguard import Report, Site, Violation
+from barrierguard import MemoryReport, Report, Site, Violation
 from barrierguard.report.records import Timeline
 
 __all__ = ["merged_report", "report", "sample_memory", "sample_report", "site"]
@@ -113,16 +113,16 @@ def sample_report(steps: int = 40) -> Report:
     )
 
 
-def sample_memory(steps: int = 40) -> dict[str, Any]:
-    xs = list(range(0, steps + 1, 2))
-    return {
-        "steps": xs,
-        "series": {
-            "host_rss": [2.0e9 + 5e6 * x for x in xs],
-            "device_allocated": [1.2e9 + (x % 4) * 1e7 for x in xs],
+def sample_memory(steps: int = 40) -> MemoryReport:
+    xs = tuple(range(0, steps + 1, 2))
+    return MemoryReport(
+        steps=xs,
+        series={
+            "host_rss": tuple(int(2.0e9 + 5e6 * x) for x in xs),
+            "device_allocated": tuple(int(1.2e9 + (x % 4) * 1e7) for x in xs),
         },
-        "leak": True,
-    }
+        leak=True,
+    )
 
 
 def merged_report(world: int = 2) -> Report:

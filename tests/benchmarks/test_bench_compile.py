@@ -59,3 +59,19 @@ def test_metric_item_scenario_agrees_with_torch_logs_on_cpu(tmp_path: Path) -> N
     assert summary["checks"]["metric_item: break at the .item() line, logs agree"]
     assert summary["checks"]["metric_item: the site carries the break and capture_scalar_outputs"]
     assert (tmp_path / "metric_item.stderr.log").exists()
+
+
+def test_paired_summary_and_the_timing_check() -> None:
+    before, after = [2.0, 2.4, 2.2, 2.1, 2.3], [1.5, 1.6, 2.5, 1.4, 1.55]
+    s = bench.paired_summary(before, after)
+    assert s["before_ms"] == {"median": 2.2, "q1": 2.1, "q3": 2.3}
+    assert s["after_ms"]["median"] == 1.55
+    assert (s["after_faster_rounds"], s["rounds_paired"]) == (4, 5)
+    assert s["speedup_median"] == 2.3 / 1.55  # the median of the per-round ratios
+    key = "metric_fixed faster than metric_item (paired rounds)"
+    one_lost = {"metric": s}
+    assert bench.checks({}, dry=False, timings=one_lost)[key]
+    two_lost = {"metric": {**s, "after_faster_rounds": 3}}
+    assert not bench.checks({}, dry=False, timings=two_lost)[key]
+    assert not bench.checks({}, dry=False, timings={"metric": {"error": "exit 1"}})[key]
+    assert key not in bench.checks({}, dry=True, timings=one_lost)  # no timed check on CPU

@@ -70,6 +70,10 @@ def test_run_module(
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["run", "--policy", "record", "-m", "mytrain", "--epochs", "1"]) == 0
     assert "module ['--epochs', '1']" in capsys.readouterr().out
+    # The module's own options pass through after any of run's options that take a value.
+    args = ["run", "--capture-probe", "step", "--policy", "record", "-m", "mytrain"]
+    assert main([*args, "--policy", "x"]) == 0
+    assert "module ['--policy', 'x']" in capsys.readouterr().out
 
 
 def test_script_exception_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

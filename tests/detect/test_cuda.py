@@ -377,3 +377,24 @@ def test_only_plain_cuda_tensors_take_the_scalar_read_path() -> None:
         assert _reads_device(torch.ones(1, device="cuda"))
         assert _reads_device(torch.nn.Parameter(torch.ones(1, device="cuda")))
         assert not _reads_device(torch.ones(1, device="cuda").as_subclass(Sub))
+
+
+def test_a_scalar_read_that_fails_on_the_device_is_still_a_sync(scalar_reads: FakeMode) -> None:
+    from barrierguard.detect import cuda as cuda_engine
+    from barrierguard.detect import hub
+
+    def item(self: torch.Tensor) -> float:
+        if self.numel() != 1:
+            raise RuntimeError("a Tensor with 2 elements cannot be converted to Scalar")
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        read = hub._engines["cuda"]._read  # type: ignore[attr-defined]
+        failing = cuda_engine._timed_no_args(item, lambda: False, read)
+        with pytest.raises(RuntimeError, match="capturing"):
+            failing(torch.ones(1))  # F-read
+        with pytest.raises(RuntimeError, match="2 elements"):
+            failing(torch.ones(2))  # several values: no read reached the device
+        assert scalar_reads.mode == 1
+    assert [(s.line, s.kind) for s in guard.report.sites] == [(_line("# F-read"), "call")]

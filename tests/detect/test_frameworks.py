@@ -151,14 +151,16 @@ def test_a_stack_without_frameworks_has_no_mechanism_nor_phase() -> None:
     assert stack.annotate(__import__("sys")._getframe()) == (None, None)
 
 
-def test_describe_orders_fixes_by_count_and_skips_unknown_names() -> None:
-    text = frameworks.describe([("logger", 1), ("prog_bar (on_train_batch_end)", 3), ("x", 9)])
+def test_mechanism_fixes_orders_fixes_by_count_and_skips_unknown_names() -> None:
+    text = frameworks.mechanism_fixes(
+        [("logger", 1), ("prog_bar (on_train_batch_end)", 3), ("x", 9)]
+    )
     assert text is not None
     first, second = text.split(" | ")
     assert first.startswith("prog_bar: self.log(..., prog_bar=False)")
     assert second.startswith("logger: raise Trainer(log_every_n_steps")
-    assert frameworks.describe([("x", 1)]) is None
-    assert frameworks.describe([("results_to_cpu", 1)]) == (
+    assert frameworks.mechanism_fixes([("x", 1)]) is None
+    assert frameworks.mechanism_fixes([("results_to_cpu", 1)]) == (
         "results_to_cpu: no setting removes it: once per loop, outside the steps"
     )
 

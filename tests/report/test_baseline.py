@@ -81,7 +81,7 @@ def test_an_edited_line_is_matched_by_its_place(line: int, code: str) -> None:
     found = compare(base, _report(_site(line=line, code=code)), root="/repo")
     assert [f.change for f in found] == ["matched"]
     assert not found[0].fails
-    assert "is the baseline's 'value = loss.item()' (line 10)" in found[0].describe()
+    assert "is the baseline's 'value = loss.item()' (line 10)" in found[0].explain()
 
 
 def test_an_edited_loop_line_that_syncs_more_still_fails() -> None:
@@ -115,7 +115,7 @@ def test_sites_outside_the_loop_never_regress(now: Site) -> None:
         root="/repo",
     )
     assert found and not [f for f in found if f.fails]
-    assert "outside the loop" in found[0].describe()
+    assert "outside the loop" in found[0].explain()
 
 
 def test_a_setup_line_moved_into_the_loop_fails() -> None:
@@ -147,7 +147,7 @@ def test_a_second_identical_line_is_more() -> None:
     base = make_baseline(_report(_site(line=10)), root="/repo")
     found = compare(base, _report(_site(line=10), _site(line=12)), root="/repo")
     assert [f.change for f in found] == ["more"]
-    assert "2 lines now, 1 in the baseline" in found[0].describe()
+    assert "2 lines now, 1 in the baseline" in found[0].explain()
 
 
 def test_tolerance_admits_small_growth() -> None:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 import torch
 
 import barrierguard
-from barrierguard.report.records import Report
-from barrierguard.session.capture import blocking_line, probe
+from barrierguard.report.records import CaptureProbe, CompileReport, Report
+from barrierguard.session.capture import (
+    _backward_by_inductor,
+    blocking_line,
+    inductor_cuda_graphs,
+    probe,
+)
 
 
 def _blocked_here() -> None:
@@ -96,3 +103,169 @@ def test_capture_probe_by_name_that_never_runs_is_noted() -> None:
     ) as guard:
         torch.ones(2).sum()
     assert any("no call of 'never_called'" in n for n in guard.report.notes)
+
+
+def _backward_joined_default_stream() -> None:
+    raise RuntimeError(
+        "CUDA error: operation would make the legacy stream depend on a capturing blocking stream"
+    )
+
+
+def _mismatch() -> RuntimeError:
+    try:
+        _backward_joined_default_stream()
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_backward_by_inductor_when_its_graphs_run_and_none_was_skipped() -> None:
+    result = _backward_by_inductor(_mismatch(), 3, [], "one call of step")
+    assert result.status == "capturable"
+    assert result.reason.startswith("backward by inductor's verdict: the forward was captured")
+    assert "inductor's 3 CUDA graphs" in result.reason
+    assert "Not checked: autograd hooks" in result.reason
+    assert not result.file  # no line blocked
+    section = CompileReport(probe=result)
+    assert section.verdict.endswith("the step is capturable (backward by inductor's verdict)")
+
+
+def test_backward_not_by_inductor_when_it_skipped_or_does_not_run() -> None:
+    skipped = _backward_by_inductor(_mismatch(), 2, ["cpu device at t.py:3"], "x")
+    assert skipped.status == "not run"
+    assert "kept ops out of its CUDA graphs (cpu device at t.py:3)" in skipped.reason
+    alone = _backward_by_inductor(_mismatch(), 0, [], "x")
+    assert alone.status == "not run"
+    assert "del loss" in alone.reason and alone.reason.startswith("inconclusive")
+
+
+def test_no_inductor_cuda_graphs_without_cuda() -> None:
+    assert inductor_cuda_graphs() == 0
+
+
+def test_the_guard_hands_its_cudagraph_skips_to_the_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import barrierguard.session.capture as capture
+    from barrierguard.detect.compiled import CompileEvent
+
+    seen: list[Sequence[str]] = []
+
+    def fake_probe(
+        fn: object, args: object, kwargs: object, params: object, skips: Sequence[str]
+    ) -> CaptureProbe:
+        seen.append(skips)
+        return CaptureProbe(status="not run", reason="fake")
+
+    monkeypatch.setattr(capture, "probe", fake_probe)
+    with barrierguard.watch(policy="record", engine="audit", memory=False) as guard:
+        guard._compile.listener.events.append(
+            CompileEvent(
+                what="cudagraph_skip", file="/w/t.py", line=3, function="f", reason="cpu device"
+            )
+        )
+        guard.probe_capture(lambda: None)
+    assert seen == [["cpu device at t.py:3"]]
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.autograd.graph, "set_override_stale_capture_stream"),
+    reason="a torch without the stale-stream override",
+)
+def test_stale_streams_follow_the_capture_only_inside_and_are_restored() -> None:
+    from barrierguard.session.capture import _stale_streams_follow_capture
+
+    assert torch._C._override_stale_capture_stream() is False
+    with _stale_streams_follow_capture() as follow:
+        assert follow and torch._C._override_stale_capture_stream() is True
+    assert torch._C._override_stale_capture_stream() is False
+    with pytest.raises(ValueError), _stale_streams_follow_capture():
+        raise ValueError
+    assert torch._C._override_stale_capture_stream() is False
+
+
+def test_stream_mismatch_is_read_from_the_cuda_error_and_torchs_own() -> None:
+    from barrierguard.session.capture import _stream_mismatch
+
+    assert _stream_mismatch(_mismatch())
+    assert _stream_mismatch(RuntimeError("... see set_override_stale_capture_stream ..."))
+    assert not _stream_mismatch(RuntimeError("operation not permitted when stream is capturing"))
+
+
+class _FakeGraph:
+    """Records and never runs: enough of torch.cuda.CUDAGraph for the probe's flow."""
+
+    def capture_begin(self, capture_error_mode: str = "global") -> None:
+        pass
+
+    def capture_end(self) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class _FakeStream:
+    def wait_stream(self, other: object) -> None:
+        pass
+
+
+def _fake_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.cuda as far as the probe uses it, on a CPU: every capture succeeds."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", list)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU stand-in for CUDA")
+def test_the_probed_call_runs_compiled_code_as_plain_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch._dynamo.eval_frame import _stance
+    from torch._dynamo.utils import counters
+
+    seen: list[bool] = []
+
+    @torch.compile(backend="eager", dynamic=False)
+    def step(x: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.compiler.is_compiling())
+        return x * 2
+
+    step(torch.ones(2))
+    frames = counters["frames"]["total"]
+    seen.clear()
+    _fake_capture(monkeypatch)
+    # A new shape would recompile; under the probe nothing compiles.
+    result = probe(step, (torch.ones(3),))
+    assert result.status == "capturable", result
+    assert "its compiled functions run as plain Python (force_eager)" in result.captured
+    assert seen == [False]  # the Python body ran, not traced
+    assert counters["frames"]["total"] == frames
+    assert _stance.stance == "default"  # the stance before is back
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU stand-in for CUDA")
+def test_probe_takes_inductors_verdict_on_the_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    import barrierguard.session.capture as capture
+
+    _fake_capture(monkeypatch)
+    monkeypatch.setattr(capture, "inductor_cuda_graphs", lambda: 4)
+    model = torch.nn.Linear(2, 1)
+    model.weight.grad = before = torch.ones(1, 2)
+
+    def step() -> None:
+        model(torch.ones(1, 2)).sum().backward()
+        _backward_joined_default_stream()  # as the backward of a capture on a side stream
+
+    result = probe(step, params=[model.weight])
+    assert result.status == "capturable"
+    assert result.reason.startswith("backward by inductor's verdict")
+    assert model.weight.grad is before  # put back
+    skipped = probe(step, skips=["cpu device at t.py:3"])
+    assert skipped.status == "not run" and "cpu device at t.py:3" in skipped.reason

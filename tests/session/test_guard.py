@@ -7,6 +7,7 @@ import torch
 
 import barrierguard
 from _fake_cuda import FakeMode, FakeTensor
+from _runif import run_if
 
 
 def _sgd() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -173,13 +174,19 @@ def test_violations_are_listed_per_step_and_threads_listed_once(
     assert len(calls) == 1
 
 
-def test_same_seed_same_losses_with_and_without_watch() -> None:
+@pytest.mark.parametrize(
+    ("engine", "device"),
+    [("audit", "cpu"), pytest.param("cuda", "cuda", marks=run_if(min_cuda_gpus=1))],
+)
+def test_same_seed_same_losses_with_and_without_watch(engine: str, device: str) -> None:
     def train() -> list[float]:
         torch.manual_seed(0)
-        model, opt = _sgd()
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        model = model.to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         out = []
         for _ in range(5):
-            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss = model(torch.randn(32, 8).to(device)).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -187,6 +194,45 @@ def test_same_seed_same_losses_with_and_without_watch() -> None:
         return out
 
     bare = train()
-    with barrierguard.watch(policy="record"):
+    with barrierguard.watch(engine=engine, policy="record"):
         watched = train()
     assert watched == bare
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_settled_sites_count_as_the_full_path_does(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    import threading
+
+    from barrierguard.session.guard import Guard
+
+    def run() -> dict[str, object]:
+        t = FakeTensor()
+        guard = barrierguard.watch(engine="cuda", policy="record", allow=["tolist"], memory=False)
+        with guard:
+            for step in range(400):
+                guard.step()
+                for _ in range(3):
+                    t.item()
+                t.tolist()  # allowed
+                if step % 7 == 0:
+                    with barrierguard.allowed("item"):
+                        t.item()
+                if step % 50 == 0 and threads == 2:
+                    worker = threading.Thread(target=t.item, name="reader")
+                    worker.start()
+                    worker.join()
+        out = guard.report.to_dict()
+        out.pop("duration_s")
+        out["settled"] = len(guard._quiet)
+        return out
+
+    settled = run()
+    # The allowed site, and the others once 1000 violations are listed.
+    assert settled.pop("settled") == 1 + threads
+    monkeypatch.setattr(Guard, "_settle", lambda self, stats: None)
+    full = run()
+    assert full.pop("settled") == 0
+    assert settled == full
+    assert max(s["count"] for s in settled["sites"]) > 1000  # type: ignore[index]

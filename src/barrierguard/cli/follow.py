@@ -34,8 +34,9 @@ from dataclasses import replace
 from typing import Any
 
 from barrierguard._errors import MemoryGrowthError, SyncError
-from barrierguard.session import ranks
+from barrierguard.session import rank_reports
 from barrierguard.session.guard import Guard
+from barrierguard.session.options import GUARD_OPTIONS
 from barrierguard.session.watch import watch
 
 __all__ = [
@@ -157,7 +158,7 @@ class RankProbe:
     def __call__(self, step: int) -> None:
         if self.rank is not None and self.world > 1:
             return
-        rank, world = ranks.current_rank(), ranks.world_size()
+        rank, world = rank_reports.current_rank(), rank_reports.world_size()
         if rank is not None:
             self.rank, self.world = rank, max(world, self.world)
 
@@ -172,8 +173,8 @@ def child_path(out: str, rank: int | None, world: int) -> str:
         True
     """
     if rank is not None:
-        return ranks.rank_path(out, rank=rank, world=max(world, 2))
-    stem, suffix = os.path.splitext(out.replace(ranks.RANK_PLACEHOLDER, "pid"))
+        return rank_reports.rank_path(out, rank=rank, world=max(world, 2))
+    stem, suffix = os.path.splitext(out.replace(rank_reports.RANK_PLACEHOLDER, "pid"))
     return f"{stem}.pid{os.getpid()}{suffix}"
 
 
@@ -185,13 +186,7 @@ def start_child() -> Guard | None:
     data = json.loads(raw)
     if not follows(data, sys.argv, getattr(sys, "orig_argv", sys.argv)):
         return None
-    guard: Guard = watch(
-        policy=data.get("policy"),
-        engine=data.get("engine", "auto"),
-        warmup_steps=data.get("warmup_steps", 0),
-        allow=data.get("allow", ()),
-        max_syncs_per_step=data.get("max_syncs_per_step"),
-    )
+    guard: Guard = watch(**{k: v for k, v in data.items() if k in GUARD_OPTIONS})
     probe = RankProbe()
     guard.add_step_listener(probe)
     guard.start()
@@ -236,7 +231,7 @@ def wait_for_ranks(out: str, world: int, since: float, timeout: float) -> dict[i
     while True:
         found: dict[int, str] = {}
         for rank in range(world):
-            path = ranks.rank_path(out, rank=rank, world=world)
+            path = rank_reports.rank_path(out, rank=rank, world=world)
             try:
                 if os.path.getmtime(path) >= since:
                     found[rank] = path

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.baseline import Baseline, Finding, compare, make_baseline
@@ -23,17 +21,6 @@ __all__ = ["dispatch"]
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
-
-
-def _memory_of(path: str, report: Report) -> Mapping[str, Any] | None:
-    if getattr(report, "memory", None) is not None:
-        return None  # the renderer reads it from the report itself
-    # Reports of builds that record memory carry it in the JSON even when this
-    # build's Report has no field for it.
-    with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
-    memory = data.get("memory") if isinstance(data, Mapping) else None
-    return memory if isinstance(memory, Mapping) else None
 
 
 def _need_detection(report: Report, path: str) -> None:
@@ -50,9 +37,9 @@ def _print_findings(findings: list[Finding], label: str) -> int:
     gone = [f for f in findings if f.change == "gone"]
     for f in findings:
         if not f.fails and f.change != "gone":
-            print(f"barrierguard: info: {f.describe()}")
+            print(f"barrierguard: info: {f.explain()}")
     for f in bad:
-        print(f"barrierguard: {f.describe()}")
+        print(f"barrierguard: {f.explain()}")
     if bad:
         print(f"barrierguard: {label}: {len(bad)} regression(s)", file=sys.stderr)
         return EXIT_REGRESSION
@@ -84,7 +71,7 @@ def _check(ns: argparse.Namespace) -> int:
 
         # Only the regressions are annotated, each with what the check says of it.
         failed = [f for f in findings if f.fails and f.site is not None]
-        messages = {f.site.key: f.describe() for f in failed if f.site is not None}
+        messages = {f.site.key: f.explain() for f in failed if f.site is not None}
         sites = tuple({f.site.key: f.site for f in failed if f.site is not None}.values())
         emit(
             replace(report, policy="error", sites=sites),
@@ -96,7 +83,7 @@ def _check(ns: argparse.Namespace) -> int:
     return code
 
 
-def _render(report: Report, fmt: str, path: str | None) -> str:
+def _render(report: Report, fmt: str) -> str:
     if fmt == "json":
         from barrierguard.report.render.json import render as render_json
 
@@ -104,13 +91,13 @@ def _render(report: Report, fmt: str, path: str | None) -> str:
     if fmt == "html":
         from barrierguard.report.render.html import render as render_html
 
-        return render_html(report, memory=_memory_of(path, report) if path else None)
+        return render_html(report)
     return str(report) + "\n"
 
 
 def _report(ns: argparse.Namespace) -> int:
     report = Report.load(ns.report)
-    text = _render(report, ns.format, ns.report)
+    text = _render(report, ns.format)
     if ns.out:
         with open(ns.out, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -127,7 +114,7 @@ def _diff(ns: argparse.Namespace) -> int:
     findings = compare(make_baseline(a, root=ns.root), b, root=ns.root)
     for f in findings:
         if f.change == "gone":
-            print(f"barrierguard: {f.describe()}")
+            print(f"barrierguard: {f.explain()}")
     per_a = a.step_syncs / a.measured_steps if a.measured_steps else 0.0
     per_b = b.step_syncs / b.measured_steps if b.measured_steps else 0.0
     print(
@@ -198,7 +185,7 @@ def _merge(ns: argparse.Namespace) -> int:
     if ns.out:
         merged.save(ns.out)
         print(f"barrierguard: {len(paths)} rank report(s) merged into {ns.out}", file=sys.stderr)
-    sys.stdout.write(_render(merged, ns.format, None))
+    sys.stdout.write(_render(merged, ns.format))
     return EXIT_OK
 
 

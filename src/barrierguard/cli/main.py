@@ -20,7 +20,7 @@ from dataclasses import replace
 from barrierguard._errors import BarrierGuardError, SyncError
 from barrierguard.cli import follow
 from barrierguard.cli.output import CI_FORMATS, FORMAT_HELP, emit, write_html
-from barrierguard.session import ranks
+from barrierguard.session import rank_reports
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import ENGINES, POLICIES
 from barrierguard.session.watch import watch
@@ -81,7 +81,11 @@ def _guard_options(p: argparse.ArgumentParser, default_policy: str = "warn") -> 
         metavar="FILE",
         help="also write the report as one self-contained HTML page to FILE",
     )
-    p.add_argument("--format", choices=CI_FORMATS, default="text", help=FORMAT_HELP)
+    _format_options(p, FORMAT_HELP)
+
+
+def _format_options(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--format", choices=CI_FORMATS, default="text", help=help)
     p.add_argument(
         "--format-out",
         metavar="FILE",
@@ -164,17 +168,7 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="X",
         help="how much a site's syncs per step may grow before it fails (default 0)",
     )
-    check.add_argument(
-        "--format",
-        choices=CI_FORMATS,
-        default="text",
-        help="also print each regression as: " + FORMAT_HELP,
-    )
-    check.add_argument(
-        "--format-out",
-        metavar="FILE",
-        help="write the --format output (github, sarif) to FILE instead of stdout",
-    )
+    _format_options(check, "also print each regression as: " + FORMAT_HELP)
     show = sub.add_parser("report", help="show a saved report as text, JSON or HTML")
     show.add_argument("report", metavar="REPORT.json")
     show.add_argument(
@@ -209,15 +203,14 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
 
 
+def _options(ns: argparse.Namespace) -> dict[str, object]:
+    """The guard options given on the command line (the followed children get them too)."""
+    names = ("policy", "engine", "warmup_steps", "allow", "max_syncs_per_step")
+    return {name: getattr(ns, name) for name in names}
+
+
 def _make_guard(ns: argparse.Namespace) -> Guard:
-    guard: Guard = watch(
-        policy=ns.policy,
-        engine=ns.engine,
-        warmup_steps=ns.warmup_steps,
-        allow=ns.allow,
-        max_syncs_per_step=ns.max_syncs_per_step,
-        capture_probe=getattr(ns, "capture_probe", False),
-    )
+    guard: Guard = watch(**_options(ns), capture_probe=getattr(ns, "capture_probe", False))
     return guard
 
 
@@ -233,7 +226,7 @@ def _finish(
     started: float = 0.0,
 ) -> int:
     report = guard.report
-    world = ranks.world_size()
+    world = rank_reports.world_size()
     if probe is not None:
         # The process group may be gone by now: the steps saw the rank.
         probe(guard.steps)
@@ -245,7 +238,7 @@ def _finish(
     if world <= 1 or not report.rank:
         print(report, file=sys.stderr)
     if ns.out:
-        path = ranks.rank_path(ns.out, rank=report.rank or 0, world=world)
+        path = rank_reports.rank_path(ns.out, rank=report.rank or 0, world=world)
         try:
             folder = os.path.dirname(path)
             if folder:
@@ -285,7 +278,7 @@ def _say_rank_files(out: str, world: int, started: float) -> None:
             f"; none yet from rank {', '.join(map(str, missing))} (a rank still running, or "
             "one that barrierguard did not follow: see docs/distributed.md)"
         )
-    pattern = _shown(ranks.rank_path(out, rank="*", world=world))
+    pattern = _shown(rank_reports.rank_path(out, rank="*", world=world))
     print(f"{text}; merge them with barrierguard merge '{pattern}'", file=sys.stderr)
 
 
@@ -331,17 +324,7 @@ def _run(ns: argparse.Namespace) -> int:
         probe = follow.RankProbe()
         guard.add_step_listener(probe)
         job = follow.settings(
-            {
-                "policy": ns.policy,
-                "engine": ns.engine,
-                "warmup_steps": ns.warmup_steps,
-                "allow": list(ns.allow),
-                "max_syncs_per_step": ns.max_syncs_per_step,
-                "out": ns.out,
-            },
-            None if ns.module else argv[0],
-            ns.module,
-            ns.target,
+            {**_options(ns), "out": ns.out}, None if ns.module else argv[0], ns.module, ns.target
         )
         started = time.time() - 1.0  # file times may be coarser than the clock
         # Before the script runs, so that an engine that cannot run here
@@ -406,21 +389,13 @@ def _demo(ns: argparse.Namespace) -> int:
     return _finish(guard, ns, code)
 
 
-def _split_module(argv: list[str]) -> list[str]:
+def _split_module(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """Put ``--`` after ``run ... -m MODULE`` so the module's own options pass through."""
     if not argv or argv[0] != "run":
         return argv
-    takes_value = {
-        "--policy",
-        "--engine",
-        "--warmup-steps",
-        "--allow",
-        "--max-syncs-per-step",
-        "--out",
-        "--format",
-        "--format-out",
-        "--html",
-    }
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    run = sub.choices["run"]
+    takes_value = {o for a in run._actions if a.nargs != 0 for o in a.option_strings}
     i = 1
     while i < len(argv):
         token = argv[i]
@@ -438,7 +413,8 @@ def _split_module(argv: list[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``barrierguard`` command; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    ns = _parser().parse_args(_split_module(args))
+    parser = _parser()
+    ns = parser.parse_args(_split_module(args, parser))
     if getattr(ns, "target", None) and ns.target[0] == "--":
         ns.target = ns.target[1:]
     try:

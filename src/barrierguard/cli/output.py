@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.records import Report, SiteKey
-from barrierguard.session.sites import rule_table
+from barrierguard.session.site_stats import rule_table
 
 __all__ = ["CI_FORMATS", "FORMAT_HELP", "emit", "write_html"]
 

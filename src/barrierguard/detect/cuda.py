@@ -147,14 +147,14 @@ _on_device: Callable[[Any], bool] = operator.attrgetter("is_cuda")
 _NO_ARGS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
 
 
-def _raw_get() -> int:
-    """The sync-debug mode, without the public function's checks (a seam)."""
-    return int(torch._C._cuda_get_sync_debug_mode())
+def _no_mode(mode: int = 0) -> int:
+    return 0  # a build without CUDA: no mode to read or set
 
 
-def _raw_set(mode: int) -> None:
-    """Set the sync-debug mode by its number, without the public function's (a seam)."""
-    torch._C._cuda_set_sync_debug_mode(mode)
+# The sync-debug mode by its number, read and set without the public
+# functions' checks (seams: tests on CPU replace them).
+_raw_get: Callable[[], int] = getattr(torch._C, "_cuda_get_sync_debug_mode", _no_mode)
+_raw_set: Callable[[int], object] = getattr(torch._C, "_cuda_set_sync_debug_mode", _no_mode)
 
 
 _WARN = 1  # the sync-debug mode's number for "warn"
@@ -198,9 +198,17 @@ def _timed_no_args(
             _raw_set(0)
             try:
                 out = orig(self)
-            finally:
+            except BaseException:
                 _raw_set(_WARN)
                 tls.t0 = None
+                # One value that failed on the device (a stream being captured,
+                # a CUDA error): the read reached the device, as the mode's
+                # warning would have said. A misfit (several values) did not.
+                if self.numel() == 1:
+                    read(sys._getframe(1), clock() - t0)
+                raise
+            _raw_set(_WARN)
+            tls.t0 = None
             read(sys._getframe(1), clock() - t0)
             return out
         tls.t0 = clock()

@@ -7,7 +7,7 @@ the fix, or plainly that none exists), and :data:`PHASES` marks the framework
 functions that tell which phase of a run a sync belongs to (a validation loop,
 a checkpoint save, the teardown after the last step).
 
-:func:`code_entry` says what a code object is to these tables; the walk of
+:func:`file_entry` says what a source file is to these tables; the walk of
 ``detect.stack`` classifies each code object once with it, and returns the
 innermost mechanism (with the Lightning hook in flight) and the phase of each
 sync.
@@ -35,9 +35,9 @@ __all__ = [
     "PHASES",
     "PHASE_PACKAGES",
     "Mechanism",
-    "describe",
     "file_entry",
     "mechanism",
+    "mechanism_fixes",
     "package_path",
 ]
 
@@ -526,7 +526,7 @@ def _real(filename: str) -> bool:
 PHASE_PACKAGES = ("lightning", "pytorch_lightning", "transformers", "torch._dynamo")
 
 
-def describe(mechanisms: Any) -> str | None:
+def mechanism_fixes(mechanisms: Any) -> str | None:
     """The fix of a site from its mechanisms, most frequent first.
 
     Args:
@@ -536,7 +536,7 @@ def describe(mechanisms: Any) -> str | None:
         ``"name: fix | name: fix"``, or ``None`` when no mechanism is known.
 
     Example:
-        >>> describe([("prog_bar (on_train_batch_end)", 3), ("logger", 1)]).split(" | ")[1]
+        >>> mechanism_fixes([("prog_bar (on_train_batch_end)", 3), ("logger", 1)]).split(" | ")[1]
         'logger: raise Trainer(log_every_n_steps=...), log with on_step=False, or logger=False for values no logger needs'
     """
     totals: dict[str, int] = {}

@@ -3,7 +3,7 @@
 Engines install global hooks once, however many recorders use them (nested
 ``watch()`` blocks, a pytest fixture around a user's own recorder), and hand each
 sync to :func:`emit`, which gives it to every running recorder of that engine.
-A recorder is anything with the two methods of :class:`Recorder` (the
+A recorder is anything with the three methods of :class:`Recorder` (the
 session's recorder); the hub knows nothing else of it.
 """
 
@@ -30,7 +30,7 @@ __all__ = [
 
 
 class Recorder(Protocol):
-    """What the hub delivers to: one method per sync, one per internal fault."""
+    """What the hub delivers to: one method per sync, one per internal fault, one per note."""
 
     def record(
         self, sync: Sync, ident: int, stall: float | None = None, again: bool = False

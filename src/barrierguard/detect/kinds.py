@@ -176,6 +176,18 @@ def code_for(kind: str) -> str:
     return CODES.get(kind, CODES["call"])
 
 
+def kind_named(name: str) -> str | None:
+    """The kind that ``name`` names: a kind, or a rule code (any case); else ``None``.
+
+    Example:
+        >>> kind_named("item"), kind_named("bg301"), kind_named("x")
+        ('item', 'index', None)
+    """
+    return name if name in KINDS else _KIND_OF_CODE.get(name.upper())
+
+
+_KIND_OF_CODE = {code: kind for kind, code in CODES.items()}
+
 # Attribute or function names seen at the call site, mapped to a kind.
 _CALL_NAMES: dict[str, str] = {
     "item": "item",

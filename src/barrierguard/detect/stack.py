@@ -61,6 +61,7 @@ _USER = 2  # the user's code: the location ends here
 _FRAMEWORK = 4  # a framework's code (its name in the entry)
 _REAL = 8  # a frame that can be the one that synchronized (not torch's core nor stdlib)
 _TABLE = 16  # a file with functions in the framework tables
+_MARKS = 32  # ... among them a phase marker or a hook caller
 # What a function of the framework tables is.
 _MECHANISM = 1
 _DIRECT = 2  # ... a mechanism that counts only syncs made in the function itself
@@ -111,6 +112,9 @@ def _learn(filename: str) -> _File:
         table = {k: _function(v) for k, v in functions.items() if k != "*"}
         if "*" in functions:
             other = _function(functions["*"])
+        every = [*table.values(), *([other] if other is not None else [])]
+        if any(fn[0] & (_MARKER | _CALLER) for fn in every):
+            flags |= _MARKS
     entry: _File = (flags, name, table, other)
     if len(_files) < 100_000:
         _files[filename] = entry
@@ -213,7 +217,8 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
         entry = get(code.co_filename) or _learn(code.co_filename)
         flags = entry[0]
         if search:
-            if flags & _TABLE:
+            # Once a mechanism is found, only a marker or a hook caller matters.
+            if flags & _TABLE and (found is None or flags & _MARKS):
                 fn = _table_function(entry, code.co_name)
                 if fn[0] & _MECHANISM and found is None and (first_real or not fn[0] & _DIRECT):
                     found = fn[1]
@@ -252,19 +257,21 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
                 break
             code = f.f_code
             entry = get(code.co_filename) or _learn(code.co_filename)
-            if entry[0] & _TABLE:
+            flags = entry[0]
+            if flags & _TABLE:
                 plain = False
-                fn = _table_function(entry, code.co_name)
-                if fn[0] & _MECHANISM and found is None and not fn[0] & _DIRECT:
-                    found = fn[1]
-                    if not phases:
-                        break
-                if fn[0] & _CALLER and caller is None:
-                    caller = f
-                if fn[0] & _MARKER:
-                    phase = _phase(fn[2], f)
-                    if phase is not None:
-                        break
+                if found is None or flags & _MARKS:
+                    fn = _table_function(entry, code.co_name)
+                    if fn[0] & _MECHANISM and found is None and not fn[0] & _DIRECT:
+                        found = fn[1]
+                        if not phases:
+                            break
+                    if fn[0] & _CALLER and caller is None:
+                        caller = f
+                    if fn[0] & _MARKER:
+                        phase = _phase(fn[2], f)
+                        if phase is not None:
+                            break
             f = f.f_back
         if plain and f is None:
             _anchors.searched = start

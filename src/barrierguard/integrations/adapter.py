@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from barrierguard.report.records import Report
-from barrierguard.session import ranks
+from barrierguard.session import rank_reports
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import (
     GUARD_OPTIONS,
@@ -95,7 +95,7 @@ class Adapter:
 
     def _local_report(self) -> Report:
         if self._guard is None:
-            return ranks.not_run_report(self._options.policy)
+            return rank_reports.not_run_report(self._options.policy)
         return self._guard.report
 
     def _begin(self, phase: str) -> Guard:
@@ -123,7 +123,7 @@ class Adapter:
         try:
             guard.stop()
         finally:
-            self._final, self.rank_report_path, self.report_path = ranks.publish(
+            self._final, self.rank_report_path, self.report_path = rank_reports.publish(
                 self._local_report(),
                 rank_file=rank_file(),
                 merged_file=merged_file() if self.merge_ranks else None,

@@ -26,8 +26,8 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from barrierguard.integrations.adapter import Adapter
-from barrierguard.session import ranks
-from barrierguard.session.ranks import RANK_REPORT_NAME, REPORT_NAME
+from barrierguard.session import rank_reports
+from barrierguard.session.rank_reports import RANK_REPORT_NAME, REPORT_NAME
 
 __all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "HFBarrierGuard", "HFBarrierGuardCallback"]
 
@@ -118,10 +118,12 @@ class HFBarrierGuard(Adapter, TrainerCallback):
         self._end(lambda: self._rank_path(args), lambda: self._path(args))
 
     def _path(self, args: Any) -> str | None:
-        return ranks.report_file(self.save_report, lambda: _output_dir(args), REPORT_NAME)
+        return rank_reports.report_file(self.save_report, lambda: _output_dir(args), REPORT_NAME)
 
     def _rank_path(self, args: Any) -> str | None:
-        return ranks.report_file(self.rank_reports, lambda: _output_dir(args), RANK_REPORT_NAME)
+        return rank_reports.report_file(
+            self.rank_reports, lambda: _output_dir(args), RANK_REPORT_NAME
+        )
 
     # -- the failed run --------------------------------------------------------------
     def _protect(self, frame: FrameType | None) -> None:

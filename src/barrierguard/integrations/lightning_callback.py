@@ -25,8 +25,8 @@ from barrierguard._errors import BarrierGuardError
 from barrierguard.integrations.adapter import Adapter
 from barrierguard.report.combine import combine
 from barrierguard.report.records import Report
-from barrierguard.session import ranks
-from barrierguard.session.ranks import RANK_REPORT_NAME, REPORT_NAME
+from barrierguard.session import rank_reports
+from barrierguard.session.rank_reports import RANK_REPORT_NAME, REPORT_NAME
 
 __all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "BarrierGuard", "BarrierGuardCallback"]
 
@@ -207,7 +207,7 @@ class BarrierGuard(Adapter, pl.Callback):
 
     def _path(self, trainer: pl.Trainer) -> str | None:
         # trainer.log_dir is a collective under DDP: every rank asks.
-        return ranks.report_file(
+        return rank_reports.report_file(
             self.save_report,
             lambda: trainer.log_dir or trainer.default_root_dir,
             REPORT_NAME,
@@ -215,7 +215,7 @@ class BarrierGuard(Adapter, pl.Callback):
 
     def _rank_path(self, trainer: pl.Trainer) -> str | None:
         # Not trainer.log_dir: a collective under DDP, which per-rank files avoid.
-        return ranks.report_file(
+        return rank_reports.report_file(
             self.rank_reports, lambda: trainer.default_root_dir, RANK_REPORT_NAME
         )
 

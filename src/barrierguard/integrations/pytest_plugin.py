@@ -34,6 +34,7 @@ import pytest
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.records import Report, Site, SiteKey, Violation
+from barrierguard.report.site_records import add_sites
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import (
     GUARD_OPTIONS,
@@ -46,10 +47,7 @@ from barrierguard.session.watch import watch
 
 __all__: list[str] = []
 
-# The marker takes watch()'s options; these have a command-line or ini
-# default that the marker's value overrides or (allow) extends.
 _MARK_OPTIONS = GUARD_OPTIONS
-_CONFIGURED = ("policy", "engine", "warmup_steps", "allow", "max_syncs_per_step")
 _MARKER_HELP = (
     f"barrierguard(**options): watch this test for host-device synchronizations; "
     f"the options of barrierguard.watch(): {', '.join(GUARD_OPTIONS)}"
@@ -58,16 +56,11 @@ _MARKER_HELP = (
 
 @dataclass(frozen=True)
 class _Plan:
-    """How to watch one test."""
+    """How to watch one test: its policy, its memory budget, watch()'s other options."""
 
     policy: str
-    engine: str
-    warmup_steps: int
-    allow: tuple[str, ...]
-    max_syncs_per_step: int | None
-    max_growth_per_step: int | None
-    # The marker's other options of watch(), passed on as given.
-    extra: tuple[tuple[str, Any], ...] = ()
+    max_growth_per_step: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,10 +73,9 @@ class _Outcome:
 @dataclass
 class _State:
     policy: str | None
-    engine: str
-    warmup_steps: int
-    allow: tuple[str, ...]
-    max_syncs_per_step: int | None
+    # The options of the command line and the ini file, which a marker overrides
+    # or (allow) extends.
+    defaults: dict[str, Any]
     report_path: str | None
     outcomes: list[_Outcome] = field(default_factory=list)
 
@@ -169,33 +161,21 @@ def _policy(config: pytest.Config) -> str | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
-    engine = str(config.getini("barrierguard_engine")).strip() or "auto"
-    allow = tuple(str(r) for r in config.getini("barrierguard_allow"))
-    warmup = _int_ini(config, "barrierguard_warmup_steps") or 0
-    budget = _int_ini(config, "barrierguard_max_syncs_per_step")
+    defaults: dict[str, Any] = {
+        "engine": str(config.getini("barrierguard_engine")).strip() or "auto",
+        "warmup_steps": _int_ini(config, "barrierguard_warmup_steps") or 0,
+        "allow": tuple(str(r) for r in config.getini("barrierguard_allow")),
+        "max_syncs_per_step": _int_ini(config, "barrierguard_max_syncs_per_step"),
+    }
     try:
         # Validate once, up front: a typo in the ini file stops the run at once.
-        make_options(
-            policy="record",
-            engine=engine,
-            warmup_steps=warmup,
-            allow=allow,
-            max_syncs_per_step=budget,
-            owner="barrierguard ini",
-        )
+        make_options(policy="record", owner="barrierguard ini", **defaults)
     except BarrierGuardError as err:
         raise pytest.UsageError(str(err)) from err
     report_path = config.getoption("barrierguard_report") or (
         str(config.getini("barrierguard_report")).strip() or None
     )
-    config.stash[_STATE] = _State(
-        policy=_policy(config),
-        engine=engine,
-        warmup_steps=warmup,
-        allow=allow,
-        max_syncs_per_step=budget,
-        report_path=report_path,
-    )
+    config.stash[_STATE] = _State(_policy(config), defaults, report_path)
 
 
 def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
@@ -214,34 +194,15 @@ def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
             f"@pytest.mark.barrierguard: unknown option(s) {', '.join(map(repr, unknown))}; "
             f"accepted: {', '.join(_MARK_OPTIONS)}"
         )
-    allow = kw.get("allow", ())
+    owner = "@pytest.mark.barrierguard"
+    policy = resolve_policy(kw.pop("policy", None) or state.policy, owner=owner)
+    growth = kw.pop("max_growth_per_step", None)
+    allow = kw.pop("allow", ())
     allow = (allow,) if isinstance(allow, str) else tuple(allow)
-    growth = kw.get("max_growth_per_step")
-    if growth is not None:
-        growth = parse_bytes(growth, owner="@pytest.mark.barrierguard")
-    policy = kw.get("policy") or state.policy
-    plan = _Plan(
-        policy=resolve_policy(policy, owner="@pytest.mark.barrierguard"),
-        engine=kw.get("engine", state.engine),
-        warmup_steps=kw.get("warmup_steps", state.warmup_steps),
-        allow=state.allow + allow,
-        max_syncs_per_step=kw.get("max_syncs_per_step", state.max_syncs_per_step),
-        max_growth_per_step=growth,
-        extra=tuple(
-            (k, v) for k, v in kw.items() if k not in (*_CONFIGURED, "max_growth_per_step")
-        ),
-    )
+    options = {**state.defaults, **kw, "allow": state.defaults["allow"] + allow}
     # Validate now, so a bad marker is an error at setup, not a surprise later.
-    make_options(
-        policy=plan.policy,
-        engine=plan.engine,
-        warmup_steps=plan.warmup_steps,
-        allow=plan.allow,
-        max_syncs_per_step=plan.max_syncs_per_step,
-        owner="@pytest.mark.barrierguard",
-        **dict(plan.extra),
-    )
-    return plan
+    make_options(policy=policy, owner=owner, **options)
+    return _Plan(policy, None if growth is None else parse_bytes(growth, owner=owner), options)
 
 
 def _start(plan: _Plan) -> Guard:
@@ -250,14 +211,8 @@ def _start(plan: _Plan) -> Guard:
     # caught by the test's own code.
     guard: Guard = watch(
         policy="warn" if plan.policy == "warn" else "record",
-        engine=plan.engine,
-        warmup_steps=plan.warmup_steps,
-        allow=plan.allow,
-        max_syncs_per_step=plan.max_syncs_per_step,
-        max_growth_per_step=(
-            "1MB" if plan.max_growth_per_step is None else plan.max_growth_per_step
-        ),
-        **dict(plan.extra),
+        max_growth_per_step="1MB" if plan.max_growth_per_step is None else plan.max_growth_per_step,
+        **plan.options,
     )
     return guard.start()
 
@@ -292,7 +247,7 @@ def barrierguard(request: pytest.FixtureRequest) -> Iterator[Guard]:
     item = request.node
     plan = item.stash.get(_PLAN, None)
     if plan is None:  # the plugin's setup hook did not run (plugin loaded late)
-        plan = _Plan("warn", "auto", 0, (), None, None)
+        plan = _Plan("warn")
         item.stash[_PLAN] = plan
     guard = _start(plan)
     item.stash[_GUARD] = guard
@@ -313,11 +268,8 @@ def _offenders(report: Report) -> list[tuple[Violation, Site | None]]:
 
 def _failure_text(report: Report, plan: _Plan) -> str:
     offenders = _offenders(report)
-    budget = (
-        f"a budget of {plan.max_syncs_per_step} per step"
-        if plan.max_syncs_per_step is not None
-        else "no budget"
-    )
+    most = plan.options.get("max_syncs_per_step")
+    budget = f"a budget of {most} per step" if most is not None else "no budget"
     lines = [
         f"barrierguard: {len(report.violations)} synchronization(s) broke the policy "
         f"(error; {budget}; {report.measured_steps} measured steps) at {len(offenders)} line(s):"
@@ -415,18 +367,15 @@ def _merge(outcomes: Sequence[_Outcome]) -> Report:
     for out in outcomes:
         for s in out.report.sites:
             old = sites.get(s.key)
-            if old is None:
-                sites[s.key] = replace(s, steps=())
-            else:
-                sites[s.key] = replace(
-                    old,
-                    count=old.count + s.count,
-                    setup_count=old.setup_count + s.setup_count,
-                    step_count=old.step_count + s.step_count,
+            sites[s.key] = (
+                replace(s, steps=())
+                if old is None
+                else add_sites(
+                    [old, s],
                     per_step=max(old.per_step, s.per_step),
                     allowed=old.allowed and s.allowed,
-                    threads=tuple(dict.fromkeys(old.threads + s.threads)),
                 )
+            )
     reports = [o.report for o in outcomes]
     first = reports[0]
     return Report(
@@ -486,7 +435,7 @@ def _ci_output(tr: Any, config: pytest.Config, merged: Report, outs: Sequence[_O
     if fmt == "text":
         return
     from barrierguard.report.render import github, sarif
-    from barrierguard.session.sites import rule_table
+    from barrierguard.session.site_stats import rule_table
 
     # A site fails where a test that barrierguard failed has a violation there.
     failed = [o.report for o in outs if o.failed]

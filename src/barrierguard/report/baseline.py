@@ -134,7 +134,7 @@ class Entry(Record):
         """Whether the site synced in measured steps (only those can regress)."""
         return self.per_step > _EPS
 
-    def describe(self) -> str:
+    def label(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
         return f"{where} in {self.function}(): {self.code!r} [{self.kind}]"
 
@@ -145,17 +145,9 @@ def _entries(sites: Iterable[Site], root: str | None) -> dict[Key, Entry]:
         if not _counts(site):
             continue
         key = site_key(site, root)
-        old = out.get(key)
-        if old is None:
-            out[key] = Entry(*key, 1, site.per_step, site.count, site.line)
-        else:
-            out[key] = Entry(
-                *key,
-                old.lines + 1,
-                old.per_step + site.per_step,
-                old.count + site.count,
-                min(old.line, site.line),
-            )
+        old = out.get(key) or Entry(*key, 0, 0.0, 0, site.line)
+        lines, per_step, count = old.lines + 1, old.per_step + site.per_step, old.count + site.count
+        out[key] = Entry(*key, lines, per_step, count, min(old.line, site.line))
     return out
 
 
@@ -281,30 +273,30 @@ class Finding:
         """A regression: a new site, more lines or more syncs per step *in the loop*."""
         return self.change in ("new", "more", "grew") and self.entry.in_loop
 
-    def describe(self) -> str:
+    def explain(self) -> str:
         e, b = self.entry, self.before
         if self.change in ("new", "more") and not e.in_loop:
             what = "new site" if self.change == "new" else "more lines"
             return (
                 f"{what} outside the loop (setup, warm-up or a phase counted apart; "
-                f"never a regression): {e.describe()}"
+                f"never a regression): {e.label()}"
             )
         if self.change == "matched" and b is not None:
             return (
-                f"edited: {e.describe()} is the baseline's {b.code!r}"
+                f"edited: {e.label()} is the baseline's {b.code!r}"
                 f"{f' (line {b.line})' if b.line else ''}, matched by its place"
             )
         if self.change == "new":
-            text = f"new site: {e.describe()} - {e.per_step:.2f} syncs per step"
+            text = f"new site: {e.label()} - {e.per_step:.2f} syncs per step"
         elif self.change == "more" and b is not None:
-            text = f"more lines: {e.describe()} - {e.lines} lines now, {b.lines} in the baseline"
+            text = f"more lines: {e.label()} - {e.lines} lines now, {b.lines} in the baseline"
         elif self.change == "grew" and b is not None:
             text = (
-                f"more syncs per step: {e.describe()} - {e.per_step:.2f} per step now, "
+                f"more syncs per step: {e.label()} - {e.per_step:.2f} per step now, "
                 f"{b.per_step:.2f} in the baseline"
             )
         else:
-            text = f"gone: {e.describe()}"
+            text = f"gone: {e.label()}"
         if self.fails and self.site is not None and self.site.fix:
             text += f"\n    fix: {self.site.fix}"
         return text

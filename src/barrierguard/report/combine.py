@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from barrierguard.report.records import Report, Site, SiteKey
-from barrierguard.report.sites import _events
+from barrierguard.report.site_records import add_sites
 
 __all__ = ["combine"]
 
@@ -24,17 +24,7 @@ def combine(before: Report, after: Report) -> Report:
         if old is None:
             sites[site.key] = replace(site, steps=shifted)
             continue
-        sites[site.key] = replace(
-            old,
-            count=old.count + site.count,
-            setup_count=old.setup_count + site.setup_count,
-            step_count=old.step_count + site.step_count,
-            steps=old.steps + shifted,
-            threads=tuple(dict.fromkeys(old.threads + site.threads)),
-            phases=_add(old.phases, site.phases),
-            mechanisms=_add(old.mechanisms, site.mechanisms),
-            events=_events([old, site]),
-        )
+        sites[site.key] = add_sites([old, site], steps=old.steps + shifted)
     measured = before.measured_steps + after.measured_steps
     merged = [
         replace(s, per_step=s.step_count / measured if measured else 0.0) for s in sites.values()
@@ -56,12 +46,3 @@ def combine(before: Report, after: Report) -> Report:
         duration_s=before.duration_s + after.duration_s,
         epochs=before.epochs + tuple(e + offset for e in after.epochs),
     )
-
-
-def _add(
-    a: tuple[tuple[str, int], ...], b: tuple[tuple[str, int], ...]
-) -> tuple[tuple[str, int], ...]:
-    total = dict(a)
-    for k, n in b:
-        total[k] = total.get(k, 0) + n
-    return tuple(total.items())

@@ -89,8 +89,10 @@ class CaptureProbe(_Located):
 
     ``status`` is ``"capturable"``, ``"blocked"`` (``file``/``line`` name the
     first line that stopped the capture, ``reason`` the error), or
-    ``"not run"`` (``reason`` says why: no CUDA device, no call to probe).
-    ``captured`` says what was captured.
+    ``"not run"`` (``reason`` says why: no CUDA device, no call to probe, an
+    inconclusive capture). A ``"capturable"`` probe with a ``reason`` took
+    part of its verdict from inductor's CUDA graphs (the reason says which
+    part, and what was not checked). ``captured`` says what was captured.
     """
 
     status: str
@@ -140,7 +142,9 @@ class CompileReport(Record):
         if probe is None:
             parts.append("capture probe not run")
         elif probe.status == "capturable":
-            parts.append("the step is capturable")
+            # A reason on a capturable step says what was taken from inductor.
+            tag = probe.reason.split(":", 1)[0]
+            parts.append(f"the step is capturable ({tag})" if tag else "the step is capturable")
         elif probe.status == "blocked":
             parts.append(f"the step is not capturable: first blocked at {probe.location}")
         else:

@@ -1,7 +1,7 @@
 """The report: plain, frozen records that round-trip through JSON.
 
 :class:`Report` and its JSON (docs/report-schema.md); the records it nests
-live in ``sites`` (a site, a violation) and ``measures`` (memory, the
+live in ``site_records`` (a site, a violation) and ``measures`` (memory, the
 timeline), and are re-exported here.
 """
 
@@ -23,8 +23,8 @@ from barrierguard.report.compiled import (
 )
 from barrierguard.report.jsonio import read_json, write_json, write_text
 from barrierguard.report.measures import MemoryReport, Timeline
-from barrierguard.report.ranks import RankSummary, job_cost, rank_ranges, summarize_rank
-from barrierguard.report.sites import Site, SiteKey, Violation, _merge_sites
+from barrierguard.report.rank_view import RankSummary, job_cost, rank_ranges, summarize_rank
+from barrierguard.report.site_records import Site, SiteKey, Violation, _merge_sites
 
 __all__ = [
     "SCHEMA",

@@ -23,12 +23,11 @@ from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.detect.kinds import CODES, KINDS
+from barrierguard.detect.kinds import KINDS, kind_named
 
 __all__ = ["admits", "allowed", "inline_allowed", "resolve_kinds"]
 
 _INLINE = re.compile(r"#\s*barrierguard:\s*allow\b(?:\[([^\]]*)\])?")
-_KIND_OF_CODE = {code: kind for kind, code in CODES.items()}
 
 
 def resolve_kinds(names: tuple[str, ...], owner: str) -> frozenset[str]:
@@ -43,16 +42,13 @@ def resolve_kinds(names: tuple[str, ...], owner: str) -> frozenset[str]:
     """
     kinds = set()
     for name in names:
-        text = name.strip() if isinstance(name, str) else name
-        if isinstance(text, str) and text in KINDS:
-            kinds.add(text)
-        elif isinstance(text, str) and text.upper() in _KIND_OF_CODE:
-            kinds.add(_KIND_OF_CODE[text.upper()])
-        else:
+        kind = kind_named(name.strip()) if isinstance(name, str) else None
+        if kind is None:
             raise BarrierGuardError(
                 f"{owner}({name!r}): expected a kind such as 'item' or a rule code such as "
                 f"'BG101' (docs/rules.md); the kinds are {', '.join(sorted(KINDS))}"
             )
+        kinds.add(kind)
     return frozenset(kinds)
 
 
@@ -78,11 +74,7 @@ def inline_allowed(file: str, line: int, kind: str) -> bool:
         return False
     if found.group(1) is None or not found.group(1).strip():
         return True
-    for name in found.group(1).split(","):
-        name = name.strip()
-        if name == kind or _KIND_OF_CODE.get(name.upper()) == kind:
-            return True
-    return False
+    return any(kind_named(name.strip()) == kind for name in found.group(1).split(","))
 
 
 class _Scope:

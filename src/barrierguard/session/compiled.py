@@ -9,6 +9,7 @@ the breaks that are not syncs listed apart.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -22,7 +23,7 @@ from barrierguard.report.records import (
     Site,
 )
 
-__all__ = ["CompileWatch", "join"]
+__all__ = ["CompileWatch", "frames_compiled", "join"]
 
 # The dynamo flag that keeps a kind of sync in the graph, when dynamo's own
 # message names none.
@@ -39,7 +40,7 @@ _KIND_FLAG = {
 }
 
 
-def _frames_compiled() -> int:
+def frames_compiled() -> int:
     """How many frames dynamo has been asked to compile in this process (0 without it)."""
     if "torch._dynamo" not in sys.modules:
         return 0
@@ -68,16 +69,24 @@ class CompileWatch:
         self.frames = 0
 
     def start(self) -> None:
-        self._frames_at_start = _frames_compiled()
+        self._frames_at_start = frames_compiled()
         self.listener.start()
 
     def stop(self) -> None:
         self.listener.stop()
-        self.frames += max(0, _frames_compiled() - self._frames_at_start)
+        self.frames += max(0, frames_compiled() - self._frames_at_start)
 
     @property
     def events(self) -> list[CompileEvent]:
         return list(self.listener.events)
+
+    def skips(self) -> list[str]:
+        """The CUDA-graph skips heard so far, ``"reason at file:line"`` (for the probe)."""
+        return [
+            f"{e.reason} at {os.path.basename(e.file)}:{e.line}" if e.file else e.reason
+            for e in self.listener.events
+            if e.what == "cudagraph_skip"
+        ]
 
 
 def _group(
@@ -99,7 +108,7 @@ def join(
     ``running``: the guard still runs (frames compiled since its start count).
     """
     events = watch.events
-    frames = watch.frames + (max(0, _frames_compiled() - watch._frames_at_start) if running else 0)
+    frames = watch.frames + (max(0, frames_compiled() - watch._frames_at_start) if running else 0)
     compile_syncs = sum(n for s in sites for phase, n in s.phases if phase == "compile")
     notes = tuple(watch.listener.notes) + tuple(
         f"internal error while reading torch's compile logs: {f}" for f in watch.listener.faults[:3]

@@ -25,11 +25,12 @@ from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import KINDS
 from barrierguard.detect.stack import Sync
 from barrierguard.report.records import CaptureProbe, MemoryReport, Report, Timeline, Violation
-from barrierguard.session import allowing, lifecycle, ranks
+from barrierguard.session import allowing, lifecycle
+from barrierguard.session import rank_reports as ranks
 from barrierguard.session.compiled import CompileWatch, join
 from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
-from barrierguard.session.sites import SiteStats, message, site_record
+from barrierguard.session.site_stats import SiteStats, message, site_record
 from barrierguard.session.steps import OptimizerSteps
 
 if TYPE_CHECKING:
@@ -133,6 +134,8 @@ class Guard:
         self._options = options
         self._lock = threading.Lock()
         self._sites: dict[tuple[str, int, str, str, str, int], SiteStats] = {}
+        # Settled sites by their interned location (see _settle).
+        self._quiet: dict[Location, SiteStats] = {}
         self._steps = 0
         self._step_syncs = 0
         self._per_step: list[int] = [0]
@@ -523,7 +526,7 @@ class Guard:
         saved, self._phase = self._phase, "probe"
         self._probing = True
         try:
-            result = probe(fn, args, kwargs, params)
+            result = probe(fn, args, kwargs, params, self._compile.skips())
         except Exception as exc:  # the probe's own failure must not cost the run
             self.fault(exc)
             result = CaptureProbe(
@@ -588,6 +591,12 @@ class Guard:
         it adds an event to that occurrence, not an occurrence.
         """
         loc = sync.loc
+        stats = self._quiet.get(loc)
+        if stats is not None and not again and ident == stats.last_ident:
+            # A site that the loop has confirmed and whose syncs need no decision
+            # (see _settle): counted without the lock or the policy's checks.
+            self._count_quiet(stats, sync, stall)
+            return None
         if again:
             with self._lock:
                 stats = self._sites.get(loc.key)
@@ -643,6 +652,7 @@ class Guard:
                 ranges.append([step, step])
             if not stats.blocking:
                 if opts.policy == "record" or loc.key in self._warned:
+                    self._settle(stats)
                     return None
                 if held:
                     race = "not a barrier, but a race"
@@ -651,6 +661,8 @@ class Guard:
                 self._warned.add(loc.key)
                 return functools.partial(self._warn, stats, step, "not a barrier, but a race")
             if stats.allowed or allowing.admits(loc.key, loc.kind):
+                if stats.allowed:
+                    self._settle(stats)
                 return None
             self._step_syncs += 1
             budget = opts.max_syncs_per_step or 0
@@ -667,6 +679,7 @@ class Guard:
             if len(self._violations) < _MAX_VIOLATIONS:
                 self._violations.append((loc, step, reason, self._thread_name(ident)))
             if opts.policy == "record":
+                self._settle(stats)
                 return None
             first_time = loc.key not in self._warned
             self._warned.add(loc.key)
@@ -684,6 +697,52 @@ class Guard:
                     self._deferred.append(error)
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
         return functools.partial(_raise, error)
+
+    def _settle(self, stats: SiteStats) -> None:
+        """Count ``stats``'s further syncs on the quiet path, once nothing is left to decide.
+
+        That is once the loop has confirmed the site and a sync of it can no
+        longer warn, raise or fill the violation list: the site is allowed, or
+        it is no barrier and already warned of, or the policy records and has
+        no budget and the list is full. Called with the lock held.
+        """
+        if not stats.in_loop or self._options.max_syncs_per_step is not None:
+            return
+        if stats.allowed or not stats.blocking or len(self._violations) >= _MAX_VIOLATIONS:
+            self._quiet[stats.loc] = stats
+
+    def _count_quiet(self, stats: SiteStats, sync: Sync, stall: float | None) -> None:
+        """One sync of a settled site: the counters of :meth:`record`, nothing else."""
+        phase = self._phase
+        found = sync.phase
+        if found is not None and (phase is None or found != "train"):
+            phase = found
+        mechanism = sync.mechanism
+        stats.count += 1
+        stats.events += 1
+        if mechanism is not None:
+            stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + 1
+        if phase is not None:
+            stats.phases[phase] = stats.phases.get(phase, 0) + 1
+            if phase in APART_PHASES:
+                return
+        step = self._steps
+        blocking = stats.blocking
+        if blocking:
+            self._per_step[step] += 1
+        stats.step_count += 1
+        if stall is not None:
+            stats.stall += stall
+            stats.stall_count += 1
+            self._step_stall[step] += stall
+        ranges = stats.ranges
+        if ranges[-1][1] >= step - 1:
+            ranges[-1][1] = step
+        else:
+            ranges.append([step, step])
+        if blocking and not stats.allowed and not allowing.admits(stats.loc.key, stats.loc.kind):
+            self._step_syncs += 1
+            self._violation_count += 1
 
     def _new_site(self, loc: Location, mechanism: str | None) -> SiteStats:
         known = KINDS.get(loc.kind)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from barrierguard.detect.patch import Patches
-from barrierguard.session.sites import SiteStats
+from barrierguard.session.site_stats import SiteStats
 
 __all__ = ["AFTER_LOOP", "Held", "OpenStep", "unwatch_loaders", "watch_loaders"]
 

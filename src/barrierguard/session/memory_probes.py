@@ -236,6 +236,3 @@ def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> P
         return tuple(names)
 
     return ProbeSet(probes, sources, notes, verdict_series)
-
-
-# -- sampling ----------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.detect import frameworks
-from barrierguard.detect.kinds import CODES, KINDS
+from barrierguard.detect.kinds import KINDS, kind_named
 
 __all__ = [
     "ENGINES",
@@ -43,7 +43,6 @@ _ALLOW_FORMS = (
     + " (docs/rules.md)"
 )
 _MECHANISMS = tuple(m.name for m in frameworks.MECHANISMS)
-_KIND_OF_CODE = {code: kind for kind, code in CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -104,11 +103,9 @@ def parse_allow(rule: str) -> AllowRule:
     if not isinstance(rule, str):
         raise BarrierGuardError(f"allow rule {rule!r} is not a string: expected {_ALLOW_FORMS}")
     text = rule.strip()
-    if text in KINDS:
-        return AllowRule(text=rule, kind=text)
-    by_code = _KIND_OF_CODE.get(text.upper())
-    if by_code is not None:
-        return AllowRule(text=rule, kind=by_code)
+    kind = kind_named(text)
+    if kind is not None:
+        return AllowRule(text=rule, kind=kind)
     if text == "user" or (text.startswith("framework:") and len(text) > len("framework:")):
         return AllowRule(text=rule, origin=text)
     if text.startswith("mechanism:"):
@@ -245,16 +242,8 @@ def _rules(owner: str, allow: object) -> list[str]:
     )
 
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_UNITS.update(kib=2**10, mib=2**20, gib=2**30)
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 _BYTES_FORMS = (
     "an int number of bytes (>= 0) or a string like '512KB', '1MB', '1.5MiB', '2GB' "
@@ -299,7 +288,7 @@ def parse_out(value: object, *, owner: str = "watch", name: str = "out") -> str 
 
     A path may hold ``{rank}``, replaced by each rank's number; without it, a
     run of several ranks writes ``<stem>.rank<N><suffix>`` (see
-    ``barrierguard.session.ranks.rank_path``).
+    ``barrierguard.session.rank_reports.rank_path``).
 
     Raises:
         BarrierGuardError: For anything else; the message names the value.
@@ -398,11 +387,6 @@ def make_report_options(
         BarrierGuardError: For a value of the wrong type, a malformed path, or
             ``merge_ranks=False`` with no per-rank files to merge later.
     """
-    for name, value in (("print_report", print_report), ("merge_ranks", merge_ranks)):
-        if not isinstance(value, bool):
-            raise BarrierGuardError(
-                f"{owner}({name}={value!r}) is not valid: expected True or False"
-            )
     if not isinstance(save_report, (bool, str, os.PathLike)):
         raise BarrierGuardError(
             f"{owner}(save_report={save_report!r}) is not valid: expected True "
@@ -415,15 +399,15 @@ def make_report_options(
         )
     if not isinstance(rank_reports, bool):
         parse_out(rank_reports, owner=owner, name="rank_reports")
-    if not merge_ranks and rank_reports is False:
+    if merge_ranks is False and rank_reports is False:
         raise BarrierGuardError(
             f"{owner}(merge_ranks=False) keeps each rank's report in its own process only: "
             f"also pass rank_reports=True (each rank writes barrierguard_report.rank{{rank}}.json "
             f"in {where}) or a path, and join the files with barrierguard merge"
         )
     return ReportOptions(
-        print_report=bool(print_report),
-        save_report=save_report,
-        rank_reports=rank_reports,
-        merge_ranks=bool(merge_ranks),
+        _flag(owner, "print_report", print_report),
+        save_report,
+        rank_reports,
+        _flag(owner, "merge_ranks", merge_ranks),
     )

@@ -42,7 +42,7 @@ class _CudaEvent:
     current stream in Python on every call, which a per-step probe cannot pay.
     """
 
-    __slots__ = ("_event", "_query", "_record", "_stream")
+    __slots__ = ("_event", "_query", "_record_on", "_stream")
 
     def __init__(self, stream: Any) -> None:
         import torch
@@ -50,12 +50,12 @@ class _CudaEvent:
         event_type: Any = torch.cuda.Event
         self._event = event_type(enable_timing=True)
         base: Any = torch._C._CudaEventBase
-        self._record = base.record
+        self._record_on = base.record
         self._query = base.query
         self._stream = stream
 
     def record(self) -> None:
-        self._record(self._event, self._stream)
+        self._record_on(self._event, self._stream)
 
     def query(self) -> bool:
         return bool(self._query(self._event))
@@ -105,7 +105,7 @@ class StepTimeline:
         self.device_s: dict[int, float] = {}
         self._ahead_at: dict[int, int] = {}
 
-    def _record(self, step: int) -> None:
+    def _place_event(self, step: int) -> None:
         if self._make_event is None:
             # Events go on the stream current when timing starts: the loop's.
             self._make_event = _cuda_events()
@@ -124,7 +124,7 @@ class StepTimeline:
         self._pool.clear()
         if self._make_event is not None and self._cuda_default:
             self._make_event = None  # a restart picks up the stream current now
-        self._record(step)
+        self._place_event(step)
 
     def _retire(self) -> None:
         pending = self._pending
@@ -158,7 +158,7 @@ class StepTimeline:
         self._retire()
         ahead = len(self._pending)
         self._ahead_at[step] = ahead
-        self._record(step)
+        self._place_event(step)
         self.steps.append(step)
         self.host_s.append(host)
         self.ahead.append(ahead)

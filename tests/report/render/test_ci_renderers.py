@@ -14,7 +14,7 @@ import pytest
 
 from barrierguard import Report, Site, Violation
 from barrierguard.report.render import github, sarif
-from barrierguard.session.sites import rule_table
+from barrierguard.session.site_stats import rule_table
 
 SCHEMA = json.loads(Path(__file__).with_name("sarif-schema-2.1.0.json").read_text())
 

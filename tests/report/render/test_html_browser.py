@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def page(tmp_path: Path) -> Path:
     path = tmp_path / "report.html"
-    path.write_text(render(sample_report(), memory=sample_memory()), encoding="utf-8")
+    path.write_text(render(replace(sample_report(), memory=sample_memory())), encoding="utf-8")
     return path
 
 

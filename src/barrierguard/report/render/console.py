@@ -18,6 +18,7 @@ from barrierguard.report.records import (
 __all__ = [
     "SeriesRow",
     "memory_state",
+    "rank_cells",
     "render",
     "render_compile",
     "series_rows",
@@ -35,10 +36,6 @@ def _short(path: str, width: int = 28) -> str:
     return path if len(path) <= width else "..." + path[-(width - 3) :]
 
 
-def _where(site: Site) -> str:
-    return f"{os.path.basename(site.file)}:{site.line}"
-
-
 # Phases whose syncs a guard counts apart from the training steps.
 _APART = ("validate", "test", "predict", "checkpoint", "teardown", "after-loop", "compile", "probe")
 
@@ -54,7 +51,7 @@ def _row(i: int, site: Site, measured: bool) -> list[str]:
     stall = f"{site.stall_s * 1e3:.2f}" if site.stall_s is not None else "-"
     kind = site.kind + (f"/{site.detail}" if site.detail else "")
     rule = site.rule or "-"
-    return [str(i), _where(site), rule, kind, site.origin, str(count), per, stall, site.code]
+    return [str(i), site.location, rule, kind, site.origin, str(count), per, stall, site.code]
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -250,6 +247,18 @@ def _ms(x: float | None) -> str:
     return f"{x * 1e3:.2f}" if x is not None else "-"
 
 
+def rank_cells(s: RankSummary) -> list[str]:
+    """A rank's row of the ranks table, but its wait: rank, steps, syncs, stall, step times."""
+    return [
+        str(s.rank),
+        str(s.steps),
+        f"{s.syncs_per_step:.2f}",
+        _ms(s.stall_per_step_s),
+        _ms(s.host_step_s),
+        _ms(s.device_step_s),
+    ]
+
+
 _RANK_ROWS = 16
 
 
@@ -266,7 +275,7 @@ def render_ranks(summaries: tuple[RankSummary, ...], gate: Site | None) -> list[
         lines[0] += "every site fires on every rank (no rank-asymmetric site in the steps)"
     else:
         fired = rank_ranges(r for r, _ in gate.rank_counts)
-        lines[0] += f"the gating site is {_where(gate)} ({gate.kind}, rank {fired} only)"
+        lines[0] += f"the gating site is {gate.location} ({gate.kind}, rank {fired} only)"
         if gate.job_cost_s is not None:
             lines[0] += (
                 f": the other ranks wait about {gate.job_cost_s * 1e3:.2f} ms per step at "
@@ -282,17 +291,7 @@ def render_ranks(summaries: tuple[RankSummary, ...], gate: Site | None) -> list[
             waits = f"{s.wait_s * 1e3:.2f} ms"
             if s.wait_s and s.step_s:
                 waits += f" ({s.wait_s / s.step_s:.0%} of its step)"
-        rows.append(
-            [
-                str(s.rank),
-                str(s.steps),
-                f"{s.syncs_per_step:.2f}",
-                _ms(s.stall_per_step_s),
-                _ms(s.host_step_s),
-                _ms(s.device_step_s),
-                waits,
-            ]
-        )
+        rows.append([*rank_cells(s), waits])
     lines.extend(_table(rows, header))
     if len(summaries) > _RANK_ROWS:
         lines.append(

@@ -14,8 +14,7 @@ from __future__ import annotations
 import html
 import math
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from barrierguard.report.records import (
     MemoryReport,
@@ -24,7 +23,7 @@ from barrierguard.report.records import (
     Site,
     rank_ranges,
 )
-from barrierguard.report.render.console import series_rows, violations_heading
+from barrierguard.report.render.console import rank_cells, series_rows, violations_heading
 
 __all__ = ["render"]
 
@@ -199,27 +198,15 @@ def _syncs_chart(per_step: Sequence[int], warmup: int) -> str:
     return "".join(parts)
 
 
-def _memory_data(report: Report, memory: Any) -> tuple[list[float], dict[str, list[float]]] | None:
-    data = memory if memory is not None else getattr(report, "memory", None)
-    if data is None:
-        return None
-    if not isinstance(data, Mapping):
-        to_dict = getattr(data, "to_dict", None)
-        if callable(to_dict):
-            data = to_dict()
-        else:
-            data = {"steps": getattr(data, "steps", None), "series": getattr(data, "series", None)}
-    if not isinstance(data, Mapping):
-        return None
-    steps, series = data.get("steps"), data.get("series")
-    if not isinstance(steps, Sequence) or not isinstance(series, Mapping) or not steps:
+def _memory_data(memory: MemoryReport | None) -> tuple[list[float], dict[str, list[float]]] | None:
+    if memory is None or not memory.steps:
         return None
     try:
-        xs = [float(s) for s in steps]
+        xs = [float(s) for s in memory.steps]
         out = {
-            str(name): [float(v) for v in values]
-            for name, values in series.items()
-            if isinstance(values, Sequence) and len(values) == len(xs) and values
+            name: [float(v) for v in values]  # type: ignore[arg-type]
+            for name, values in memory.series.items()
+            if len(values) == len(xs) and values
         }
     except (TypeError, ValueError):
         return None
@@ -234,8 +221,8 @@ def _bytes_unit(peak: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
-def _memory_chart(report: Report, memory: Any) -> str:
-    parsed = _memory_data(report, memory)
+def _memory_chart(memory: MemoryReport | None) -> str:
+    parsed = _memory_data(memory)
     if parsed is None:
         return '<div class="empty" id="no-memory">no memory samples in this report</div>'
     xs, series = parsed
@@ -269,11 +256,7 @@ def _memory_chart(report: Report, memory: Any) -> str:
         )
     parts.append(_axes(w, h, pad, f"{ymax / size:.3g} {unit}", f"step {_fmt_num(x1)}"))
     parts.append("</svg>")
-    leak = ""
-    data = memory if memory is not None else getattr(report, "memory", None)
-    flag = data.get("leak") if isinstance(data, Mapping) else getattr(data, "leak", None)
-    if flag:
-        leak = ' <span class="badge bad">leak suspected</span>'
+    leak = ' <span class="badge bad">leak suspected</span>' if memory and memory.leak else ""
     return "".join(parts) + f'<div class="small">{" &nbsp; ".join(legend)}{leak}</div>'
 
 
@@ -337,24 +320,13 @@ def _sites_table(report: Report) -> str:
     )
 
 
-def _ms(x: float | None) -> str:
-    return f"{x * 1e3:.2f}" if x is not None else "-"
-
-
 def _rank_row(s: RankSummary) -> str:
     waits = "-"
     if s.wait_s is not None:
         waits = f"{s.wait_s * 1e3:.2f}"
         if s.wait_s and s.step_s:
             waits += f' <span class="small">({s.wait_s / s.step_s:.0%} of its step)</span>'
-    cells = (
-        str(s.rank),
-        str(s.steps),
-        f"{s.syncs_per_step:.2f}",
-        _ms(s.stall_per_step_s),
-        _ms(s.host_step_s),
-        _ms(s.device_step_s),
-    )
+    cells = rank_cells(s)
     return (
         f'<tr data-rank="{s.rank}">'
         + "".join(f'<td class="num">{c}</td>' for c in cells)
@@ -545,7 +517,7 @@ def _compile(report: Report) -> str:
     )
 
 
-def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
+def render(report: Report) -> str:
     """Render ``report`` as one self-contained HTML page, the answer first.
 
     The page reads from the top: the verdict (what breaks the policy, one line
@@ -554,10 +526,8 @@ def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
     memory section, the ranks of a merged report, then the notes.
 
     Args:
-        report: The report to show.
-        memory: Memory samples ``{"steps": [...], "series": {name: [bytes...]}}``
-            when they are not on the report itself (``report.memory``); the
-            memory chart shows "no memory samples" when neither has them.
+        report: The report to show; without memory samples (``report.memory``)
+            the memory chart says "no memory samples".
 
     Example:
         >>> from barrierguard import Report
@@ -601,7 +571,7 @@ def render(report: Report, memory: Mapping[str, Any] | None = None) -> str:
 <div class="charts">
 <div class="chart"><h3>Blocking syncs per step</h3>
 {_syncs_chart(report.syncs_per_step, report.warmup_steps)}</div>
-<div class="chart"><h3>Memory per step</h3>{_memory_chart(report, memory)}</div>
+<div class="chart"><h3>Memory per step</h3>{_memory_chart(report.memory)}</div>
 </div>
 {_memory_section(report.memory)}
 {_ranks(report)}

@@ -11,7 +11,7 @@ import torch
 
 import barrierguard
 from barrierguard import BarrierGuardError, Report
-from barrierguard.session import ranks
+from barrierguard.session import rank_reports
 
 
 @pytest.fixture
@@ -33,20 +33,20 @@ def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_rank_path(path: str, rank: int | str, world: int, want: str) -> None:
-    assert ranks.rank_path(path, rank=rank, world=world) == want
+    assert rank_reports.rank_path(path, rank=rank, world=world) == want
 
 
 def test_rank_and_world_from_the_launcher(
     monkeypatch: pytest.MonkeyPatch, no_launcher: None
 ) -> None:
-    assert ranks.current_rank() is None and ranks.world_size() == 1
-    assert ranks.rank_path("bg.json") == "bg.json"
+    assert rank_reports.current_rank() is None and rank_reports.world_size() == 1
+    assert rank_reports.rank_path("bg.json") == "bg.json"
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert ranks.current_rank() == 3 and ranks.world_size() == 4
-    assert ranks.rank_path("bg.json") == "bg.rank3.json"
+    assert rank_reports.current_rank() == 3 and rank_reports.world_size() == 4
+    assert rank_reports.rank_path("bg.json") == "bg.rank3.json"
     monkeypatch.setenv("RANK", "x")
-    assert ranks.current_rank() is None
+    assert rank_reports.current_rank() is None
 
 
 def test_rank_from_the_process_group(no_launcher: None) -> None:
@@ -55,7 +55,7 @@ def test_rank_from_the_process_group(no_launcher: None) -> None:
     dist = torch.distributed
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        assert ranks.current_rank() == 0 and ranks.world_size() == 1
+        assert rank_reports.current_rank() == 0 and rank_reports.world_size() == 1
         with barrierguard.watch(policy="record", memory=False) as guard:
             pass
         assert guard.report.rank == 0
@@ -68,7 +68,7 @@ def test_save_is_atomic_and_makes_the_folder(
 ) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     report = Report(engine="audit", detection=True, policy="record", rank=1)
-    path = ranks.save(report, tmp_path / "sub" / "bg.json")
+    path = rank_reports.save(report, tmp_path / "sub" / "bg.json")
     assert path == str(tmp_path / "sub" / "bg.rank1.json")
     assert Report.load(path) == report
     assert os.listdir(tmp_path / "sub") == ["bg.rank1.json"]  # no temporary file left

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from barrierguard.report.codec import AS_MAP, OMIT_EMPTY, OMIT_NONE, Record
 from barrierguard.report.compiled import consequence
 
-__all__ = ["Site", "SiteKey", "Violation"]
+__all__ = ["Site", "SiteKey", "Violation", "add_sites"]
 
 SiteKey = tuple[str, int, str, str, str, int]
 """What names a site: see :attr:`Site.key`."""
@@ -40,7 +41,7 @@ class Site(Record):
     the count and the stall per rank; ``asymmetric`` marks a site that fired on
     some ranks and not on others, and ``job_cost_s`` estimates what it costs
     every rank per measured step (the others wait for it at the next
-    collective; see ``barrierguard.report.ranks``).
+    collective; see ``barrierguard.report.rank_view``).
 
     Inside compiled code, ``graph_break`` is dynamo's reason for breaking the
     graph at this line (``graph_break_id`` its ``gbNNNN`` page),
@@ -129,35 +130,36 @@ def _sum_pairs(groups: Sequence[tuple[tuple[str, int], ...]]) -> tuple[tuple[str
     return tuple(total.items())
 
 
+def add_sites(sites: Sequence[Site], **fields: Any) -> Site:
+    """Records of one site as one: the first's fields, with the counts, threads,
+    phases, mechanisms and raw events of all of them summed; ``fields`` override."""
+    count = sum(s.count for s in sites)
+    events = sum(max(s.events, s.count) for s in sites)
+    added = {
+        "count": count,
+        "setup_count": sum(s.setup_count for s in sites),
+        "step_count": sum(s.step_count for s in sites),
+        "threads": tuple(dict.fromkeys(t for s in sites for t in s.threads)),
+        "phases": _sum_pairs([s.phases for s in sites]),
+        "mechanisms": _sum_pairs([s.mechanisms for s in sites]),
+        "events": events if events > count else 0,
+    }
+    return replace(sites[0], **{**added, **fields})
+
+
 def _merge_sites(group: Sequence[tuple[int, Site]], measured: int, world: int) -> Site:
-    first = group[0][1]
-    ranges = sorted({r for _, s in group for r in s.steps})
-    threads = dict.fromkeys(t for _, s in group for t in s.threads)
-    step_count = sum(s.step_count for _, s in group)
-    stalls = [s.stall_s for _, s in group if s.stall_s is not None]
-    return replace(
-        first,
-        count=sum(s.count for _, s in group),
-        setup_count=sum(s.setup_count for _, s in group),
-        step_count=step_count,
-        per_step=step_count / measured if measured else 0.0,
-        steps=tuple(ranges),
-        threads=tuple(threads),
+    sites = [s for _, s in group]
+    stalls = [s.stall_s for s in sites if s.stall_s is not None]
+    merged = add_sites(
+        sites,
+        steps=tuple(sorted({r for s in sites for r in s.steps})),
         stall_s=sum(stalls) if stalls else None,
-        phases=_sum_pairs([s.phases for _, s in group]),
-        mechanisms=_sum_pairs([s.mechanisms for _, s in group]),
         rank_counts=tuple((rank, s.count) for rank, s in group),
-        events=_events([s for _, s in group]),
         rank_stalls=tuple((rank, s.stall_s) for rank, s in group if s.stall_s is not None),
         asymmetric=world > 1 and len({rank for rank, _ in group}) < world,
         job_cost_s=None,
     )
-
-
-def _events(sites: Sequence[Site]) -> int:
-    """The raw sync events of sites merged into one (0: as many as occurrences)."""
-    total = sum(max(s.events, s.count) for s in sites)
-    return total if total > sum(s.count for s in sites) else 0
+    return replace(merged, per_step=merged.step_count / measured if measured else 0.0)
 
 
 @dataclass(frozen=True)

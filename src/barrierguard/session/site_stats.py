@@ -92,7 +92,7 @@ def cause(mechanisms: dict[str, int]) -> str:
 
 def fix(loc: Location, mechanisms: dict[str, int]) -> str:
     """The fix of a site: its framework mechanisms' when known, else its kind's."""
-    known = frameworks.describe(mechanisms.items()) if mechanisms else None
+    known = frameworks.mechanism_fixes(mechanisms.items()) if mechanisms else None
     if known is not None:
         return known
     if loc.framework_file is not None and loc.origin.startswith("framework:"):

@@ -8,7 +8,7 @@ import pytest
 
 from _samples import site
 from barrierguard import Report, Site
-from barrierguard.report.ranks import RankSummary, hidden_fraction, job_cost, rank_ranges
+from barrierguard.report.rank_view import RankSummary, hidden_fraction, job_cost, rank_ranges
 from barrierguard.report.records import Timeline
 
 

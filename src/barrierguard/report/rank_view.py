@@ -133,21 +133,15 @@ def summarize_rank(
     step_syncs = sum(s.step_count for s in sites if s.blocking)
     stalls = [s.stall_s for s in sites if s.blocking and s.stall_s is not None]
     stall_per_step = sum(stalls) / measured_steps if stalls and measured_steps else None
-    host = device = None
-    timed = 0
-    if timeline is not None:
-        timed = len(timeline.host_s)
-        host = _median(timeline.host_s)
-        device = _median(timeline.device_s)
     return RankSummary(
         rank=rank,
         steps=steps,
         measured_steps=measured_steps,
         step_syncs=step_syncs,
         stall_per_step_s=stall_per_step,
-        host_step_s=host,
-        device_step_s=device,
-        timed_steps=timed,
+        host_step_s=_median(timeline.host_s) if timeline is not None else None,
+        device_step_s=_median(timeline.device_s) if timeline is not None else None,
+        timed_steps=len(timeline.host_s) if timeline is not None else 0,
         stall_fraction=hidden_fraction(timeline),
     )
 

@@ -59,27 +59,26 @@ def _env_int(name: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def current_rank() -> int | None:
-    """This process's global rank: the process group's, else ``$RANK`` (torchrun,
-    Slurm launchers, accelerate), else ``None`` (not a distributed run)."""
+def _ask(what: str, env: str) -> int | None:
+    """The process group's ``get_rank``/``get_world_size``, else the launcher's ``$env``."""
     dist = _group()
     if dist is not None:
         try:
-            return int(dist.get_rank())
+            return int(getattr(dist, what)())
         except Exception:
             pass
-    return _env_int("RANK")
+    return _env_int(env)
+
+
+def current_rank() -> int | None:
+    """This process's global rank: the process group's, else ``$RANK`` (torchrun,
+    Slurm launchers, accelerate), else ``None`` (not a distributed run)."""
+    return _ask("get_rank", "RANK")
 
 
 def world_size() -> int:
     """The number of ranks: the process group's, else ``$WORLD_SIZE``, else 1."""
-    dist = _group()
-    if dist is not None:
-        try:
-            return int(dist.get_world_size())
-        except Exception:
-            pass
-    return _env_int("WORLD_SIZE") or 1
+    return _ask("get_world_size", "WORLD_SIZE") or 1
 
 
 def rank_path(
