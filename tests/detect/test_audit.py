@@ -328,3 +328,98 @@ def _line(marker: str) -> int:
             if text.rstrip().endswith(marker) and "_line(" not in text:
                 return i
     raise AssertionError(marker)
+
+
+def test_a_read_repeated_at_one_line_counts_every_time_with_the_guards_phase() -> None:
+    # The second read of a line in a live frame is found without a walk: it
+    # must still be counted, at its own line, in the phase of its moment.
+    with barrierguard.watch(engine="audit", policy="record", memory=False) as guard:
+        x = torch.ones(1).to(DEV)
+        for i in range(6):
+            guard.set_phase("validate" if i % 2 else None)
+            x.item()  # L-repeated-a
+            x.item()  # L-repeated-b
+    sites = {s.line: s for s in guard.report.sites if s.file == __file__ and s.kind == "item"}
+    assert set(sites) == {_line("# L-repeated-a"), _line("# L-repeated-b")}
+    for site in sites.values():
+        assert site.count == 6
+        assert dict(site.phases) == {"validate": 3}
+
+
+def test_a_generators_read_takes_the_phase_of_whoever_resumes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A generator's frame lives on between resumptions, called from elsewhere
+    # each time: the frames outward of it are not the ones of its last read.
+    import os
+
+    from barrierguard.detect import frameworks
+
+    monkeypatch.setattr(frameworks, "PHASE_PACKAGES", ("sys",))
+    namespace: dict[str, Any] = {}
+    path = os.path.join(os.sep, "sp", "site-packages", "lightning/pytorch/loops/fit_loop.py")
+    exec(compile("def run(inner):\n    return inner()\n", path, "exec"), namespace)
+    run = namespace["run"]
+
+    def reads(t: torch.Tensor) -> Any:
+        while True:
+            yield t.item()  # L-generator
+
+    with barrierguard.watch(engine="audit", policy="record", memory=False) as guard:
+        gen = reads(torch.ones(1).to(DEV))
+        for _ in range(2):
+            run(lambda: next(gen))
+            next(gen)
+    (site,) = [s for s in guard.report.sites if s.line == _line("# L-generator")]
+    assert site.count == 4
+    assert dict(site.phases) == {"train": 2}
+
+
+def _clipped(watched: bool, **kwargs: Any) -> tuple[list[torch.Tensor], float, Any]:
+    torch.manual_seed(0)
+    guard = barrierguard.watch(engine="audit", policy="record", memory=False)
+    if watched:
+        guard.start()
+    try:
+        model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1)).to(DEV)
+        model(torch.randn(16, 4).to(DEV)).pow(2).sum().backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, **kwargs)
+        depth = torch._C._len_torch_function_stack()
+        value = norm.item()  # L-clip-norm
+    finally:
+        if watched:
+            guard.stop()
+    assert depth == (1 if watched else 0)  # the mode is back after the clip
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None], value, guard
+
+
+def test_clip_grad_norm_steps_aside_and_its_norm_is_a_device_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.nn.utils import clip_grad
+
+    original = torch.nn.utils.clip_grad_norm_
+    depths: list[int] = []
+    scale = clip_grad._clip_grads_with_norm_
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        depths.append(torch._C._len_torch_function_stack())
+        return scale(*args, **kwargs)
+
+    monkeypatch.setattr(clip_grad, "_clip_grads_with_norm_", spy)
+    grads, norm, _ = _clipped(False)
+    watched_grads, watched_norm, guard = _clipped(True)
+    assert depths == [0, 0]  # inside the clip, the mode is off the stack
+    assert watched_norm == norm
+    assert all(torch.equal(a, b) for a, b in zip(grads, watched_grads, strict=True))
+    kinds = {(s.line, s.kind) for s in guard.report.sites if s.file == __file__}
+    assert (_line("# L-clip-norm"), "item") in kinds
+    assert torch.nn.utils.clip_grad_norm_ is original
+    assert clip_grad.clip_grad_norm_ is original
+
+
+def test_clip_grad_norm_with_the_non_finite_check_is_watched() -> None:
+    # error_if_nonfinite reads the norm on the host: a sync inside torch.
+    _, _, guard = _clipped(True, error_if_nonfinite=True)
+    inside = [s for s in guard.report.sites if s.kind == "bool"]
+    assert [s.origin for s in inside] == ["framework:torch.nn.utils"]

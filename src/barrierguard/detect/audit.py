@@ -7,7 +7,7 @@ that read such a tensor on the host (``item``, ``bool``, printing, ...), need a
 host-side size (mask indexing, ``nonzero``, ``unique``, ...), or copy between
 host and device.
 
-Design, chosen for cost (a training step must stay within 1.5x of bare):
+Design, chosen for cost (a transformer step of many small ops must stay within 1.2x of bare):
 
 * One lean :class:`~torch.overrides.TorchFunctionMode` sees every torch call in
   the thread that started the guard. Most calls take the fast path: run the op,
@@ -19,6 +19,11 @@ Design, chosen for cost (a training step must stay within 1.5x of bare):
 * During ``optimizer.step()`` without a closure the mode steps off the stack
   (a pre/post hook pair): optimizers make a hundred small calls per step that
   only update tensors already marked, and that cost dominated small steps.
+  ``zero_grad()`` and ``clip_grad_norm_`` (five calls per parameter, none of
+  which syncs unless ``error_if_nonfinite`` reads the norm) step aside too.
+* A recorded read repeated at the same instruction of a live frame (a loop's
+  ``loss.item()``) is found again without a walk of the stack: the rules hand
+  ``detect.stack`` the frame of the sync's place (``audit_provenance.sync_frame``).
 
 Which tensors are device tensors (see docs/audit.md):
 
@@ -56,10 +61,12 @@ from barrierguard.detect.audit_provenance import (
     AuditMode,
     Parameter,
     Tensor,
+    _compiling,
     _stack_at,
     _stack_len,
     _stack_pop,
     _stack_push,
+    sync_frame,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.audit_rules import build_rules, install_patches, tagged_ops
@@ -189,7 +196,7 @@ class AuditEngine:
         if mode is None or not mode.active:
             return
         try:
-            sync = observe(sys._getframe(1), kind, detail)
+            sync = observe(sync_frame(sys._getframe(1)), kind, detail)
         except Exception as exc:
             _fault(exc)
             return
@@ -275,6 +282,7 @@ class AuditEngine:
                 _stack_push(mode)
 
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
+        self._patch_clip(mode, thread)
 
         # An exception inside optimizer.step() skips the post hook that puts
         # the mode back; the step's profiler range still closes, so the mode
@@ -322,6 +330,62 @@ class AuditEngine:
         )
         # torch.save / torch.load of device tensors.
         install_patches(self._patches, mode, record, aside)
+
+    def _patch_clip(self, mode: AuditMode, thread: int) -> None:
+        """``clip_grad_norm_`` steps aside, as ``zero_grad()`` does, when it cannot sync.
+
+        Two reads of ``p.grad`` and a copy of each gradient's norm per parameter
+        (five torch calls for each), none of which syncs on a GPU when every
+        gradient is on the device (or every one on the host) and
+        ``error_if_nonfinite`` is off: the mode steps off the stack, and the
+        total norm takes the gradients' side. Otherwise (mixed sides, the
+        non-finite check that reads the norm) it runs under the mode.
+        """
+        from torch.nn import utils
+
+        module = sys.modules.get("torch.nn.utils.clip_grad")
+        clip = getattr(utils, "clip_grad_norm_", None)
+        if getattr(module, "clip_grad_norm_", None) is not clip:
+            return  # not the layout this wrapper knows
+        if not callable(clip):
+            return
+
+        @functools.wraps(clip)
+        def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+            n = _stack_len()
+            if (
+                n == 0
+                or not mode.active
+                or _stack_at(n - 1) is not mode
+                or threading.get_ident() != thread
+                or _compiling()
+                or kwargs.get("error_if_nonfinite", len(args) > 2 and args[2])
+            ):
+                return clip(parameters, *args, **kwargs)
+            _stack_pop()
+            try:
+                params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+                sides = {mode.is_dev(p) for p in params if p.grad is not None}
+            except BaseException:
+                _stack_push(mode)
+                raise
+            if len(sides) != 1:
+                # No gradient, or gradients on both sides: what the mode sees matters.
+                _stack_push(mode)
+                return clip(params, *args, **kwargs)
+            try:
+                total = clip(params, *args, **kwargs)
+            finally:
+                _stack_push(mode)
+            try:
+                if isinstance(total, Tensor):
+                    mode.mark(total, sides.pop())
+            except Exception as exc:
+                _fault(exc)
+            return total
+
+        self._patches.set(module, "clip_grad_norm_", clip_grad_norm_)
+        self._patches.set(utils, "clip_grad_norm_", clip_grad_norm_)
 
 
 def _on_stack(mode: TorchFunctionMode) -> bool:

@@ -35,7 +35,7 @@ from barrierguard.detect.frames import (
 )
 from barrierguard.detect.stack import observe
 
-__all__ = ["NAME", "AuditMode", "EngineHooks", "Rule", "fault"]
+__all__ = ["NAME", "AuditMode", "EngineHooks", "Rule", "fault", "sync_frame"]
 
 NAME = "audit"
 
@@ -137,7 +137,7 @@ class AuditMode(TorchFunctionMode):
         self.rules = rules
         self.active = True
         self.marks: dict[int, _Mark] = {}
-        self.where_cache: dict[tuple[CodeType, int], bool] = {}
+        self.where_cache: dict[tuple[int, int], tuple[CodeType, bool]] = {}
         pop = self.marks.pop
 
         def forget(ref: _Mark) -> None:
@@ -242,12 +242,16 @@ class AuditMode(TorchFunctionMode):
             f = f.f_back
         if f is None:
             return False
-        key = (f.f_code, f.f_lasti)
+        # Keyed by the code's id (hashing a code object hashes its constants);
+        # the entry keeps the code alive, so the id stays its own.
+        code = f.f_code
+        key = (id(code), f.f_lasti)
         hit = self.where_cache.get(key)
-        if hit is None:
-            hit = bool(_CPU_LITERAL.search(_call_text(f)))
-            self.where_cache[key] = hit
-        return hit
+        if hit is not None and hit[0] is code:
+            return hit[1]
+        literal = bool(_CPU_LITERAL.search(_call_text(f)))
+        self.where_cache[key] = (code, literal)
+        return literal
 
     # -- the mode ------------------------------------------------------------
     def __torch_function__(
@@ -257,60 +261,67 @@ class AuditMode(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if kwargs is None:
-            kwargs = _NO_KWARGS  # never written to: a dict per call costs every op
         # Inert once stopped from another thread (until removed), and while
         # dynamo traces: the compiled graph's own calls are seen when they run.
         if not self.active or _compiling():
-            return func(*args, **kwargs)
+            return func(*args, **kwargs) if kwargs else func(*args)
         try:
             rule = self.rules.get(func)
         except TypeError:  # an unhashable callable: no rule can name it
             rule = None
         if rule is not None:
-            return rule(self, func, args, kwargs)
-        out = func(*args, **kwargs)
+            # _NO_KWARGS is never written to: a dict per call costs every op.
+            return rule(self, func, args, kwargs or _NO_KWARGS)
+        if kwargs:
+            out = func(*args, **kwargs)
+            if out is not None:
+                try:
+                    self.propagate(args, kwargs, out)
+                except Exception as exc:  # never lose the user's op to our bookkeeping
+                    fault(exc)
+            return out
+        # The fast path, propagate() inlined: most ops take no keyword, one or
+        # two tensors already marked, and return one tensor (f(*args) builds
+        # no dict, as f(*args, **kwargs) does).
+        out = func(*args)
         if out is None:
             return out
-        # The fast path, propagate() inlined: most ops take one or two tensors
-        # already marked, and return one tensor.
         try:
-            if kwargs and "device" in kwargs:
-                self.factory(kwargs, out)
-                return out
             get = self.marks.get
-            dev = False
             for a in args:
                 if type(a) is Tensor:
                     m = get(id(a))
                     if m.dev if m is not None else self.is_dev(a):
-                        dev = True
                         break
-                elif isinstance(a, (Tensor, list, tuple)):
-                    dev = self.any_dev((a,), _NO_KWARGS)
-                    if dev:
-                        break
-            if not dev and kwargs:
-                dev = self.any_dev(tuple(kwargs.values()), _NO_KWARGS)
-            if dev:
-                if type(out) is Tensor:
-                    if get(id(out)) is None:
-                        m = _Mark(out, self._forget)
-                        m.dev = True
-                        m.key = id(out)
-                        self.marks[m.key] = m
-                    else:
-                        self.mark(out, True)
+                elif isinstance(a, (Tensor, list, tuple)) and self.any_dev((a,), _NO_KWARGS):
+                    break
+            else:
+                return out
+            if type(out) is Tensor:
+                key = id(out)
+                m = get(key)
+                if m is None:
+                    m = _Mark(out, self._forget)
+                    m.dev = True
+                    m.key = key
+                    self.marks[key] = m
                 else:
-                    self.mark_out(out, True)
+                    m.dev = True
+            else:
+                self.mark_out(out, True)
         except Exception as exc:  # never lose the user's op to our bookkeeping
             fault(exc)
         return out
 
     # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "") -> None:
+        """Record a sync of ``kind`` at the caller's place (the first frame not ours)."""
+        self.record_at(sys._getframe(1), kind, detail)
+
+    def record_at(self, frame: FrameType | None, kind: str, detail: str = "") -> None:
+        """Record a sync of ``kind`` at ``frame``'s place (the first frame not ours)."""
         try:
-            sync = observe(sys._getframe(1), kind, detail)
+            sync = observe(sync_frame(frame), kind, detail)
         except Exception as exc:
             fault(exc)
             return
@@ -376,6 +387,23 @@ def _call_text(frame: FrameType) -> str:
     if text is None:
         text = linecache.getline(code.co_filename, frame.f_lineno)
     return text
+
+
+def sync_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame from ``frame`` outward that is not barrierguard's own.
+
+    The audit's rules and patches run in frames of their own, new at every
+    call; the walk of ``detect.stack`` keeps the frame it is given only when
+    it is the sync's place, so that a read repeated at the same instruction
+    of a live frame is found again without a walk.
+    """
+    cache = _classifier._cache
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if (cache.get(name) or classify_file(name))[0] != OWN:
+            return frame
+        frame = frame.f_back
+    return None
 
 
 def fault(exc: BaseException) -> None:

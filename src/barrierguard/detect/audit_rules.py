@@ -22,16 +22,20 @@ from typing import Any
 import torch
 
 from barrierguard.detect.audit_provenance import (
+    NAME,
     NOTE_PINNED_D2H,
     AuditMode,
     Rule,
     Tensor,
     _masks,
+    sync_frame,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.cuda import _nonblocking
 from barrierguard.detect.frameworks import package_path
+from barrierguard.detect.hub import emit
 from barrierguard.detect.patch import Patches
+from barrierguard.detect.stack import observe
 
 __all__ = ["build_rules", "install_patches", "tagged_ops"]
 
@@ -82,14 +86,22 @@ def _reader(
         if when is not None and not when():
             return out
         try:
-            dev = bool(args) and isinstance(args[0], Tensor) and mode.is_dev(args[0])
+            t = args[0] if args else None
+            if not isinstance(t, Tensor):
+                return out
+            m = mode.marks.get(id(t))
+            if not (m.dev if m is not None else mode.is_dev(t)):
+                return out
+            if hit is not None:
+                hit()
+            # The caller of the mode's __torch_function__, which called this
+            # rule: sys._getframe makes no frame object for the frames it skips.
+            sync = observe(sync_frame(sys._getframe(2)), kind, detail)
         except Exception as exc:
             _fault(exc)
             return out
-        if dev:
-            if hit is not None:
-                hit()
-            mode.record(kind, detail)
+        if sync is not None:
+            emit(NAME, sync)
         return out
 
     return rule
@@ -181,10 +193,30 @@ def _to_rule(method: str) -> Rule:
 _GPU_NONBLOCKING = frozenset({"lightning/fabric/utilities/apply_func.py:batch_to"})
 
 
+# Per source file, the functions of _GPU_NONBLOCKING in it (mostly none): a
+# frame costs one lookup by file name, whose hash Python caches.
+_gpu_functions: dict[str, frozenset[str]] = {}
+
+
+def _gpu_nonblocking_functions(filename: str) -> frozenset[str]:
+    path = package_path(filename)
+    names = frozenset(
+        entry.rsplit(":", 1)[1] for entry in _GPU_NONBLOCKING if entry.rsplit(":", 1)[0] == path
+    )
+    if len(_gpu_functions) < 100_000:
+        _gpu_functions[filename] = names
+    return names
+
+
 def _gpu_nonblocking_caller(frame: FrameType | None, depth: int = 4) -> bool:
+    get = _gpu_functions.get
     while frame is not None and depth > 0:
         code = frame.f_code
-        if f"{package_path(code.co_filename)}:{code.co_name}" in _GPU_NONBLOCKING:
+        filename = code.co_filename
+        names = get(filename)
+        if names is None:
+            names = _gpu_nonblocking_functions(filename)
+        if names and code.co_name in names:
             return True
         frame = frame.f_back
         depth -= 1
