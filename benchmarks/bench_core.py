@@ -27,10 +27,10 @@ Reproduce:
 
     (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
     of the suite and keeps the printed tables in ``core.txt``.) The committed
-    ``h200/core.json`` and ``core.txt`` are a run at f0dd44e (with the
+    ``h200/core.json`` and ``core.txt`` are a run at d12bf32 (with the
     per-sync rows for user code and for a framework 20 frames deep);
-    ``benchmarks/results/h200/core_2c45661.json`` and
-    ``benchmarks/results/h200/core_2c45661.txt`` are the same command at 2c45661.
+    ``core_f0dd44e.*`` and ``core_2c45661.*`` beside them are the same command
+    at f0dd44e and 2c45661.
 
     CPU smoke run (the per-step rounds only, audit engine)::
 
