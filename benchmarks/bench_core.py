@@ -29,8 +29,9 @@ Reproduce:
     of the suite and keeps the printed tables in ``core.txt``.) The committed
     ``h200/core.json`` and ``core.txt`` are a run at d12bf32 (with the
     per-sync rows for user code and for a framework 20 frames deep);
-    ``core_f0dd44e.*`` and ``core_2c45661.*`` beside them are the same command
-    at f0dd44e and 2c45661.
+    ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
+    ``benchmarks/results/h200/core_2c45661.json`` and ``core_2c45661.txt``,
+    are the same command at f0dd44e and 2c45661.
 
     CPU smoke run (the per-step rounds only, audit engine)::
 

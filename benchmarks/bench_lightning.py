@@ -55,7 +55,11 @@ Reproduce:
     ``benchmarks/results/h200/lightning_blocks_mlp_5122280.json`` (and ``.txt``)
     is the full-length command at commit ``5122280``, and
     ``benchmarks/results/h200/lightning_blocks_mlp_84500c4.json`` at ``84500c4``,
-    each on another machine.
+    each on another machine. With twice the fits, at 63ea4cb::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 8 --steps 480 \
+            --out benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.json \
+            | tee benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.txt
 
     (The committed runs were started as ``--design blocks``, with ``--block-fits``
     for ``--fits``, when the script also had two older designs.) GPU: each

@@ -667,16 +667,7 @@ class Guard:
             held = not stats.in_loop
             if held:
                 self._open.hold(stats, stall)
-            stats.step_count += 1
-            if stall is not None:
-                stats.stall += stall
-                stats.stall_count += 1
-                self._step_stall[step] += stall
-            ranges = stats.ranges
-            if ranges and ranges[-1][1] >= step - 1:
-                ranges[-1][1] = step
-            else:
-                ranges.append([step, step])
+            self._count_in_step(stats, step, stall)
             if not stats.blocking:
                 if opts.policy == "record" or loc.key in self._warned:
                     self._settle(stats)
@@ -725,6 +716,19 @@ class Guard:
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
         return functools.partial(_raise, error)
 
+    def _count_in_step(self, stats: SiteStats, step: int, stall: float | None) -> None:
+        """Count one sync of ``stats``'s site in the measured step ``step``."""
+        stats.step_count += 1
+        if stall is not None:
+            stats.stall += stall
+            stats.stall_count += 1
+            self._step_stall[step] += stall
+        ranges = stats.ranges
+        if ranges and ranges[-1][1] >= step - 1:
+            ranges[-1][1] = step
+        else:
+            ranges.append([step, step])
+
     def _settle(self, stats: SiteStats) -> None:
         """Count ``stats``'s further syncs on the quiet path, once nothing is left to decide.
 
@@ -757,16 +761,7 @@ class Guard:
         blocking = stats.blocking
         if blocking:
             self._per_step[step] += 1
-        stats.step_count += 1
-        if stall is not None:
-            stats.stall += stall
-            stats.stall_count += 1
-            self._step_stall[step] += stall
-        ranges = stats.ranges
-        if ranges[-1][1] >= step - 1:
-            ranges[-1][1] = step
-        else:
-            ranges.append([step, step])
+        self._count_in_step(stats, step, stall)
         if blocking and not stats.allowed and not allowing.admits(stats.loc.key, stats.loc.kind):
             self._step_syncs += 1
             self._violation_count += 1
