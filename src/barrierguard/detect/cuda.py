@@ -199,16 +199,15 @@ def _timed_no_args(
             try:
                 out = orig(self)
             except BaseException:
-                _raw_set(_WARN)
-                tls.t0 = None
                 # One value that failed on the device (a stream being captured,
                 # a CUDA error): the read reached the device, as the mode's
                 # warning would have said. A misfit (several values) did not.
                 if self.numel() == 1:
                     read(sys._getframe(1), clock() - t0)
                 raise
-            _raw_set(_WARN)
-            tls.t0 = None
+            finally:
+                _raw_set(_WARN)
+                tls.t0 = None
             read(sys._getframe(1), clock() - t0)
             return out
         tls.t0 = clock()
@@ -381,10 +380,15 @@ class CudaEngine:
 
     def _read(self, frame: FrameType, stall: float) -> None:
         """A scalar read of a CUDA tensor, timed by its wrapper (see :func:`_timed_no_args`)."""
-        if distributed.quiet():
-            return
+        if not distributed.quiet():
+            self._emit(frame, None, "", stall)
+
+    def _emit(
+        self, frame: FrameType | None, kind: str | None, detail: str, stall: float | None
+    ) -> None:
+        """Locate the sync made at ``frame`` and hand it to the recorders."""
         try:
-            sync = observe(frame)
+            sync = observe(frame, kind, detail)
         except Exception as exc:  # a fault of ours is reported, never raised
             hub.fault(self.name, exc)
             return
@@ -393,13 +397,7 @@ class CudaEngine:
 
     # -- what the mode misses ---------------------------------------------
     def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
-        try:
-            sync = observe(sys._getframe(1), kind, detail)
-        except Exception as exc:
-            hub.fault(self.name, exc)
-            return
-        if sync is not None:
-            hub.emit(self.name, sync, stall)
+        self._emit(sys._getframe(1), kind, detail, stall)
 
     def _patch_calls(self) -> None:
         record = self._record

@@ -618,19 +618,6 @@ class Guard:
         it adds an event to that occurrence, not an occurrence.
         """
         loc = sync.loc
-        stats = self._quiet.get(loc)
-        if stats is not None and not again and ident == stats.last_ident:
-            # A site that the loop has confirmed and whose syncs need no decision
-            # (see _settle): counted without the lock or the policy's checks.
-            self._count_quiet(stats, sync, stall)
-            return None
-        if again:
-            with self._lock:
-                stats = self._sites.get(loc.key)
-                if stats is not None:
-                    stats.events += 1
-                    return None
-        opts = self._options
         mechanism = sync.mechanism
         # The stack's phase is the more specific one (an evaluation or a save
         # inside the training loop), except the plain training region, where an
@@ -639,24 +626,31 @@ class Guard:
         found = sync.phase
         if found is not None and (phase is None or found != "train"):
             phase = found
+        stats = self._quiet.get(loc)
+        if stats is not None and not again and ident == stats.last_ident:
+            # A site that the loop has confirmed and whose syncs need no decision
+            # (see _settle): counted without the lock or the policy's checks.
+            self._count_quiet(stats, mechanism, phase, stall)
+            return None
+        if again:
+            with self._lock:
+                stats = self._sites.get(loc.key)
+                if stats is not None:
+                    stats.events += 1
+                    return None
+        opts = self._options
         with self._lock:
             stats = self._sites.get(loc.key)
             if stats is None:
                 stats = self._new_site(loc, mechanism)
-            stats.count += 1
-            stats.events += 1
             step = self._steps
             if ident != stats.last_ident:
                 stats.last_ident = ident
                 stats.threads[self._thread_name(ident)] = None
-            if mechanism is not None:
-                stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + 1
             if phase is None and self._loader_end == step > 0 and not stats.in_loop:
                 phase = AFTER_LOOP  # after the epoch's data ran out
-            if phase is not None:
-                stats.phases[phase] = stats.phases.get(phase, 0) + 1
-                if phase in APART_PHASES:
-                    return None
+            if self._count_occurrence(stats, mechanism, phase):
+                return None
             if stats.blocking:
                 self._per_step[step] += 1
             if step <= opts.warmup_steps:
@@ -742,21 +736,24 @@ class Guard:
         if stats.allowed or not stats.blocking or len(self._violations) >= _MAX_VIOLATIONS:
             self._quiet[stats.loc] = stats
 
-    def _count_quiet(self, stats: SiteStats, sync: Sync, stall: float | None) -> None:
-        """One sync of a settled site: the counters of :meth:`record`, nothing else."""
-        phase = self._phase
-        found = sync.phase
-        if found is not None and (phase is None or found != "train"):
-            phase = found
-        mechanism = sync.mechanism
+    @staticmethod
+    def _count_occurrence(stats: SiteStats, mechanism: str | None, phase: str | None) -> bool:
+        """Count one occurrence of ``stats``'s site; return whether its phase is counted apart."""
         stats.count += 1
         stats.events += 1
         if mechanism is not None:
             stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + 1
-        if phase is not None:
-            stats.phases[phase] = stats.phases.get(phase, 0) + 1
-            if phase in APART_PHASES:
-                return
+        if phase is None:
+            return False
+        stats.phases[phase] = stats.phases.get(phase, 0) + 1
+        return phase in APART_PHASES
+
+    def _count_quiet(
+        self, stats: SiteStats, mechanism: str | None, phase: str | None, stall: float | None
+    ) -> None:
+        """One sync of a settled site: the counters of :meth:`record`, nothing else."""
+        if self._count_occurrence(stats, mechanism, phase):
+            return
         step = self._steps
         blocking = stats.blocking
         if blocking:
