@@ -20,7 +20,10 @@ Design:
       bare and under a started ``watch()``, in ``--sync-pairs`` paired rounds
       (the order rotating), with sync-debug mode and a naive
       ``traceback.extract_stack(limit=12)`` hook for scale; the median over
-      rounds of what ``watch()`` adds per call (target: 2 us for each).
+      rounds of what ``watch()`` adds per call (target: 2 us for each). Before
+      its block, the guard sees one step with one read of the same line: the
+      block's reads are those of a training loop past its first step (a site
+      the loop confirmed), not of a first step never closed.
 
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_core.py --out benchmarks/results/h200/core.json
@@ -217,12 +220,12 @@ def per_sync(
     x = torch.ones(1, device="cuda") if x is None else x
     through = _framework()
 
-    def user_loop() -> None:
-        for _ in range(calls):
+    def user_loop(n: int = calls) -> None:
+        for _ in range(n):
             x.item()
 
-    def framework_loop() -> None:
-        for _ in range(calls):
+    def framework_loop(n: int = calls) -> None:
+        for _ in range(n):
             through(depth, x)
 
     loops = {"user": user_loop, "framework": framework_loop}
@@ -240,6 +243,8 @@ def per_sync(
         guard = guards.setdefault(path, barrierguard.watch(engine="cuda", policy="record"))
         guard.start()
         guard.step()
+        loops[path](1)  # the site, confirmed by the step boundary that follows
+        guard.step()
         try:
             return timed(loops[path])
         finally:
@@ -253,7 +258,7 @@ def per_sync(
     rounds = paired_rounds(names, run, pairs)
     for path, guard in guards.items():
         sites = [s for s in guard.report.sites if s.kind == "item"]
-        assert sum(s.count for s in sites) == calls * (pairs + 1), guard.report
+        assert sum(s.count for s in sites) == (calls + 1) * (pairs + 1), guard.report
         if path == "framework":
             assert all(s.origin == "framework:lightning" for s in sites), sites
     out: dict[str, Any] = {"calls": calls, "pairs": pairs, "framework_depth": depth}

@@ -159,9 +159,9 @@ def test_a_loop_body_read_is_found_again_without_a_walk(monkeypatch: pytest.Monk
     walks: list[int] = []
     real = stack._walk
 
-    def counted(frame: Any, locate: bool) -> Any:
+    def counted(*args: Any) -> Any:
         walks.append(1)
-        return real(frame, locate)
+        return real(*args)
 
     monkeypatch.setattr(stack, "_walk", counted)
     here = sys._getframe()
@@ -185,3 +185,96 @@ def test_a_generator_frame_is_never_kept() -> None:
     first = next(gen)
     assert first is not None and stack._anchors.last is None
     assert next(gen) is not first  # resumed from anywhere: walked again
+
+
+# The same framework sync, its caller saying where its frame is: a route seen
+# before is replayed by probes instead of walked.
+_ROUTED = _define(
+    "lightning/pytorch/trainer/connectors/logger_connector/result.py",
+    "import sys\n"
+    "def metrics(observe):\n"
+    "    return observe(sys._getframe(), 'item', '', 0)\n"
+    "def through(depth, observe):\n"
+    "    return metrics(observe) if depth <= 1 else through(depth - 1, observe)\n"
+    "def around(depth, observe):\n"
+    "    return through(depth, observe)\n",
+)
+
+
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    counted: list[int] = []
+    real = stack._walk
+
+    def walk(*args: Any) -> Any:
+        counted.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(stack, "_walk", walk)
+    return counted
+
+
+def test_a_route_seen_before_is_replayed_and_tells_user_lines_apart(walks: list[int]) -> None:
+    def line_a() -> stack.Sync | None:
+        return _ROUTED["through"](20, stack.observe)  # routed A
+
+    def line_b() -> stack.Sync | None:
+        return _ROUTED["through"](20, stack.observe)  # routed B
+
+    seen = [(line_a(), line_b()) for _ in range(4)]
+    assert len(walks) == 2  # one per user line; the rest replayed
+    for a, b in seen:
+        assert a is not None and b is not None
+        assert (a.loc.function, b.loc.function) == ("line_a", "line_b")
+        assert a.loc.line != b.loc.line
+        assert a.mechanism == b.mechanism == "prog_bar"
+    assert seen[0][0] is seen[3][0]  # a static answer: the same sync object
+
+
+def test_a_route_that_differs_at_a_probed_frame_is_walked_again(walks: list[int]) -> None:
+    def read(fn: str) -> stack.Sync | None:
+        return _ROUTED[fn](20, stack.observe)  # one user line, two call paths
+
+    first = read("through")
+    other = read("around")  # one frame more: the user's frame is elsewhere
+    again = read("through")
+    assert len(walks) == 2
+    assert first is again
+    assert other is not None and first is not None and other.loc == first.loc
+
+
+@pytest.mark.parametrize("depth", [1, 30, 90])
+def test_replayed_routes_keep_the_phase_of_a_marker_many_frames_out(
+    depth: int, walks: list[int]
+) -> None:
+    def probe() -> stack.Sync | None:
+        return stack.observe(sys._getframe(), "item", "", 0)
+
+    loop = _EVAL["_EvaluationLoop"](_Stage())
+    for _ in range(3):
+        in_train = _FIT["run"](lambda: _nested(depth, probe))
+        in_eval = loop.run(lambda: _nested(depth, probe))
+        outside = _nested(depth, probe)
+        assert in_train is not None and in_train.phase == "train"
+        assert in_eval is not None and in_eval.phase == "validate"
+        assert outside is not None and outside.phase is None
+    # Both loops' routes replay (their markers decide); outside of any loop
+    # the search runs out at the root and holds a frame that is new each time.
+    assert len(walks) == 2 + 3
+
+
+def test_a_step_boundary_keeps_what_holds_a_live_frame_only() -> None:
+    def probe() -> stack.Sync | None:
+        return stack.observe(sys._getframe(), "item", "", 0)
+
+    def finished() -> None:
+        probe()  # its route holds this frame, which then returns
+
+    for _ in range(2):
+        probe()  # the route holds this test's frame, on the stack at the boundary
+    finished()
+    assert len(stack._held) == 2
+    stack.forget(live=True)
+    assert [route.outer[1] for _, route in stack._held] == [sys._getframe()]  # type: ignore[index]
+    stack.forget()
+    assert not stack._held

@@ -209,28 +209,43 @@ def test_settled_sites_count_as_the_full_path_does(
 
     def run() -> dict[str, object]:
         t = FakeTensor()
+
+        def read() -> None:
+            t.bool()  # one site, read inside and outside an allowed() block
+
+        t.bool = t.__bool__  # type: ignore[attr-defined]
         guard = barrierguard.watch(engine="cuda", policy="record", allow=["tolist"], memory=False)
+        snapshots = []
         with guard:
             for step in range(400):
                 guard.step()
                 for _ in range(3):
                     t.item()
                 t.tolist()  # allowed
+                read()
                 if step % 7 == 0:
                     with barrierguard.allowed("item"):
                         t.item()
+                    with barrierguard.allowed():
+                        read()
+                read()
                 if step % 50 == 0 and threads == 2:
                     worker = threading.Thread(target=t.item, name="reader")
                     worker.start()
                     worker.join()
+                if step % 97 == 0:  # a report while running, mid-step
+                    mid = guard.report.to_dict()
+                    mid.pop("duration_s")
+                    snapshots.append(mid)
         out = guard.report.to_dict()
         out.pop("duration_s")
+        out["snapshots"] = snapshots
         out["settled"] = len(guard._quiet)
         return out
 
     settled = run()
     # The allowed site, and the others once 1000 violations are listed.
-    assert settled.pop("settled") == 1 + threads
+    assert settled.pop("settled") == 2 + threads
     monkeypatch.setattr(Guard, "_settle", lambda self, stats: None)
     full = run()
     assert full.pop("settled") == 0

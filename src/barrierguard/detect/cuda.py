@@ -28,7 +28,7 @@ import torch
 from barrierguard.detect import distributed, hub, stack
 from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.patch import Patches, drop_filter
-from barrierguard.detect.stack import observe
+from barrierguard.detect.stack import _anchors, observe
 
 __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 
@@ -55,6 +55,7 @@ class _State(threading.local):
 
 
 _tls = _State()
+_distributed_tls = distributed._tls
 
 
 def _get_mode() -> int:
@@ -163,10 +164,6 @@ _WARN = 1  # the sync-debug mode's number for "warn"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _reads_device(tensor: Any) -> bool:
-    return type(tensor) in _PLAIN and bool(tensor.is_cuda)
-
-
 # Scalar reads: one value, one wait, whenever the tensor is a plain CUDA tensor.
 _SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index__"})
 
@@ -186,6 +183,8 @@ def _timed_no_args(
     tls = _tls
     clock = _clock
     on_device = _on_device
+    plain = _PLAIN
+    getframe = sys._getframe
 
     @functools.wraps(orig)
     def timed(self: Any) -> Any:
@@ -193,7 +192,9 @@ def _timed_no_args(
         # step counters with item() for every parameter, every step).
         if not on_device(self) or tls.t0 is not None or compiling():
             return orig(self)
-        if read is not None and _reads_device(self) and _raw_get() == _WARN:
+        # On the device, a plain tensor's read waits for certain (a subclass
+        # may run Python of its own, or a collective).
+        if read is not None and type(self) in plain and _raw_get() == _WARN:
             tls.t0 = t0 = clock()
             _raw_set(0)
             try:
@@ -203,12 +204,12 @@ def _timed_no_args(
                 # a CUDA error): the read reached the device, as the mode's
                 # warning would have said. A misfit (several values) did not.
                 if self.numel() == 1:
-                    read(sys._getframe(1), clock() - t0)
+                    read(getframe(1), clock() - t0)
                 raise
             finally:
                 _raw_set(_WARN)
                 tls.t0 = None
-            read(sys._getframe(1), clock() - t0)
+            read(getframe(1), clock() - t0)
             return out
         tls.t0 = clock()
         try:
@@ -350,9 +351,9 @@ class CudaEngine:
                     else:
                         dst = "cuda" if method == "cuda" else _target_type(args, kwargs)
                         detail = _direction(tensor.device.type, dst or tensor.device.type)
-                sync = observe(frame, kind, detail)
+                sync = observe(frame, kind, detail, 2)
             else:
-                sync = observe(frame)
+                sync = observe(frame, None, "", 2)
         except Exception as exc:  # a fault of ours is reported, never raised
             hub.fault(self.name, exc)
             return
@@ -380,15 +381,27 @@ class CudaEngine:
 
     def _read(self, frame: FrameType, stall: float) -> None:
         """A scalar read of a CUDA tensor, timed by its wrapper (see :func:`_timed_no_args`)."""
-        if not distributed.quiet():
-            self._emit(frame, None, "", stall)
+        if _distributed_tls.quiet:
+            return
+        # The last sync's frame at the same instruction: its sync, without a
+        # call into the walk (a loop that reads a value every step).
+        last = _anchors.last
+        if last is not None and frame is last[0] and frame.f_lasti == last[1] and last[2] is None:
+            hub.emit(self.name, last[4], stall)
+        else:
+            self._emit(frame, None, "", stall, 3)
 
     def _emit(
-        self, frame: FrameType | None, kind: str | None, detail: str, stall: float | None
+        self,
+        frame: FrameType | None,
+        kind: str | None,
+        detail: str,
+        stall: float | None,
+        depth: int = -1,
     ) -> None:
-        """Locate the sync made at ``frame`` and hand it to the recorders."""
+        """Locate the sync made at ``frame`` (``sys._getframe(depth)`` here) and hand it on."""
         try:
-            sync = observe(frame, kind, detail)
+            sync = observe(frame, kind, detail, depth)
         except Exception as exc:  # a fault of ours is reported, never raised
             hub.fault(self.name, exc)
             return
@@ -397,7 +410,7 @@ class CudaEngine:
 
     # -- what the mode misses ---------------------------------------------
     def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
-        self._emit(sys._getframe(1), kind, detail, stall)
+        self._emit(sys._getframe(1), kind, detail, stall, 2)
 
     def _patch_calls(self) -> None:
         record = self._record

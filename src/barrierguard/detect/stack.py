@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from types import FrameType
+from types import CodeType, FrameType
 
 from barrierguard.detect import frameworks
 from barrierguard.detect.frames import FRAMEWORK, OWN, USER, Location, classify_file, place
@@ -121,10 +121,22 @@ def _learn(filename: str) -> _File:
     return entry
 
 
+# (len(sys.modules), the answer) of the last look: asked again after an import.
+_phases_seen: tuple[int, bool] = (-1, False)
+
+
 def _phases_possible() -> bool:
     """Whether a framework with phase markers is imported (else none can be on the stack)."""
-    # isdisjoint runs in C: any() over a generator costs a microsecond a sync.
-    return not sys.modules.keys().isdisjoint(frameworks.PHASE_PACKAGES)
+    global _phases_seen
+    modules = sys.modules
+    seen = _phases_seen
+    if seen[0] != len(modules):
+        # isdisjoint runs in C: any() over a generator costs a microsecond a sync.
+        seen = _phases_seen = (
+            len(modules),
+            not modules.keys().isdisjoint(frameworks.PHASE_PACKAGES),
+        )
+    return seen[1]
 
 
 _Found = tuple["FrameType | None", "FrameType | None", str, "FrameType | None"]
@@ -140,7 +152,8 @@ class _Anchors:
     which, the search being over, only the location was missing (the frame
     after a phase marker, inside a framework's loop), with the user's frame
     and the first framework frame from it on (when the walk noted it: a walk
-    that had met one already only looked for the user's frame). ``searched``: a frame from which
+    that had met one already only looked for the user's frame), and how many
+    frames outward of it each lies. ``searched``: a frame from which
     no function of the framework tables lies on the way to the root (a plain
     loop). Each is one slot, replaced when a walk misses it, and dropped at
     every step boundary and when an engine uninstalls (:func:`forget`), so
@@ -150,7 +163,7 @@ class _Anchors:
     instruction every step, and gets the sync without a walk.
     """
 
-    located: tuple[FrameType, FrameType, FrameType | None, str, bool] | None = None
+    located: tuple[FrameType, FrameType, FrameType | None, str, bool, int, int] | None = None
     searched: FrameType | None = None
     # The last observed frame, its instruction, the kind and detail asked for,
     # and the sync found (one tuple: a thread reads it whole).
@@ -160,20 +173,127 @@ class _Anchors:
 _anchors = _Anchors()
 
 
-def forget() -> None:
-    """Drop the frames the walk keeps as anchors (step boundaries, uninstall)."""
-    _anchors.located = None
-    _anchors.searched = None
-    _anchors.last = None
+class _Route:
+    """What a walk's answer came from, by depth outward of the sync's frame.
+
+    A sync met again at the same instruction of the same code is the same
+    sync when the frames the answer came from are where they were: the
+    probes (the user's frame, the framework frame, the frame that called the
+    sync's, each at its depth and instruction; the frames of the mechanism,
+    the hook caller and the phase markers, at their depths), read with
+    ``sys._getframe(depth)``, which makes no frame object on the way. Two
+    user lines that reach one framework sync are two routes (the user's
+    frame's instruction). When the search for a phase ran out (to the root,
+    or its depth limit) outward of the user's frame, ``outer`` holds the frame
+    just outward of it: the route holds while that very frame lives.
+    """
+
+    __slots__ = (
+        "caller",
+        "code",
+        "kept",
+        "loc",
+        "markers",
+        "mechanism",
+        "outer",
+        "phase",
+        "phases",
+        "probes",
+        "sync",
+    )
+
+    def __init__(
+        self,
+        code: CodeType,
+        kept: bool,
+        probes: tuple[tuple[int, CodeType, int], ...],
+        outer: tuple[int, FrameType] | None,
+        markers: tuple[tuple[int, frameworks.Marker], ...],
+        phase: str | None,
+        phases: bool,
+        caller: int,
+        mechanism: str | None,
+        found: Sync,
+    ) -> None:
+        self.code = code  # the sync's frame's (its id is the key)
+        self.kept = kept  # whether the sync's frame is its place (kept as the last)
+        self.probes = probes
+        self.outer = outer
+        self.markers = markers
+        self.phase = phase
+        self.phases = phases
+        self.caller = caller
+        self.mechanism = mechanism
+        self.loc = found.loc
+        # Nothing to read again at each sync: the same answer every time.
+        static = caller < 0 and all(isinstance(m, str) for _, m in markers)
+        self.sync = found if static else None
 
 
-def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, str | None]:
+# Routes by the sync's (code id, instruction, kind, detail); a few per key.
+_routes: dict[tuple[int, int, str | None, str], list[_Route]] = {}
+_ROUTES_PER_KEY = 4
+# Routes that hold a frame (``outer``): dropped with the anchors.
+_held: list[tuple[tuple[int, int, str | None, str], _Route]] = []
+
+
+def forget(live: bool = False) -> None:
+    """Drop the frames the walk keeps (step boundaries, uninstall).
+
+    With ``live`` (a step boundary), what holds a frame that is on the stack
+    now (the training loop's, running on) is kept: it is no finished frame.
+    """
+    global _phases_seen
+    _phases_seen = (-1, False)
+    on_stack: set[int] = set()
+    if live and (_held or _anchors.located or _anchors.searched or _anchors.last):
+        f: FrameType | None = sys._getframe(1)
+        while f is not None:
+            on_stack.add(id(f))
+            f = f.f_back
+    located = _anchors.located
+    if located is None or id(located[0]) not in on_stack:
+        _anchors.located = None
+    if id(_anchors.searched) not in on_stack:
+        _anchors.searched = None
+    last = _anchors.last
+    if last is None or id(last[0]) not in on_stack:
+        _anchors.last = None
+    kept = [(key, route) for key, route in _held if id(route.outer[1]) in on_stack]  # type: ignore[index]
+    for key, route in _held:
+        routes = _routes.get(key)
+        if routes is not None and route in routes and id(route.outer[1]) not in on_stack:  # type: ignore[index]
+            routes.remove(route)
+    _held[:] = kept
+
+
+class _Trace:
+    """What a walk notes for a route: the depth and frame of each of its answers' sources."""
+
+    __slots__ = ("caller", "complete", "framework", "innermost", "markers", "mechanism", "user")
+
+    def __init__(self) -> None:
+        self.innermost = -1
+        self.framework = -1
+        self.user = -1
+        self.mechanism: tuple[int, FrameType] | None = None
+        self.caller: tuple[int, FrameType] | None = None
+        self.markers: list[tuple[int, FrameType, frameworks.Marker]] = []
+        # How the search ended: -1 decided (a phase, or a mechanism with no
+        # phase possible), else the depth where it ran out (None: no route).
+        self.complete: int | None = -1
+
+
+def _walk(
+    frame: FrameType | None, locate: bool, trace: _Trace | None = None
+) -> tuple[_Found, str | None, str | None]:
     """The one walk: ``((innermost, framework, its name, user), mechanism, phase)``.
 
     Two loops over the same frames: the first, to the user's frame, reads
     everything; the second, outward of it, only what marks a mechanism, a hook
     caller or a phase (most frames there are none: one lookup each). Either
-    ends early at its anchor (:class:`_Anchors`) when it meets it.
+    ends early at its anchor (:class:`_Anchors`) when it meets it. With a
+    ``trace``, it notes the depth of every frame the answer came from.
     """
     get = _files.get
     phases = _phases_possible()
@@ -187,28 +307,35 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
     framework: FrameType | None = None
     framework_name = ""
     user: FrameType | None = None
-    # The anchor to be (the first frame once the search is over) and the first
-    # framework frame from it on.
+    # The anchor to be (the first frame once the search is over), its depth,
+    # and the first framework frame from it on.
     pending: FrameType | None = None
+    pending_depth = 0
     pending_framework: FrameType | None = None
     pending_name = ""
+    framework_at = -1
     complete = True  # whether the anchor to be knows its first framework frame
-    depth = 0
+    depth = 0  # of f, outward of frame
     f = frame
     while f is not None and (locate or first_real):
         if not search and locate and innermost is not None:
             if located is not None and f is located[0] and (framework or located[4]):
                 user = located[1]
+                if trace is not None:
+                    trace.user = depth + located[5]
                 if framework is None and located[2] is not None:
                     framework, framework_name = located[2], located[3]
+                    if trace is not None:
+                        trace.framework = depth + located[6]
                 break
             if pending is None:
-                pending = f
+                pending, pending_depth = f, depth
             if framework is not None:
                 # Only the user's frame is missing: the tightest loop (it does
                 # not note framework frames, so the anchor will not either).
                 complete = False
-                f = _to_user(f, located[0] if located is not None else None)
+                f, steps = _to_user(f, located[0] if located is not None else None)
+                depth += steps
                 if f is None:
                     break
                 if located is not None and f is located[0]:
@@ -223,36 +350,59 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
                 if fn[0] & _MECHANISM and found is None and (first_real or not fn[0] & _DIRECT):
                     found = fn[1]
                     search = phases
+                    if trace is not None:
+                        trace.mechanism = (depth, f)
                 if search and fn[0] & _CALLER and caller is None:
                     caller = f
+                    if trace is not None:
+                        trace.caller = (depth, f)
                 if search and fn[0] & _MARKER:
                     phase = _phase(fn[2], f)
                     search = phase is None
-            depth += 1
-            search = search and depth < _STOP_DEPTH
+                    if trace is not None:
+                        trace.markers.append((depth, f, fn[2]))
+            if depth + 1 >= _STOP_DEPTH and search:
+                search = False
+                if trace is not None:
+                    trace.complete = None  # ran out before the user's frame
         if flags & _REAL:
             first_real = False
         if locate and not flags & _OWN:
             if innermost is None:
                 innermost = f
+                if trace is not None:
+                    trace.innermost = depth
             if flags & _USER:
                 user = f
                 locate = False
+                if trace is not None:
+                    trace.user = depth
                 if pending is not None:
-                    _anchors.located = (pending, f, pending_framework, pending_name, complete)
+                    _anchors.located = (
+                        pending,
+                        f,
+                        pending_framework,
+                        pending_name,
+                        complete,
+                        depth - pending_depth,
+                        framework_at - pending_depth if pending_framework is not None else -1,
+                    )
             elif flags & _FRAMEWORK:
                 if framework is None:
                     framework, framework_name = f, entry[1]
+                    if trace is not None:
+                        trace.framework = depth
                 if pending is not None and pending_framework is None:
-                    pending_framework, pending_name = f, entry[1]
+                    pending_framework, pending_name, framework_at = f, entry[1], depth
         f = f.f_back
+        depth += 1
     if search and f is not None:
         # Outward of the first real frame (the user's, at the latest) a direct
         # mechanism never applies, and the location is known.
         searched = _anchors.searched
         start = f
         plain = True  # no table function met: start becomes the anchor
-        for _ in range(_STOP_DEPTH - depth):
+        while depth < _STOP_DEPTH:
             if f is None or f is searched:
                 break
             code = f.f_code
@@ -264,17 +414,30 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
                     fn = _table_function(entry, code.co_name)
                     if fn[0] & _MECHANISM and found is None and not fn[0] & _DIRECT:
                         found = fn[1]
+                        if trace is not None:
+                            trace.mechanism = (depth, f)
                         if not phases:
+                            search = False
                             break
                     if fn[0] & _CALLER and caller is None:
                         caller = f
+                        if trace is not None:
+                            trace.caller = (depth, f)
                     if fn[0] & _MARKER:
                         phase = _phase(fn[2], f)
+                        if trace is not None:
+                            trace.markers.append((depth, f, fn[2]))
                         if phase is not None:
+                            search = False
                             break
             f = f.f_back
+            depth += 1
         if plain and f is None:
             _anchors.searched = start
+    if trace is not None and search and trace.complete is not None:
+        # Ran out outward of the user's frame: the frame after it stands for
+        # the rest (in the route, by identity).
+        trace.complete = trace.user + 1 if trace.user >= 0 else None
     mechanism = found
     if found is not None and caller is not None:
         hook = caller.f_locals.get("hook_name")
@@ -283,16 +446,18 @@ def _walk(frame: FrameType | None, locate: bool) -> tuple[_Found, str | None, st
     return (innermost, framework, framework_name, user), mechanism, phase
 
 
-def _to_user(frame: FrameType, anchor: FrameType | None) -> FrameType | None:
-    """The first user frame from ``frame`` outward, or ``anchor`` if met first."""
+def _to_user(frame: FrameType, anchor: FrameType | None) -> tuple[FrameType | None, int]:
+    """The first user frame from ``frame`` outward (or ``anchor`` if met first), and its distance."""
     get = _files.get
     f: FrameType | None = frame
+    steps = 0
     while f is not None and f is not anchor:
         filename = f.f_code.co_filename
         if (get(filename) or _learn(filename))[0] & _USER:
-            return f
+            return f, steps
         f = f.f_back
-    return f
+        steps += 1
+    return f, steps
 
 
 def _table_function(entry: _File, name: str) -> _Function:
@@ -304,7 +469,110 @@ def _phase(marker: frameworks.Marker, frame: FrameType) -> str | None:
     return marker if isinstance(marker, str) or marker is None else marker(frame)
 
 
-def observe(frame: FrameType | None, kind: str | None = None, detail: str = "") -> Sync | None:
+def _learn_route(
+    key: tuple[int, int, str | None, str],
+    base: int,
+    frame: FrameType,
+    trace: _Trace,
+    found: _Found,
+    sync: Sync,
+) -> None:
+    """Keep the route of a walk from ``frame`` (``sys._getframe(base)`` here) to ``sync``."""
+    mechanism = sync.mechanism
+    innermost, framework, _, user = found
+    if trace.complete is None or user is None or trace.user < 0:
+        return
+    getframe = sys._getframe
+    try:
+        if getframe(base) is not frame:
+            return  # not where the caller said: no depth to trust
+        outer: tuple[int, FrameType] | None = None
+        if trace.complete >= 0:
+            outer = (trace.complete, getframe(base + trace.complete))
+    except ValueError:
+        return
+    probes: dict[int, tuple[int, CodeType, int]] = {}
+    for depth, f in (
+        (trace.innermost, innermost),
+        (trace.framework, framework),
+        (trace.user, user),
+    ):
+        if depth > 0 and f is not None:
+            probes[depth] = (depth, f.f_code, f.f_lasti)
+    if trace.user > 1:
+        caller_of_sync = frame.f_back
+        if caller_of_sync is not None:
+            probes.setdefault(1, (1, caller_of_sync.f_code, caller_of_sync.f_lasti))
+    for at in (trace.mechanism, trace.caller):
+        if at is not None and at[0] > 0:
+            probes.setdefault(at[0], (at[0], at[1].f_code, -1))
+    for depth, f, _ in trace.markers:
+        if depth > 0:
+            probes.setdefault(depth, (depth, f.f_code, -1))
+    base_mechanism = mechanism.split(" (", 1)[0] if mechanism is not None else None
+    route = _Route(
+        frame.f_code,
+        trace.innermost == 0,
+        tuple(sorted(probes.values())),
+        outer,
+        tuple((depth, marker) for depth, _, marker in trace.markers),
+        sync.phase,
+        _phases_possible(),
+        trace.caller[0] if trace.caller is not None and base_mechanism is not None else -1,
+        base_mechanism,
+        sync,
+    )
+    routes = _routes.get(key)
+    if routes is None:
+        if len(_routes) >= 100_000:
+            return
+        routes = _routes[key] = []
+    if len(routes) >= _ROUTES_PER_KEY:
+        dropped = routes.pop(0)
+        if dropped.outer is not None:
+            _held[:] = [(k, r) for k, r in _held if r is not dropped]
+    routes.append(route)
+    if outer is not None:
+        _held.append((key, route))
+
+
+def _replay(route: _Route, frame: FrameType, base: int) -> Sync | None:
+    """The route's sync if its frames are where they were (``frame`` is ``sys._getframe(base)`` here)."""
+    if route.code is not frame.f_code:
+        return None
+    getframe = sys._getframe
+    try:
+        for depth, code, lasti in route.probes:
+            f = getframe(base + depth)
+            if f.f_code is not code or (lasti >= 0 and f.f_lasti != lasti):
+                return None
+        outer = route.outer
+        if outer is not None and getframe(base + outer[0]) is not outer[1]:
+            return None
+        if route.phases != _phases_possible():
+            return None
+        if route.sync is not None:
+            return route.sync
+        phase: str | None = None
+        for depth, marker in route.markers:
+            phase = _phase(marker, getframe(base + depth))
+            if phase is not None:
+                break
+        if phase is None and route.phase is not None:
+            return None  # the marker that decided says no more: walk again
+        mechanism = route.mechanism
+        if route.caller >= 0:
+            hook = getframe(base + route.caller).f_locals.get("hook_name")
+            if isinstance(hook, str):
+                mechanism = f"{mechanism} ({hook})"
+    except ValueError:
+        return None
+    return Sync(route.loc, mechanism, phase)
+
+
+def observe(
+    frame: FrameType | None, kind: str | None = None, detail: str = "", depth: int = -1
+) -> Sync | None:
     """Walk outward from ``frame`` once: where the sync is, its mechanism, its phase.
 
     Args:
@@ -313,15 +581,19 @@ def observe(frame: FrameType | None, kind: str | None = None, detail: str = "") 
         kind: The kind when the caller already knows it (an intercepted call);
             otherwise it is read from the executing instruction.
         detail: Extra detail for a known kind (a copy's direction).
+        depth: ``frame``'s depth as the caller's ``sys._getframe(depth)``,
+            when the caller knows it: a sync met again by the same route is
+            then found by a few probes of the stack instead of a walk.
 
     Returns:
         The sync, or ``None`` when the stack holds no frame but barrierguard's.
     """
+    if frame is None:
+        return None
     last = _anchors.last
     if (
         last is not None
         and frame is last[0]
-        and frame is not None
         and frame.f_lasti == last[1]
         and kind == last[2]
         and detail == last[3]
@@ -329,12 +601,29 @@ def observe(frame: FrameType | None, kind: str | None = None, detail: str = "") 
         # The same live frame at the same instruction: the frames outward of
         # it are the ones the walk saw, so the sync is the one it found.
         return last[4]
-    (innermost, framework, name, user), mechanism, phase = _walk(frame, True)
-    if innermost is None:
-        return None
-    loc = place(innermost, framework, name, user, kind, detail)
-    sync = Sync(loc, mechanism, phase)
-    if frame is innermost and not frame.f_code.co_flags & _RESUMABLE:
+    key = (id(frame.f_code), frame.f_lasti, kind, detail)
+    sync: Sync | None = None
+    kept = False
+    if depth >= 0:
+        # From _replay and _learn_route, one call further in, frame is
+        # sys._getframe(depth + 2).
+        for route in _routes.get(key, ()):
+            sync = _replay(route, frame, depth + 2)
+            if sync is not None:
+                kept = route.kept
+                break
+    if sync is None:
+        trace = _Trace() if depth >= 0 else None
+        found, mechanism, phase = _walk(frame, True, trace)
+        innermost, framework, name, user = found
+        if innermost is None:
+            return None
+        loc = place(innermost, framework, name, user, kind, detail)
+        sync = Sync(loc, mechanism, phase)
+        kept = frame is innermost
+        if trace is not None:
+            _learn_route(key, depth + 2, frame, trace, found, sync)
+    if kept and not frame.f_code.co_flags & _RESUMABLE:
         # Only a frame of the sync's own place is kept: one of barrierguard's
         # (a wrapper) is new at every call and would never be met again. A
         # generator's or coroutine's frame is resumed from any caller: the

@@ -45,6 +45,8 @@ log = logging.getLogger("barrierguard")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _MAX_VIOLATIONS = 1000
+# This thread's open allowed() blocks, read on the quiet path (see _Quiet).
+_allowing_tls = allowing._TLS
 
 
 # Phases whose syncs are counted apart: outside the training steps' counts,
@@ -101,6 +103,43 @@ def _make_engine(name: str) -> hub.Engine:
     return AuditEngine()
 
 
+class _Quiet:
+    """A settled site (see ``Guard._settle``), and its tally of repeats since its last count.
+
+    A sync that is the very object of the site's last one (an interned sync:
+    same place, mechanism and phase), in the same step, under the same
+    adapter's phase, on the same thread and outside an ``allowed()`` block
+    is one more of it: ``n`` counts it, and ``Guard._fold`` adds the tally to
+    the counters at the step's end, or when a report is made.
+    """
+
+    __slots__ = (
+        "guard_phase",
+        "mechanism",
+        "n",
+        "phase",
+        "stall",
+        "stats",
+        "step",
+        "sync",
+        "timed",
+        "violating",
+    )
+
+    def __init__(self, stats: SiteStats) -> None:
+        self.stats = stats
+        # Whether its syncs count against the policy (a blocking site not allowed).
+        self.violating = stats.blocking and not stats.allowed
+        self.sync: Sync | None = None
+        self.step = -1
+        self.guard_phase: str | None = None
+        self.mechanism: str | None = None
+        self.phase: str | None = None
+        self.n = 0
+        self.stall = 0.0
+        self.timed = 0
+
+
 class Guard:
     """A watching session: collects syncs between :meth:`start` and :meth:`stop`.
 
@@ -135,7 +174,7 @@ class Guard:
         self._lock = threading.Lock()
         self._sites: dict[tuple[str, int, str, str, str, int], SiteStats] = {}
         # Settled sites by their interned location (see _settle).
-        self._quiet: dict[Location, SiteStats] = {}
+        self._quiet: dict[Location, _Quiet] = {}
         self._steps = 0
         self._step_syncs = 0
         self._per_step: list[int] = [0]
@@ -423,11 +462,13 @@ class Guard:
     def _advance(self) -> None:
         # Only the training thread advances steps, so no lock on this hot path:
         # the new step's counter exists before the step number that indexes it.
+        self._fold()
         self._per_step.append(0)
         self._step_stall.append(0.0)
         self._step_syncs = 0
         self._steps += 1
-        stack.forget()  # the walk's anchors hold frames: none beyond a step
+        # The walk's anchors hold frames: none that finished outlives a step.
+        stack.forget(live=True)
         step = self._steps
         late = self._close_step() if self._open or self._due else None
         for listener in self._step_listeners:
@@ -480,6 +521,7 @@ class Guard:
     def _end_loop(self, act: bool) -> None:
         """At stop: what is still held followed the loop's last step."""
         with self._lock:
+            self._fold()
             self._open.finish(self._steps, self._per_step, self._step_stall)
             due = next(iter(self._due.values()), None)
             self._due.clear()
@@ -576,6 +618,7 @@ class Guard:
     def syncs_in_steps(self, start: int, end: int) -> list[int]:
         """The blocking syncs of each measured step from ``start`` to ``end`` (steps seen)."""
         # _per_step[k] holds the syncs recorded after k steps, i.e. in step k + 1.
+        self._fold()
         return self._per_step[start:end]
 
     def memory_slopes(self) -> dict[str, float]:
@@ -618,6 +661,23 @@ class Guard:
         it adds an event to that occurrence, not an occurrence.
         """
         loc = sync.loc
+        quiet = self._quiet.get(loc)
+        if (
+            quiet is not None
+            and quiet.sync is sync
+            and quiet.step == self._steps
+            and quiet.guard_phase is self._phase
+            and ident == quiet.stats.last_ident
+            and not again
+            and (not quiet.violating or not _allowing_tls.scopes)
+        ):
+            # The same sync as the site's last one in this step: a tally,
+            # folded into the counters at the step's end (_fold).
+            quiet.n += 1
+            if stall is not None:
+                quiet.stall += stall
+                quiet.timed += 1
+            return None
         mechanism = sync.mechanism
         # The stack's phase is the more specific one (an evaluation or a save
         # inside the training loop), except the plain training region, where an
@@ -626,11 +686,13 @@ class Guard:
         found = sync.phase
         if found is not None and (phase is None or found != "train"):
             phase = found
-        stats = self._quiet.get(loc)
-        if stats is not None and not again and ident == stats.last_ident:
+        if quiet is not None and not again and ident == quiet.stats.last_ident:
             # A site that the loop has confirmed and whose syncs need no decision
             # (see _settle): counted without the lock or the policy's checks.
-            self._count_quiet(stats, mechanism, phase, stall)
+            self._fold_one(quiet)
+            self._count_quiet(quiet.stats, mechanism, phase, stall)
+            quiet.sync, quiet.step, quiet.guard_phase = sync, self._steps, self._phase
+            quiet.mechanism, quiet.phase = mechanism, phase
             return None
         if again:
             with self._lock:
@@ -734,7 +796,43 @@ class Guard:
         if not stats.in_loop or self._options.max_syncs_per_step is not None:
             return
         if stats.allowed or not stats.blocking or len(self._violations) >= _MAX_VIOLATIONS:
-            self._quiet[stats.loc] = stats
+            self._quiet.setdefault(stats.loc, _Quiet(stats))
+
+    def _fold(self) -> None:
+        """Count the settled sites' tallies (step boundaries, reports, the end)."""
+        for quiet in self._quiet.values():
+            if quiet.n:
+                self._fold_one(quiet)
+
+    def _fold_one(self, quiet: _Quiet) -> None:
+        """Count ``quiet``'s tally: its last sync, ``n`` times more, in its step."""
+        n = quiet.n
+        if not n:
+            return
+        stall, timed = quiet.stall, quiet.timed
+        quiet.n, quiet.stall, quiet.timed = 0, 0.0, 0
+        stats = quiet.stats
+        stats.count += n
+        stats.events += n
+        if quiet.mechanism is not None:
+            stats.mechanisms[quiet.mechanism] += n
+        if quiet.phase is not None:
+            stats.phases[quiet.phase] += n
+            if quiet.phase in APART_PHASES:
+                return
+        step = quiet.step
+        if stats.blocking:
+            self._per_step[step] += n
+        # The step is in the site's ranges already (its first sync of the step).
+        stats.step_count += n
+        if timed:
+            stats.stall += stall
+            stats.stall_count += timed
+            self._step_stall[step] += stall
+        if quiet.violating:
+            if step == self._steps:
+                self._step_syncs += n
+            self._violation_count += n
 
     @staticmethod
     def _count_occurrence(stats: SiteStats, mechanism: str | None, phase: str | None) -> bool:
@@ -799,6 +897,7 @@ class Guard:
     def report(self) -> Report:
         """A snapshot of what was found so far (also while running)."""
         with self._lock:
+            self._fold()
             stats = list(self._sites.values())
             violations = tuple(
                 Violation(
