@@ -216,7 +216,7 @@ class _Route:
         found: Sync,
     ) -> None:
         self.code = code  # the sync's frame's (its id is the key)
-        self.kept = kept  # whether the sync's frame is its place (kept as the last)
+        self.kept = kept  # whether the sync's frame is the user's own (kept as the last)
         self.probes = probes
         self.outer = outer
         self.markers = markers
@@ -512,7 +512,7 @@ def _learn_route(
     base_mechanism = mechanism.split(" (", 1)[0] if mechanism is not None else None
     route = _Route(
         frame.f_code,
-        trace.innermost == 0,
+        trace.innermost == 0 and trace.user == 0,
         tuple(sorted(probes.values())),
         outer,
         tuple((depth, marker) for depth, _, marker in trace.markers),
@@ -528,10 +528,10 @@ def _learn_route(
             return
         routes = _routes[key] = []
     if len(routes) >= _ROUTES_PER_KEY:
-        dropped = routes.pop(0)
+        dropped = routes.pop()
         if dropped.outer is not None:
             _held[:] = [(k, r) for k, r in _held if r is not dropped]
-    routes.append(route)
+    routes.insert(0, route)  # the newest first: a loop replays the route it just took
     if outer is not None:
         _held.append((key, route))
 
@@ -620,7 +620,7 @@ def observe(
             return None
         loc = place(innermost, framework, name, user, kind, detail)
         sync = Sync(loc, mechanism, phase)
-        kept = frame is innermost
+        kept = frame is innermost and frame is user
         if trace is not None:
             _learn_route(key, depth + 2, frame, trace, found, sync)
     if kept and not frame.f_code.co_flags & _RESUMABLE:
