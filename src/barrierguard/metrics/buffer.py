@@ -486,14 +486,7 @@ class MetricBuffer:
 def _read_back(
     slots: Mapping[str, Slot], nan: str, device: torch.device | None, group: Group
 ) -> dict[str, Any]:
-    """The result of every slot (blocks folded in), by name, with one transfer.
-
-    ``group``: ``False`` in one process, else the ranks to gather from (``None``: all).
-
-    Raises:
-        BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; or the
-            ranks registered different metrics.
-    """
+    """Every slot's result, with one transfer (``group``: ``False`` in one process)."""
     names = sorted(slots)
     if not names:
         return {}
@@ -501,23 +494,20 @@ def _read_back(
     results: dict[str, Any] = {}
     bad: list[str] = []
     for i, name in enumerate(names):
+        values = slots[name].values
         value, saw_bad = _combine(slots[name], [r[1 + 3 * i : 4 + 3 * i] for r in per_rank], nan)
-        results[name] = value
         bad += [name] if saw_bad else []
+        if slots[name].reduction != "cat":
+            results[name] = value
+        elif values:  # Python numbers were kept on the host; they join the device values here
+            results[name] = torch.cat([v if device is None else v.to(device) for v in values])
+        else:
+            results[name] = torch.empty(0, dtype=F64, device=device)
     if bad:
         raise BarrierGuardError(
             f"MetricBuffer(nan='error'): metric(s) {quote_all(tuple(bad))} received NaN or "
             f"inf values; use nan='ignore' to skip them or nan='propagate' to keep them"
         )
-    for name in names:
-        values = slots[name].values
-        if slots[name].reduction == "cat":
-            # Python numbers were kept on the host; they join the device values here.
-            results[name] = (
-                torch.cat([v if device is None else v.to(device) for v in values])
-                if values
-                else torch.empty(0, dtype=F64, device=device)
-            )
     return results
 
 

@@ -16,25 +16,6 @@ import torch
 
 from barrierguard._errors import BarrierGuardError
 
-__all__ = [
-    "BLOCK_STEPS",
-    "F64",
-    "NAN_POLICIES",
-    "REDUCTIONS",
-    "SUM_KINDS",
-    "WEIGHTABLE",
-    "Block",
-    "ReductionSpec",
-    "Slot",
-    "check_name",
-    "describe",
-    "is_number",
-    "parse_spec",
-    "quote_all",
-    "update_cat",
-    "update_number",
-]
-
 REDUCTIONS: Final = ("mean", "sum", "min", "max", "last", "count", "cat")
 WEIGHTABLE: Final = ("mean", "sum", "count")
 NAN_POLICIES: Final = ("propagate", "ignore", "error")
@@ -118,27 +99,25 @@ class Slot:
 
     def __init__(self, reduction: str, weighted: bool) -> None:
         self.reduction, self.weighted = reduction, weighted
+        self.initial_a = {"min": math.inf, "max": -math.inf, "last": math.nan}.get(reduction, 0.0)
         self.block: Block | None = None
         self.row: torch.Tensor | None = None
         self.clear()
 
     def clear(self) -> None:
-        self.host_a = self.initial_a()
+        self.host_a = self.initial_a
         self.host_w = self.host_bad = 0.0
         self.host_last, self.last_on_host = math.nan, False
         self.values: list[torch.Tensor] = []
         if self.row is not None:  # fill kernels with the value as an argument: no copy
             self.row.zero_()
-            self.row[0].fill_(self.initial_a())
-
-    def initial_a(self) -> float:
-        return {"min": math.inf, "max": -math.inf, "last": math.nan}.get(self.reduction, 0.0)
+            self.row[0].fill_(self.initial_a)
 
     def device_row(self, device: torch.device) -> torch.Tensor:
         """The row ``[a, w, bad]``, made on ``device`` on first use (a fill, not a copy)."""
         if self.row is None:
             self.row = torch.full((3,), 0.0, dtype=F64, device=device)
-            self.row[0].fill_(self.initial_a())
+            self.row[0].fill_(self.initial_a)
         return self.row
 
     @property
