@@ -62,9 +62,7 @@ class _Outcome:
 @dataclass
 class _State:
     policy: str | None
-    # The options of the command line and the ini file, which a marker overrides
-    # or (allow) extends.
-    defaults: dict[str, Any]
+    defaults: dict[str, Any]  # the ini file's options: a marker overrides or (allow) extends
     report_path: str | None
     outcomes: list[_Outcome] = field(default_factory=list)
 
@@ -154,10 +152,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE] = _State(_policy(config), defaults, report_path)
 
 
-def _plan(item: pytest.Item, state: _State, forced: bool) -> _Plan | None:
-    mark = item.get_closest_marker("barrierguard")
-    if mark is None and state.policy is None and not forced:
-        return None
+def _plan(mark: pytest.Mark | None, state: _State) -> _Plan:
     owner, accepted = "@pytest.mark.barrierguard", ", ".join(GUARD_OPTIONS)
     if mark is not None and mark.args:
         raise BarrierGuardError(
@@ -193,15 +188,13 @@ def _start(plan: _Plan) -> Guard:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     state = item.config.stash.get(_STATE, None)
-    if state is None:
-        return
+    mark = item.get_closest_marker("barrierguard")
     forced = "barrierguard" in getattr(item, "fixturenames", ())
-    try:
-        plan = _plan(item, state, forced)
-    except BarrierGuardError as err:
-        pytest.fail(str(err), pytrace=False)
-    if plan is not None:
-        item.stash[_PLAN] = plan
+    if state is not None and (mark is not None or state.policy is not None or forced):
+        try:
+            item.stash[_PLAN] = _plan(mark, state)
+        except BarrierGuardError as err:
+            pytest.fail(str(err), pytrace=False)
 
 
 @pytest.fixture
