@@ -262,13 +262,10 @@ def _growth_failure(report: Report) -> str | None:
     memory = report.memory
     if memory is None or not memory.leak:
         return None
-    return "\n".join(
-        [
-            "barrierguard: memory grows faster than max_growth_per_step "
-            f"({memory.threshold:,} bytes):",
-            f"  {memory.reason}",
-            *([f"  fix: {memory.fix}"] if memory.fix else []),
-        ]
+    fix = f"\n  fix: {memory.fix}" if memory.fix else ""
+    return (
+        "barrierguard: memory grows faster than max_growth_per_step "
+        f"({memory.threshold:,} bytes):\n  {memory.reason}{fix}"
     )
 
 
