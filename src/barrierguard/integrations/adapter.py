@@ -39,13 +39,7 @@ class Adapter:
     def _configure(
         self, owner: str, where: str, given: dict[str, Any], own: Iterable[str] = ()
     ) -> dict[str, Any]:
-        """Validate ``given`` (the callback's keywords); returns those named in ``own``.
-
-        Raises:
-            TypeError: For a keyword that is none of the options, naming the
-                accepted ones.
-            BarrierGuardError: For a bad value (see ``make_options``).
-        """
+        """Validate ``given`` (TypeError for an unknown keyword); returns those named in ``own``."""
         accepted = (*GUARD_OPTIONS, *REPORT_OPTIONS, *own)
         unknown = [k for k in given if k not in accepted]
         if unknown:

@@ -43,12 +43,7 @@ def is_number(value: object) -> bool:
 
 
 def parse_spec(where: str, name: str, spec: object) -> tuple[str, bool]:
-    """The reduction of ``spec`` and whether it is weighted by ``n``.
-
-    Raises:
-        BarrierGuardError: ``spec`` is not a valid reduction; the message names
-            ``where``, ``name`` and ``spec``.
-    """
+    """The reduction of ``spec`` and whether it is weighted by ``n``; raises naming ``where``."""
     if isinstance(spec, str) and spec in REDUCTIONS:
         return spec, False
     if (
