@@ -13,9 +13,8 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from barrierguard.integrations.adapter import Adapter
-from barrierguard.session.rank_reports import RANK_REPORT_NAME, REPORT_NAME
 
-__all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "HFBarrierGuard"]
+__all__ = ["HFBarrierGuard"]
 
 
 class HFBarrierGuard(Adapter, TrainerCallback):
