@@ -52,15 +52,11 @@ __all__ = [
 
 # The callbacks need a framework: each is loaded on first use (PEP 562), so that
 # ``import barrierguard`` imports neither Lightning nor transformers. Name ->
-# (module, the framework package, how to install it).
+# (its module in barrierguard.integrations, the framework package, how to install it).
 _LAZY = {
-    "BarrierGuard": (
-        "barrierguard.integrations.lightning_callback",
-        "lightning",
-        "pip install lightning",
-    ),
+    "BarrierGuard": ("lightning_callback", "lightning", "pip install lightning"),
     "HFBarrierGuard": (
-        "barrierguard.integrations.hf_callback",
+        "hf_callback",
         "transformers",
         "pip install 'barrierguard[hf]' (or pip install transformers)",
     ),
@@ -73,7 +69,7 @@ def __getattr__(name: str) -> Any:
     except KeyError:
         raise AttributeError(f"module 'barrierguard' has no attribute {name!r}") from None
     try:
-        value = getattr(importlib.import_module(module), name)
+        value = getattr(importlib.import_module(f"barrierguard.integrations.{module}"), name)
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != package:
             raise

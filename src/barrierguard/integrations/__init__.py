@@ -1,6 +1,5 @@
-"""Integrations: thin adapters that map a framework's events onto a session.
+"""Integrations: thin adapters that map a framework's events onto a session (never a detector).
 
-The Lightning callback, the Hugging Face ``TrainerCallback`` and the pytest
-plugin. They import ``session`` and ``report`` (never a detector's modules),
-and each imports its framework only when it is used.
+The Lightning callback, the Hugging Face ``TrainerCallback`` and the pytest plugin; each imports
+its framework only when it is used.
 """

@@ -1,17 +1,9 @@
-"""What the framework callbacks share: their options, and the start and end of a run.
-
-Both callbacks take the options of :func:`~barrierguard.watch` as ``**options``
-(declared once, in ``session/options``), add the report options of an adapter
-and their own, and run the guard the same way: :meth:`Adapter._begin` when the
-framework's run starts, :meth:`Adapter._end` when it ends (stop, print, save,
-merge the ranks), :meth:`Adapter._abort` when it fails (restore every global,
-keep what was found, raise nothing of barrierguard's own).
-"""
+"""What the framework callbacks share: their options, and the start and end of a run."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from barrierguard.report.records import Report
 from barrierguard.session import rank_reports
@@ -24,20 +16,22 @@ from barrierguard.session.options import (
     make_report_options,
     unknown_options,
 )
+from barrierguard.session.rank_reports import RANK_REPORT_NAME, REPORT_NAME, report_file
 
 __all__ = ["Adapter"]
 
-_REPORT_DEFAULTS: dict[str, Any] = {
-    "print_report": True,
-    "save_report": True,
-    "rank_reports": False,
-    "merge_ranks": True,
-}
+_REPORT_DEFAULTS = dict(print_report=True, save_report=True, rank_reports=False, merge_ranks=True)
 
 
 class Adapter:
-    """The guard of one framework callback, and the report at its run's end."""
+    """The guard of one framework callback, and the report at its run's end.
 
+    :meth:`_begin` when the framework's run starts, :meth:`_end` when it ends
+    (stop, print, save, merge the ranks), :meth:`_abort` when it fails.
+    """
+
+    # Attributes a pickled or deep-copied callback leaves out (see __getstate__).
+    _transient: ClassVar[tuple[str, ...]] = ("_guard",)
     _options: Options
     _guard: Guard | None
     _final: Report | None
@@ -45,24 +39,16 @@ class Adapter:
     def _configure(
         self, owner: str, where: str, given: dict[str, Any], own: Iterable[str] = ()
     ) -> dict[str, Any]:
-        """Validate ``given`` (the callback's keywords); returns those named in ``own``.
-
-        Raises:
-            TypeError: For a keyword that is none of the options, naming the
-                accepted ones.
-            BarrierGuardError: For a bad value (see ``make_options``).
-        """
-        own = tuple(own)
-        unknown = [k for k in given if k not in (*GUARD_OPTIONS, *REPORT_OPTIONS, *own)]
+        """Validate ``given`` (TypeError for an unknown keyword); returns those named in ``own``."""
+        accepted = (*GUARD_OPTIONS, *REPORT_OPTIONS, *own)
+        unknown = [k for k in given if k not in accepted]
         if unknown:
-            raise unknown_options(owner, unknown, (*GUARD_OPTIONS, *REPORT_OPTIONS, *own))
+            raise unknown_options(owner, unknown, accepted)
         self._options = make_options(
             owner=owner, **{k: v for k, v in given.items() if k in GUARD_OPTIONS}
         )
         reports = make_report_options(
-            owner,
-            where,
-            **{k: given.get(k, default) for k, default in _REPORT_DEFAULTS.items()},
+            owner, where, **{k: given.get(k, v) for k, v in _REPORT_DEFAULTS.items()}
         )
         self.print_report = reports.print_report
         self.save_report = reports.save_report
@@ -77,9 +63,7 @@ class Adapter:
     # A running guard holds locks and hooks: a framework that pickles or
     # deep-copies its callbacks (ddp_spawn, the Trainer) gets the settings only.
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_guard"] = None
-        return state
+        return {**self.__dict__, **dict.fromkeys(self._transient)}
 
     @property
     def guard(self) -> Guard | None:
@@ -98,35 +82,40 @@ class Adapter:
             return rank_reports.not_run_report(self._options.policy)
         return self._guard.report
 
-    def _begin(self, phase: str) -> Guard:
-        """Start the guard (made on first use) in ``phase``, unless it runs already."""
+    def _running(self) -> Guard | None:
         guard = self._guard
-        if guard is None:
-            guard = Guard(self._options)
+        return guard if guard is not None and guard.is_running else None
+
+    def _begin(self, phase: str) -> None:
+        """Start the guard (made on first use) in ``phase``, unless it runs already."""
+        if self._guard is None:
+            self._guard = Guard(self._options)
             # Steps are the framework's (the callback calls step()), so the
             # optimizer hook must not count them as well.
-            guard.steps_by_caller()
-            self._guard = guard
-        if not guard.is_running:
+            self._guard.steps_by_caller()
+        if not self._guard.is_running:
             self._final = None
-            guard.set_phase(phase)
-            guard.start()
-        return guard
+            self._guard.set_phase(phase)
+            self._guard.start()
 
-    def _end(
-        self, rank_file: Callable[[], str | None], merged_file: Callable[[], str | None]
-    ) -> None:
-        """Stop the guard, then print, save and merge the report (a policy error still raises)."""
-        guard = self._guard
-        if guard is None or not guard.is_running:
+    def _end(self, save_dir: Callable[[], str], rank_dir: Callable[[], str]) -> None:
+        """Stop the guard, then print, save and merge the report (a policy error still raises).
+
+        ``save_dir``/``rank_dir``: the folders of ``save_report=True`` and
+        ``rank_reports=True``, asked only when needed and in that order.
+        """
+        guard = self._running()
+        if guard is None:
             return
         try:
             guard.stop()
         finally:
             self._final, self.rank_report_path, self.report_path = rank_reports.publish(
                 self._local_report(),
-                rank_file=rank_file(),
-                merged_file=merged_file() if self.merge_ranks else None,
+                rank_file=report_file(self.rank_reports, rank_dir, RANK_REPORT_NAME),
+                merged_file=report_file(self.save_report, save_dir, REPORT_NAME)
+                if self.merge_ranks
+                else None,
                 merge_ranks=self.merge_ranks,
                 print_report=self.print_report,
                 fault=guard.fault,
@@ -138,7 +127,7 @@ class Adapter:
         No merge (the other ranks may be gone) and no policy error: the
         framework's exception is the news.
         """
-        guard = self._guard
-        if guard is not None and guard.is_running:
+        guard = self._running()
+        if guard is not None:
             guard.abandon()
             self._final = self._local_report()

@@ -1,18 +1,5 @@
-"""The Hugging Face ``TrainerCallback``: a thin adapter over the guard that ``watch()`` builds.
-
-Loaded when ``barrierguard.HFBarrierGuard`` is first used (it imports
-transformers). What it adds to a plain guard:
-
-* steps are the Trainer's optimizer steps (``on_step_end``), not the
-  optimizer hook's, so a skipped fp16 step still ends a step;
-* the training region is phase ``train``; evaluation, prediction, checkpoint
-  saving and the teardown after the last step are named from the stack by the
-  guard itself (``detect/frameworks.PHASES``), since the Trainer has no event
-  when an evaluation or a save starts;
-* the report printed and saved at the end of training, and the ranks' reports
-  merged;
-* a failed ``trainer.train()`` stops the guard (the Trainer has no event for
-  it: the callback wraps ``train`` on its own trainer).
+"""The Hugging Face ``TrainerCallback``, loaded on first use of ``barrierguard.HFBarrierGuard``
+(it imports transformers): the Trainer's events mapped onto the guard that ``watch()`` builds.
 """
 
 from __future__ import annotations
@@ -26,10 +13,8 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from barrierguard.integrations.adapter import Adapter
-from barrierguard.session import rank_reports
-from barrierguard.session.rank_reports import RANK_REPORT_NAME, REPORT_NAME
 
-__all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "HFBarrierGuard", "HFBarrierGuardCallback"]
+__all__ = ["HFBarrierGuard"]
 
 
 class HFBarrierGuard(Adapter, TrainerCallback):
@@ -91,16 +76,12 @@ class HFBarrierGuard(Adapter, TrainerCallback):
         60
     """
 
+    _transient = ("_guard", "_trainers")
+
     def __init__(self, **options: Any) -> None:
         self._configure("HFBarrierGuard", "args.output_dir", options)
         self._trainers: weakref.WeakSet[Any] | None = weakref.WeakSet()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_trainers"] = None
-        return state
-
-    # -- the Trainer's events ------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._protect(sys._getframe(1))
 
@@ -109,29 +90,29 @@ class HFBarrierGuard(Adapter, TrainerCallback):
         self._begin("train")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._guard is not None and self._guard.is_running:
-            self._guard.step()
+        if (guard := self._running()) is not None:
+            guard.step()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._guard is not None and self._guard.is_running:
-            self._guard.set_phase("teardown")
-        self._end(lambda: self._rank_path(args), lambda: self._path(args))
+        if (guard := self._running()) is not None:
+            guard.set_phase("teardown")
+        output_dir = str(getattr(args, "output_dir", None) or ".")
+        self._end(lambda: output_dir, lambda: output_dir)
 
-    def _path(self, args: Any) -> str | None:
-        return rank_reports.report_file(self.save_report, lambda: _output_dir(args), REPORT_NAME)
-
-    def _rank_path(self, args: Any) -> str | None:
-        return rank_reports.report_file(
-            self.rank_reports, lambda: _output_dir(args), RANK_REPORT_NAME
-        )
-
-    # -- the failed run --------------------------------------------------------------
     def _protect(self, frame: FrameType | None) -> None:
-        """Wrap ``train`` of the Trainer on the stack, so that a failed run stops the guard."""
-        if self._trainers is None:
+        """Wrap ``train`` of the Trainer a few frames up, so that a failed run stops the guard."""
+        if self._trainers is None:  # unpickled
             self._trainers = weakref.WeakSet()
-        trainer = _find_trainer(frame)
-        if trainer is None or trainer in self._trainers:
+        for _ in range(8):
+            if frame is None:
+                return
+            trainer = frame.f_locals.get("self")
+            if isinstance(trainer, Trainer):
+                break
+            frame = frame.f_back
+        else:
+            return
+        if trainer in self._trainers:
             return
         self._trainers.add(trainer)
         train = trainer.train
@@ -142,29 +123,8 @@ class HFBarrierGuard(Adapter, TrainerCallback):
             try:
                 return train(*args, **kwargs)
             except BaseException:
-                cb = callback()
-                if cb is not None:
+                if (cb := callback()) is not None:
                     cb._abort()
                 raise
 
-        trainer.train = guarded_train
-
-
-# The name this class had before it became the public one.
-HFBarrierGuardCallback = HFBarrierGuard
-
-
-def _find_trainer(frame: FrameType | None) -> Any:
-    """The ``transformers.Trainer`` whose method is on the stack (a few frames up)."""
-    for _ in range(8):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, Trainer):
-            return owner
-        frame = frame.f_back
-    return None
-
-
-def _output_dir(args: Any) -> str:
-    return str(getattr(args, "output_dir", None) or ".")
+        trainer.train = guarded_train  # type: ignore[method-assign]

@@ -1,15 +1,5 @@
-"""The Lightning callback: a thin adapter over the guard that ``watch()`` builds.
-
-Loaded when ``barrierguard.BarrierGuard`` is first used (it imports
-Lightning). What it adds to a plain guard:
-
-* steps are training batches, validation/test/predict batches are a phase of
-  their own (counted apart), setup and the sanity check are setup;
-* its phases follow Lightning's events (the guard itself names each
-  framework sync's mechanism and fix, with or without the callback);
-* figures to the loggers at epoch end, the report printed and saved at the end
-  of ``fit``, counts kept in checkpoints, the ranks' reports merged (one
-  collective) and, when asked, one report file per rank.
+"""The Lightning callback, loaded on first use of ``barrierguard.BarrierGuard`` (it imports
+Lightning): its hooks mapped onto the guard that ``watch()`` builds.
 """
 
 from __future__ import annotations
@@ -25,10 +15,9 @@ from barrierguard._errors import BarrierGuardError
 from barrierguard.integrations.adapter import Adapter
 from barrierguard.report.combine import combine
 from barrierguard.report.records import Report
-from barrierguard.session import rank_reports
 from barrierguard.session.rank_reports import RANK_REPORT_NAME, REPORT_NAME
 
-__all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "BarrierGuard", "BarrierGuardCallback"]
+__all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "BarrierGuard"]
 
 
 class BarrierGuard(Adapter, pl.Callback):
@@ -106,20 +95,16 @@ class BarrierGuard(Adapter, pl.Callback):
         self._epoch_start = 0
         self._resume_phase = "setup"
 
-    # -- the report ---------------------------------------------------------
     def _local_report(self) -> Report:
         current = replace(super()._local_report(), epochs=tuple(self._epochs))
-        if self._before is not None:
-            current = combine(self._before, current)
-        return current
+        return current if self._before is None else combine(self._before, current)
 
-    # -- lifecycle ------------------------------------------------------------
     def _set_phase(self, phase: str) -> None:
         if self._guard is not None:
             self._guard.set_phase(phase)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._begin("setup" if stage == "fit" else _STAGE_PHASES.get(stage, "setup"))
+        self._begin(stage if stage in ("validate", "test", "predict") else "setup")
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._set_phase("sanity")
@@ -142,8 +127,8 @@ class BarrierGuard(Adapter, pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if self._guard is not None and self._guard.is_running:
-            self._guard.step()
+        if (guard := self._running()) is not None:
+            guard.step()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._set_phase("sanity" if trainer.sanity_checking else "validate")
@@ -162,30 +147,27 @@ class BarrierGuard(Adapter, pl.Callback):
         self._resume_phase = "teardown"
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self.log_figures or not trainer.loggers or self._guard is None:
+        guard = self._guard
+        if not self.log_figures or not trainer.loggers or guard is None:
             return
-        try:
-            metrics = self._figures()
+        try:  # Python numbers: logging them adds no sync
+            end = guard.steps
+            start = min(self._epoch_start, end)
+            steps = end - start
+            metrics = {
+                "barrierguard/syncs_per_step": (
+                    sum(guard.syncs_in_steps(start, end)) / steps if steps else 0.0
+                ),
+                **{
+                    f"barrierguard/memory_growth_per_step/{name}": float(slope)
+                    for name, slope in guard.memory_slopes().items()
+                },
+            }
         except Exception as exc:
-            self._guard.fault(exc)
+            guard.fault(exc)
             return
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
-
-    def _figures(self) -> dict[str, float]:
-        """This epoch's figures, as Python numbers: logging them adds no sync."""
-        guard = self._guard
-        assert guard is not None
-        end = guard.steps
-        start = min(self._epoch_start, end)
-        series = guard.syncs_in_steps(start, end)
-        steps = end - start
-        metrics: dict[str, float] = {
-            "barrierguard/syncs_per_step": (sum(series) / steps) if steps else 0.0,
-        }
-        for name, slope in guard.memory_slopes().items():
-            metrics[f"barrierguard/memory_growth_per_step/{name}"] = float(slope)
-        return metrics
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish(trainer)
@@ -199,23 +181,12 @@ class BarrierGuard(Adapter, pl.Callback):
         self._abort()
 
     def _finish(self, trainer: pl.Trainer) -> None:
-        self._end(lambda: self._rank_path(trainer), lambda: self._path(trainer))
-
-    def _path(self, trainer: pl.Trainer) -> str | None:
-        # trainer.log_dir is a collective under DDP: every rank asks.
-        return rank_reports.report_file(
-            self.save_report,
-            lambda: trainer.log_dir or trainer.default_root_dir,
-            REPORT_NAME,
+        # trainer.log_dir is a collective under DDP: every rank asks for it, and the
+        # per-rank files (asked first) use default_root_dir, which is not one.
+        self._end(
+            lambda: trainer.log_dir or trainer.default_root_dir, lambda: trainer.default_root_dir
         )
 
-    def _rank_path(self, trainer: pl.Trainer) -> str | None:
-        # Not trainer.log_dir: a collective under DDP, which per-rank files avoid.
-        return rank_reports.report_file(
-            self.rank_reports, lambda: trainer.default_root_dir, RANK_REPORT_NAME
-        )
-
-    # -- checkpoints ------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The counts so far, so that a resumed run goes on from them."""
         # Through JSON, so the checkpoint holds plain types only and loads with
@@ -237,10 +208,3 @@ class BarrierGuard(Adapter, pl.Callback):
             )
         # The checkpoint's report already holds everything before it.
         self._before = Report.from_dict(data, source="checkpoint")
-
-
-_STAGE_PHASES = {"validate": "validate", "test": "test", "predict": "predict"}
-
-
-# The name this class had before it became the public one.
-BarrierGuardCallback = BarrierGuard

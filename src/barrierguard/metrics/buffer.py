@@ -1,34 +1,49 @@
-"""MetricBuffer, and the two paths of a step: the hot one, for a step with the names,
-devices and dtypes of the last one, and the checked one, that explains a misfit.
+"""MetricBuffer; the two paths of a step: the hot one, for a step with the names, devices
+and dtypes of the last one, and the checked one, that explains a misfit; and reading the state
+back: one transfer (and one collective) in ``compute()``, or clones on the device in
+``state_dict()``.
 """
 
 from __future__ import annotations
 
+import math
 import sys
+import zlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.metrics.readback import read_back, restore, snapshot
-from barrierguard.metrics.slots import BLOCK_STEPS, Block, Slot, update_cat, update_number
-from barrierguard.metrics.spec import (
+from barrierguard.metrics.slots import (
+    BLOCK_STEPS,
+    F64,
     NAN_POLICIES,
     REDUCTIONS,
+    SUM_KINDS,
     WEIGHTABLE,
+    Block,
     ReductionSpec,
+    Slot,
     check_name,
     describe,
     is_number,
     parse_spec,
     quote_all,
+    update_cat,
+    update_number,
 )
 
 if TYPE_CHECKING:
+    from typing import Literal
+
     from torch.distributed import ProcessGroup
 
+    Group = ProcessGroup | None | Literal[False]
+
 __all__ = ["BLOCK_STEPS", "NAN_POLICIES", "REDUCTIONS", "WEIGHTABLE", "MetricBuffer"]
+
+STATE_VERSION: Final = 1
 
 
 class MetricBuffer:
@@ -217,7 +232,7 @@ class MetricBuffer:
         self._fold_all()
         dist = torch.distributed
         ranks = self._sync_dist and dist.is_available() and dist.is_initialized()
-        results = read_back(self._slots, self._nan, self._device, ranks and self._group)
+        results = _read_back(self._slots, self._nan, self._device, ranks and self._group)
         for name, metric in self._metrics.items():
             results[name] = metric.compute()
         return results
@@ -258,7 +273,35 @@ class MetricBuffer:
             {'loss': 3.0}
         """
         self._fold_all()
-        return snapshot(self._slots, self._metrics, self._nan, self._device)
+        return {
+            "version": STATE_VERSION,
+            "nan": self._nan,
+            "device": None if self._device is None else str(self._device),
+            "slots": {
+                name: {
+                    "reduction": slot.reduction,
+                    "weighted": slot.weighted,
+                    "row": None if slot.row is None else slot.row.clone(),
+                    "host": [slot.host_a, slot.host_w, slot.host_bad],
+                    "host_last": slot.host_last,
+                    "last_on_host": slot.last_on_host,
+                    "values": [v.clone() for v in slot.values],
+                }
+                for name, slot in self._slots.items()
+            },
+            # torchmetrics states are not persistent by default: saved explicitly.
+            "metrics": {
+                name: {
+                    "state_dict": metric.state_dict(),
+                    "metric_state": {
+                        k: v.clone() if isinstance(v, torch.Tensor) else [t.clone() for t in v]
+                        for k, v in metric.metric_state.items()
+                    },
+                    "update_count": int(metric.update_count),
+                }
+                for name, metric in self._metrics.items()
+            },
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` snapshot.
@@ -279,9 +322,44 @@ class MetricBuffer:
             >>> restored.compute()
             {'best': 0.5}
         """
+        if (version := state_dict.get("version")) != STATE_VERSION:
+            raise BarrierGuardError(
+                f"MetricBuffer.load_state_dict(version={version!r}) is not a known state "
+                f"version: expected {STATE_VERSION}"
+            )
         self._fold_all()  # slots the snapshot does not name keep their values
         self._hot = self._last = None
-        restore(state_dict, self._slots, self._metrics, self._adopt)
+        for name, saved in state_dict["slots"].items():
+            spec = (saved["reduction"], "weighted") if saved["weighted"] else saved["reduction"]
+            parsed = parse_spec("MetricBuffer.load_state_dict(slots", name, spec)
+            slot = self._slots.get(name)
+            if slot is None:
+                check_name(name, "reductions")
+                slot = self._slots[name] = Slot(*parsed)
+            elif (slot.reduction, slot.weighted) != parsed:
+                raise BarrierGuardError(
+                    f"MetricBuffer.load_state_dict(slots={{{name!r}: {spec!r}}}) does not "
+                    f"match this buffer: expected reduction {slot.spec!r} for {name!r}"
+                )
+            row = saved["row"]
+            slot.row = None if row is None else self._adopt(row).to(F64).clone()
+            slot.block = None
+            slot.host_a, slot.host_w, slot.host_bad = (float(v) for v in saved["host"])
+            slot.host_last = float(saved["host_last"])
+            slot.last_on_host = bool(saved["last_on_host"])
+            slot.values = [self._adopt(v).clone() for v in saved["values"]]
+        for name, saved in state_dict.get("metrics", {}).items():
+            if (metric := self._metrics.get(name)) is None:
+                raise BarrierGuardError(
+                    f"MetricBuffer.load_state_dict(metrics={{{name!r}: ...}}) names a "
+                    f"torchmetrics metric this buffer lacks: expected one of "
+                    f"{quote_all(tuple(self._metrics))}"
+                )
+            metric.load_state_dict(saved["state_dict"], strict=False)
+            for key, value in saved["metric_state"].items():
+                setattr(metric, key, value)
+            # torchmetrics warns in compute() when it believes update() never ran.
+            metric._update_count, metric._computed = saved["update_count"], None
 
     def __repr__(self) -> str:
         specs = ", ".join(f"{k!r}: {v!r}" for k, v in self.reductions.items())
@@ -403,3 +481,99 @@ class MetricBuffer:
     def _fold_all(self) -> None:
         for block in self._blocks.values():
             block.fold()
+
+
+def _read_back(
+    slots: Mapping[str, Slot], nan: str, device: torch.device | None, group: Group
+) -> dict[str, Any]:
+    """Every slot's result, with one transfer (``group``: ``False`` in one process)."""
+    names = sorted(slots)
+    if not names:
+        return {}
+    per_rank = _gather(slots, names, device or torch.device("cpu"), group)
+    results: dict[str, Any] = {}
+    bad: list[str] = []
+    for i, name in enumerate(names):
+        values = slots[name].values
+        value, saw_bad = _combine(slots[name], [r[1 + 3 * i : 4 + 3 * i] for r in per_rank], nan)
+        bad += [name] if saw_bad else []
+        if slots[name].reduction != "cat":
+            results[name] = value
+        elif values:  # Python numbers were kept on the host; they join the device values here
+            results[name] = torch.cat([v if device is None else v.to(device) for v in values])
+        else:
+            results[name] = torch.empty(0, dtype=F64, device=device)
+    if bad:
+        raise BarrierGuardError(
+            f"MetricBuffer(nan='error'): metric(s) {quote_all(tuple(bad))} received NaN or "
+            f"inf values; use nan='ignore' to skip them or nan='propagate' to keep them"
+        )
+    return results
+
+
+def _pack_slot(slot: Slot, device: torch.device) -> list[torch.Tensor]:
+    """``[a, w, bad]`` on ``device``, host parts added as kernel arguments (no copy)."""
+    red, host_a = slot.reduction, slot.host_a
+    # A metric logged only as Python numbers has no row: a fresh one (fills, no copy).
+    row = Slot(red, False).device_row(device) if slot.row is None else slot.row.to(device)
+    a = row[0]
+    if red in SUM_KINDS:
+        a = a + host_a
+    elif red in ("min", "max"):
+        if math.isnan(host_a):
+            a = a + math.nan
+        else:
+            a = torch.clamp(a, max=host_a) if red == "min" else torch.clamp(a, min=host_a)
+    elif red == "last" and slot.last_on_host:
+        a = torch.full((), slot.host_last, dtype=F64, device=device)
+    return [a, row[1] + slot.host_w, row[2] + slot.host_bad]
+
+
+def _gather(
+    slots: Mapping[str, Slot], names: list[str], device: torch.device, group: Group
+) -> list[list[float]]:
+    """Pack all running states (and a layout checksum), gather them, read them back once."""
+    layout = ";".join(f"{n}:{slots[n].reduction}:{slots[n].weighted}" for n in names)
+    parts = [torch.full((), float(zlib.crc32(layout.encode())), dtype=F64, device=device)]
+    for name in names:
+        parts.extend(_pack_slot(slots[name], device))
+    packed = torch.stack(parts)
+    if group is False:
+        return [packed.tolist()]  # the single device-to-host transfer
+    dist = torch.distributed
+    if "nccl" not in str(dist.get_backend(group)):
+        packed = packed.cpu()  # Gloo gathers CPU tensors; for a CUDA state, the one transfer
+    elif packed.device.type != "cuda":
+        # NCCL only moves CUDA tensors: Python-only metrics on a NCCL job pay one copy.
+        packed = packed.to(torch.device("cuda", torch.cuda.current_device()))
+    gathered = [torch.empty_like(packed) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, packed, group=group)  # the one collective
+    per_rank: list[list[float]] = torch.stack(gathered).tolist()
+    if any(rank[0] != per_rank[0][0] for rank in per_rank):
+        raise BarrierGuardError(
+            f"MetricBuffer.compute() found different metrics on different ranks: "
+            f"expected every rank to register the same names and reductions "
+            f"(this rank: {names}); declare them all in MetricBuffer(reductions=...)"
+        )
+    return per_rank
+
+
+def _combine(slot: Slot, triples: list[list[float]], nan: str) -> tuple[float, bool]:
+    """Combine per-rank ``[a, w, bad]`` triples into a value and a "saw bad" flag."""
+    red = slot.reduction
+    total_w = math.fsum(t[1] for t in triples)
+    bad = nan == "error" and sum(t[2] for t in triples) != 0.0  # NaN != 0 too
+    seen = [t[0] for t in triples if t[1] > 0.0]  # ranks that logged a value
+    if red in SUM_KINDS:
+        total_a = sum(t[0] for t in triples)
+        bad = bad or (nan == "error" and not math.isfinite(total_a))
+        if red == "mean":
+            return (total_a / total_w if total_w != 0.0 else math.nan), bad
+        return (total_a if red == "sum" else total_w), bad
+    if red in ("min", "max"):
+        if not seen or any(math.isnan(v) for v in seen):
+            return math.nan, bad
+        return (min(seen) if red == "min" else max(seen)), bad
+    if red == "last":
+        return (seen[-1] if seen else math.nan), bad  # the highest rank that logged one
+    return math.nan, bad  # cat: only its bad counter travels; its values stay apart

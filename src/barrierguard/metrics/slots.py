@@ -1,11 +1,13 @@
-"""The state of a :class:`~barrierguard.MetricBuffer` (:class:`Slot` per metric, a
-:class:`Block` of device rows per set of names) and the reductions that fold into it.
-Nothing here reads a device value.
+"""The state of a :class:`~barrierguard.MetricBuffer`: its vocabulary (reductions, NaN
+policies, specs, names) checked in one place, a :class:`Slot` per metric, a :class:`Block` of
+float64 device rows per set of names, and the reductions that fold into them. Nothing here
+reads a device value.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
@@ -13,9 +15,64 @@ from typing import Any, Final
 import torch
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.metrics.spec import SUM_KINDS, ReductionSpec, describe
 
-__all__ = ["BLOCK_STEPS", "F64", "Block", "Slot", "update_cat", "update_number"]
+REDUCTIONS: Final = ("mean", "sum", "min", "max", "last", "count", "cat")
+WEIGHTABLE: Final = ("mean", "sum", "count")
+NAN_POLICIES: Final = ("propagate", "ignore", "error")
+SUM_KINDS: Final = frozenset(WEIGHTABLE)  # state: a (weighted) sum and a total weight
+ReductionSpec = str | tuple[str, str]  # "mean", or ("mean", "weighted"): weighted by n
+
+
+def quote_all(names: tuple[str, ...]) -> str:
+    """``'a', 'b'``: names as they read in a message."""
+    return ", ".join(repr(n) for n in names)
+
+
+def describe(value: object) -> str:
+    """A value as a message shows it: a tensor by shape and device, never by content."""
+    if isinstance(value, torch.Tensor):
+        return f"<tensor of shape {tuple(value.shape)} on {value.device}>"
+    return repr(value)
+
+
+def is_number(value: object) -> bool:
+    """Whether ``value`` is a real Python number (folded in on the host, never a tensor)."""
+    return type(value) in (float, int) or (
+        isinstance(value, numbers.Real) and not isinstance(value, torch.Tensor)
+    )
+
+
+def parse_spec(where: str, name: str, spec: object) -> tuple[str, bool]:
+    """The reduction of ``spec`` and whether it is weighted by ``n``; raises naming ``where``."""
+    if isinstance(spec, str) and spec in REDUCTIONS:
+        return spec, False
+    if (
+        isinstance(spec, tuple)
+        and len(spec) == 2
+        and spec[0] in REDUCTIONS
+        and spec[1] in ("weighted", "unweighted")
+    ):
+        if spec[1] == "weighted" and spec[0] not in WEIGHTABLE:
+            raise BarrierGuardError(
+                f"{where}={{{name!r}: {spec!r}}} is not a valid reduction: only "
+                f"{quote_all(WEIGHTABLE)} can be weighted by n, a weight means nothing "
+                f"for {spec[0]!r}"
+            )
+        return str(spec[0]), spec[1] == "weighted"
+    raise BarrierGuardError(
+        f"{where}={{{name!r}: {spec!r}}} is not a valid reduction: expected one of "
+        f"{quote_all(REDUCTIONS)}, or (reduction, 'weighted') for {quote_all(WEIGHTABLE)}"
+    )
+
+
+def check_name(name: object, arg: str) -> None:
+    """Raise unless ``name`` can name a metric given in ``MetricBuffer(arg=...)``."""
+    if not isinstance(name, str) or not name or name == "n":
+        raise BarrierGuardError(
+            f"MetricBuffer({arg}={{{name!r}: ...}}) is not a valid metric name: expected "
+            f"a non-empty string other than 'n' (update() takes n as the weight)"
+        )
+
 
 F64: Final = torch.float64  # the dtype of every running state
 BLOCK_STEPS: Final = 1024
@@ -37,27 +94,25 @@ class Slot:
 
     def __init__(self, reduction: str, weighted: bool) -> None:
         self.reduction, self.weighted = reduction, weighted
+        self.initial_a = {"min": math.inf, "max": -math.inf, "last": math.nan}.get(reduction, 0.0)
         self.block: Block | None = None
         self.row: torch.Tensor | None = None
         self.clear()
 
     def clear(self) -> None:
-        self.host_a = self.initial_a()
+        self.host_a = self.initial_a
         self.host_w = self.host_bad = 0.0
         self.host_last, self.last_on_host = math.nan, False
         self.values: list[torch.Tensor] = []
         if self.row is not None:  # fill kernels with the value as an argument: no copy
             self.row.zero_()
-            self.row[0].fill_(self.initial_a())
-
-    def initial_a(self) -> float:
-        return {"min": math.inf, "max": -math.inf, "last": math.nan}.get(self.reduction, 0.0)
+            self.row[0].fill_(self.initial_a)
 
     def device_row(self, device: torch.device) -> torch.Tensor:
         """The row ``[a, w, bad]``, made on ``device`` on first use (a fill, not a copy)."""
         if self.row is None:
             self.row = torch.full((3,), 0.0, dtype=F64, device=device)
-            self.row[0].fill_(self.initial_a())
+            self.row[0].fill_(self.initial_a)
         return self.row
 
     @property
