@@ -1,50 +1,258 @@
-"""Memory per step, host and device, and a verdict on whether it keeps growing.
+"""Memory per step, host and device: the probes, the adaptive sampler, and the monitor.
 
-The sampler runs at step boundaries (a guard's step listener). Each sample reads
-a few probes; none of them synchronizes with the device:
+The sampler runs at step boundaries (a guard's step listener). No probe
+synchronizes with the device; measured costs:
 
-* ``host_rss``: this process's resident set, read from ``/proc/self/statm``
-  with one ``pread`` on a descriptor kept open (about 2 us; psutil's
-  ``memory_info()`` costs about 14 us and is the fallback off Linux).
-* ``workers_rss``: the resident sets of child processes (DataLoader workers),
-  on request; the list of children is refreshed every 16th sample because
-  walking the process table costs about a millisecond.
-* ``device_allocated``/``device_reserved``: torch's CUDA caching allocator,
-  both from one ``torch._C._cuda_memoryStats(device)`` call, the nested dict
-  that ``torch.cuda.memory_allocated()`` flattens and sorts (that flattening is
-  most of its 120 us). It is a host-side read of the allocator's counters.
-* ``device_used``: the driver's view through NVML, this process's own usage
-  where the driver reports it, else the whole device's used memory.
+* ``host_rss``: one ``pread`` of ``/proc/self/statm`` on a descriptor kept open
+  (about 2 us; psutil's ``memory_info()``, the fallback off Linux, about 14 us);
+* ``workers_rss``: child processes (DataLoader workers), on request; the list
+  of children is refreshed every 16th read (walking the process table costs
+  about a millisecond);
+* ``device_allocated``/``device_reserved``: one ``torch._C._cuda_memoryStats``
+  call, a host-side read of the caching allocator's counters (the flattening
+  in ``torch.cuda.memory_allocated()`` is most of its 120 us);
+* ``device_used``: NVML, this process's own usage where the driver reports it,
+  else the whole device's.
 
-Sampling is adaptive: a sample's cost is measured, and the stride (sample every
-N steps) is chosen so that sampling costs at most ``BUDGET`` (0.25 %) of the
-measured step time; slow steps are sampled every step. ``watch(memory_every=N)``
-fixes the stride instead. At most ``MAX_SAMPLES`` samples are kept: when full,
-every other one is dropped and the stride doubles.
+Adaptive sampling keeps the measured cost of a sample under ``BUDGET`` (0.25 %)
+of the measured step time; ``watch(memory_every=N)`` fixes the stride. At
+``MAX_SAMPLES`` every other sample is dropped and the stride doubles.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import FrameType
+from typing import Any, cast
 
 from barrierguard._errors import MemoryGrowthError, MemoryGrowthWarning
 from barrierguard.report.records import MemoryReport
 from barrierguard.session.memory_growth import MIN_SAMPLES, analyze, explain, format_bytes
-from barrierguard.session.memory_probes import Probe, ProbeSet, default_probes
 
-__all__ = ["BUDGET", "MAX_SAMPLES", "MemoryMonitor", "Sampler", "default_probes"]
+__all__ = [
+    "BUDGET",
+    "MAX_SAMPLES",
+    "MemoryMonitor",
+    "Probe",
+    "ProbeSet",
+    "Sampler",
+    "default_probes",
+]
 
 BUDGET = 0.0025
 MAX_SAMPLES = 2048
 MAX_STRIDE = 256
+_CHILDREN_EVERY = 16
+
+Probe = Callable[[], Mapping[str, int]]
+"""Reads some series now: ``{"host_rss": 123456, ...}`` in bytes."""
 
 
+# -- the probes ----------------------------------------------------------------
+class _HostRss:
+    """This process's RSS: one ``pread`` of ``/proc/self/statm``, else psutil."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._page = 4096
+        self._proc: Any = None
+        try:
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+            self._page = os.sysconf("SC_PAGE_SIZE")
+        except (OSError, AttributeError, ValueError):
+            import psutil
+
+            self._proc = psutil.Process()
+
+    def __call__(self) -> Mapping[str, int]:
+        if self._fd is not None:
+            return {"host_rss": int(os.pread(self._fd, 128, 0).split()[1]) * self._page}
+        return {"host_rss": int(self._proc.memory_info().rss)}
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _WorkersRss:
+    """Summed RSS of child processes."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self._children: list[Any] = []
+        self._reads = 0
+
+    def __call__(self) -> Mapping[str, int]:
+        psutil = self._psutil
+        if self._reads % _CHILDREN_EVERY == 0:
+            self._children = self._me.children(recursive=True)
+        self._reads += 1
+        total = 0
+        for child in self._children:
+            try:
+                total += int(child.memory_info().rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return {"workers_rss": total}
+
+
+class _Allocator:
+    """Allocated and reserved bytes of torch's CUDA caching allocator.
+
+    Reads nothing before CUDA is initialized (nothing is allocated then) and
+    never initializes it.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+        raw = getattr(torch._C, "_cuda_memoryStats", None)
+        self._stats = cast(
+            "Callable[[int], Mapping[str, Any]]", raw or torch.cuda.memory_stats_as_nested_dict
+        )
+
+    def __call__(self) -> Mapping[str, int]:
+        if not self._cuda.is_initialized():  # type: ignore[no-untyped-call]
+            return {"device_allocated": 0, "device_reserved": 0}
+        stats = self._stats(self._cuda.current_device())
+        return {
+            "device_allocated": int(stats["allocated_bytes"]["all"]["current"]),
+            "device_reserved": int(stats["reserved_bytes"]["all"]["current"]),
+        }
+
+
+class _Nvml:
+    """The driver's used memory of the current device, through NVML.
+
+    Opens at the first read after CUDA is initialized, finds the device by
+    UUID, and decides once whether this process's own usage can be read or
+    only the device's total; :meth:`close` shuts NVML down again.
+    """
+
+    def __init__(self, notes: list[str], sources: dict[str, str]) -> None:
+        import pynvml
+        import torch
+
+        self._nvml = pynvml
+        self._cuda = torch.cuda
+        self._notes = notes
+        self._sources = sources
+        self._handle: Any = None
+        self.per_process = False
+        self._opened = False
+        self._broken = False
+        self.setup_s = 0.0
+
+    def _open(self) -> None:
+        t0 = time.perf_counter()
+        nvml = self._nvml
+        nvml.nvmlInit()
+        self._opened = True
+        index = self._cuda.current_device()
+        uuid = getattr(self._cuda.get_device_properties(index), "uuid", None)
+        if uuid is None:
+            self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        else:
+            text = str(uuid)
+            self._handle = nvml.nvmlDeviceGetHandleByUUID(
+                text if text.startswith(("GPU-", "MIG-")) else "GPU-" + text
+            )
+        self.per_process = self._own_usage() is not None
+        if self.per_process:
+            self._sources["device_used"] = "NVML, this process"
+        else:
+            self._sources["device_used"] = "NVML, whole device (all processes)"
+            self._notes.append(
+                "device_used is the whole device's used memory: the driver does not report "
+                "this process's own usage here (e.g. a container's PID namespace); it is "
+                "shown but left out of the verdict"
+            )
+        self.setup_s += time.perf_counter() - t0
+
+    def _own_usage(self) -> int | None:
+        pid = os.getpid()
+        for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+            if proc.pid == pid:
+                used = getattr(proc, "usedGpuMemory", None)
+                return None if used is None else int(used)
+        return None
+
+    def __call__(self) -> Mapping[str, int]:
+        if self._handle is None:
+            if self._broken or not self._cuda.is_initialized():  # type: ignore[no-untyped-call]
+                return {}
+            try:
+                self._open()
+            except Exception as exc:
+                self._broken = True
+                self.close()
+                self._notes.append(
+                    f"device_used series absent: NVML is not usable here "
+                    f"({type(exc).__name__}: {exc})"
+                )
+                return {}
+        if self.per_process:
+            used = self._own_usage()
+            return {} if used is None else {"device_used": used}
+        return {"device_used": int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)}
+
+    def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            self._handle = None
+            self._nvml.nvmlShutdown()
+
+
+@dataclass
+class ProbeSet:
+    """The probes a sampler reads, how each series is read, and why any is absent."""
+
+    probes: dict[str, Probe]
+    sources: dict[str, str]
+    notes: list[str]
+    verdict_series: Callable[[], tuple[str, ...]]
+
+
+def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> ProbeSet:
+    """The real probes for this machine (device series only with ``cuda``); a missing
+    one leaves a note in ``notes`` saying why."""
+    probes: dict[str, Probe] = {"host": _HostRss()}
+    sources = {"host_rss": "/proc/self/statm" if os.path.exists("/proc/self/statm") else "psutil"}
+    if children:
+        probes["workers"] = _WorkersRss()
+        sources["workers_rss"] = "psutil, child processes"
+    nvml: _Nvml | None = None
+    if not cuda:
+        notes.append("device memory series absent: CUDA is not available here")
+    else:
+        probes["allocator"] = _Allocator()
+        sources["device_allocated"] = sources["device_reserved"] = "torch CUDA caching allocator"
+        try:
+            probes["nvml"] = nvml = _Nvml(notes, sources)
+        except ImportError as err:
+            notes.append(f"device_used series absent: pynvml cannot be imported ({err})")
+
+    def verdict_series() -> tuple[str, ...]:
+        own = ("device_used",) if nvml is not None and nvml.per_process else ()
+        return ("host_rss", "workers_rss", "device_allocated", "device_reserved", *own)
+
+    return ProbeSet(probes, sources, notes, verdict_series)
+
+
+# -- the sampler -------------------------------------------------------------------
 class Sampler:
     """Reads the probes at step boundaries, every step or adaptively.
 
@@ -98,23 +306,16 @@ class Sampler:
                     f"{name} memory probe failed at step {step} and was dropped: "
                     f"{type(exc).__name__}: {exc}"
                 )
-        n = len(self.steps)
         for key in row:
-            if key not in self.values:
-                self.values[key] = [None] * n
+            self.values.setdefault(key, [None] * len(self.steps))
         for key, column in self.values.items():
             column.append(row.get(key))
         self.steps.append(step)
         if len(self.steps) >= self._max:
-            self._decimate()
-
-    def _decimate(self) -> None:
-        keep = range(0, len(self.steps), 2)
-        self.steps = [self.steps[i] for i in keep]
-        for key, column in self.values.items():
-            self.values[key] = [column[i] for i in keep]
-        self._min_stride *= 2
-        self.stride = max(self.stride, self._min_stride)
+            self.steps = self.steps[::2]
+            self.values = {key: column[::2] for key, column in self.values.items()}
+            self._min_stride *= 2
+            self.stride = max(self.stride, self._min_stride)
 
     def on_step(self, step: int) -> bool:
         """Called at every step boundary; returns whether a sample was taken."""
@@ -136,8 +337,7 @@ class Sampler:
         elif self._step_s is None or self._step_s <= 0:
             stride = 1
         else:
-            stride = math.ceil(self._cost / (self._budget * self._step_s))
-            stride = min(MAX_STRIDE, max(1, stride))
+            stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (self._budget * self._step_s))))
         self.stride = max(stride, self._min_stride)
         self._next = step + self.stride
         # Steps are timed from here, so the sample's own cost is not step time.
@@ -163,7 +363,7 @@ class Sampler:
                     self.notes.append(f"{name} memory probe failed to close: {exc}")
 
 
-# -- analysis ----------------------------------------------------------------
+# -- the monitor ---------------------------------------------------------------------
 class MemoryMonitor:
     """The sampler, the verdict and the policy's action, for one guard.
 
@@ -175,9 +375,10 @@ class MemoryMonitor:
         warmup: ``warmup_steps`` of the guard.
         every: A fixed stride, or ``None`` for adaptive sampling.
         clock: Seconds, monotonic (tests pass a fake one).
-        thread_ident: The guard's thread; a leak found in another thread is
-            raised at :meth:`finish` instead.
         explain_fn: Finds a known cause (tests replace it).
+
+    ``thread_ident`` is the guard's thread: a leak found in another thread is
+    raised at :meth:`finish` instead.
     """
 
     def __init__(
@@ -210,9 +411,8 @@ class MemoryMonitor:
 
     def start(self, step: int) -> None:
         """Open the probes and take the baseline sample (the guard starts at ``step``)."""
-        probeset = self._make_probes(self.sampler.notes)
-        self._probeset = probeset
-        self.sampler.open(probeset.probes)
+        self._probeset = self._make_probes(self.sampler.notes)
+        self.sampler.open(self._probeset.probes)
         self.active = True
         self.sampler.sample(step)
 
@@ -225,8 +425,7 @@ class MemoryMonitor:
             return
         # Samples are in step order: count the measured ones without a scan.
         steps = self.sampler.steps
-        measured = len(steps) - bisect.bisect_left(steps, self._warmup)
-        if measured < self._checkpoint:
+        if len(steps) - bisect.bisect_left(steps, self._warmup) < self._checkpoint:
             return
         self._checkpoint = math.ceil(self._checkpoint * 1.5)
         memory = self.report()
@@ -257,8 +456,6 @@ class MemoryMonitor:
             self._act(memory, final=True)
 
     def _act(self, memory: MemoryReport, *, final: bool) -> None:
-        import threading
-
         self._acted = True
         when = "over the run" if final else f"so far (step {memory.steps[-1]})"
         message = f"memory keeps growing {when}: {memory.reason}"
@@ -288,22 +485,19 @@ class MemoryMonitor:
         """The memory section for the report, with the verdict as of now."""
         steps = tuple(self.sampler.steps)
         series = {k: tuple(v) for k, v in self.sampler.values.items()}
-        verdict_names = tuple(n for n in self._probeset.verdict_series() if n in series)
+        names = tuple(n for n in self._probeset.verdict_series() if n in series)
         found = analyze(steps, series, warmup=self._warmup, threshold=self._threshold)
-        growing = tuple(n for n in verdict_names if found[n].growing)
-        leak = bool(growing)
+        growing = tuple(n for n in names if found[n].growing)
         limit = format_bytes(self._threshold)
-        measured = [found[n].samples for n in verdict_names]
-        if leak:
-            parts = []
-            for name in growing:
-                v = found[name]
-                assert v.slope is not None and v.began_at is not None
-                parts.append(
-                    f"{name} grew {format_bytes(v.slope)}/step from step {v.began_at} to step "
-                    f"{v.last_step} (+{format_bytes(v.growth)})"
-                )
-            reason = "; ".join(parts) + f", above max_growth_per_step {limit}"
+        measured = [found[n].samples for n in names]
+        if growing:
+            reason = "; ".join(
+                f"{n} grew {format_bytes(found[n].slope or 0)}/step from step "
+                f"{found[n].began_at} to step {found[n].last_step} "
+                f"(+{format_bytes(found[n].growth)})"
+                for n in growing
+            )
+            reason += f", above max_growth_per_step {limit}"
         elif not measured or max(measured) < MIN_SAMPLES:
             reason = (
                 f"no verdict: {max(measured, default=0)} samples after warm-up, "
@@ -313,12 +507,12 @@ class MemoryMonitor:
             reason = f"no series kept growing faster than max_growth_per_step {limit}"
             jumps = [
                 f"{name} {format_bytes(size)} at step {step}"
-                for name in verdict_names
+                for name in names
                 for step, size in found[name].step_changes
             ]
             if jumps:
                 reason += "; one-time increases (step changes, not leaks): " + ", ".join(jumps)
-        if leak and not self._explained:
+        if growing and not self._explained:
             self._explained = True
             first = min(found[n].began_at or 0 for n in growing)
             try:
@@ -327,20 +521,19 @@ class MemoryMonitor:
                 self.sampler.notes.append(
                     f"looking for a known cause of the growth failed: {type(exc).__name__}: {exc}"
                 )
-        pattern, fix, evidence = self._cause if leak and self._cause else (None, "", "")
-        notes = tuple(dict.fromkeys(self.sampler.notes))
+        pattern, fix, evidence = self._cause if growing and self._cause else (None, "", "")
         return MemoryReport(
             steps=steps,
             series=series,
             sources={k: v for k, v in self._probeset.sources.items() if k in series},
-            verdict_series=verdict_names,
+            verdict_series=names,
             slopes={k: v.slope for k, v in found.items() if v.slope is not None},
             growth_began_at={k: v.began_at for k, v in found.items()},
             peak={k: v.peak for k, v in found.items()},
             peak_step={k: v.peak_step for k, v in found.items()},
             step_changes={k: v.step_changes for k, v in found.items() if v.step_changes},
             growing=growing,
-            leak=leak,
+            leak=bool(growing),
             threshold=self._threshold,
             warmup_steps=self._warmup,
             reason=reason,
@@ -348,5 +541,5 @@ class MemoryMonitor:
             fix=fix,
             evidence=evidence,
             sampling=self._sampling_text(),
-            notes=notes,
+            notes=tuple(dict.fromkeys(self.sampler.notes)),
         )

@@ -1,9 +1,4 @@
-"""Whether memory keeps growing: a verdict per series, and the known cause when one is found.
-
-:func:`analyze_series` fits the growth per step of one series and says whether it
-is sustained until the end; :func:`explain` looks for the two leaks people write
-every day (a sum of undetached losses, a list of tensors that keeps growing).
-"""
+"""Whether memory keeps growing (a verdict per series), and the known cause when one is found."""
 
 from __future__ import annotations
 
@@ -15,31 +10,9 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-__all__ = [
-    "ACCUMULATED_GRAPH",
-    "MIN_SAMPLES",
-    "TENSOR_LIST",
-    "SeriesVerdict",
-    "analyze",
-    "analyze_series",
-    "explain",
-    "format_bytes",
-]
+__all__ = ["MIN_SAMPLES", "SeriesVerdict", "analyze", "analyze_series", "explain", "format_bytes"]
 
 MIN_SAMPLES = 9
-
-ACCUMULATED_GRAPH = "accumulated_graph"
-TENSOR_LIST = "tensor_list"
-_FIXES = {
-    ACCUMULATED_GRAPH: (
-        "accumulate a detached value: total_loss += loss.detach() (every step's autograd "
-        "graph stays alive through a sum of undetached losses)"
-    ),
-    TENSOR_LIST: (
-        "append detached values (losses.append(loss.detach())), reduce them on the device "
-        "when you log (torch.stack(losses).mean()), and clear the list after logging"
-    ),
-}
 
 
 def format_bytes(n: float) -> str:
@@ -67,11 +40,6 @@ class SeriesVerdict:
     last_step: int = 0
 
 
-def _windows(n: int) -> list[int]:
-    count = min(8, (n - 1) // 2)
-    return [round(k * (n - 1) / count) for k in range(count + 1)]
-
-
 def analyze_series(
     steps: Sequence[int], values: Sequence[int | None], *, warmup: int, threshold: int
 ) -> SeriesVerdict:
@@ -87,11 +55,8 @@ def analyze_series(
     is not a leak either. ``slope`` is the median rate of that trailing run
     when growing, else the median over all windows.
 
-    Args:
-        steps: Step of each sample, increasing.
-        values: Bytes at each sample (``None`` where not read).
-        warmup: Samples before step ``warmup`` are not measured.
-        threshold: ``max_growth_per_step`` in bytes.
+    Samples before step ``warmup`` are not measured; ``threshold`` is
+    ``max_growth_per_step`` in bytes.
 
     Example:
         >>> v = analyze_series(range(20), [100 * s for s in range(20)], warmup=0, threshold=50)
@@ -119,17 +84,12 @@ def analyze_series(
     if n < MIN_SAMPLES:
         slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
         return SeriesVerdict(slope, False, None, peak, peak_step, tuple(jumps), n)
-    bounds = _windows(n)
+    count = min(8, (n - 1) // 2)
+    bounds = [round(k * (n - 1) / count) for k in range(count + 1)]
     rates = [(ys[b] - ys[a]) / (xs[b] - xs[a]) for a, b in itertools.pairwise(bounds)]
-    need = 3
-    run = 0
-    for rate in reversed(rates):
-        if rate <= threshold / 2:
-            break
-        run += 1
+    run = next((i for i, r in enumerate(reversed(rates)) if r <= threshold / 2), len(rates))
     trailing = rates[len(rates) - run :]
-    growing = run >= need and statistics.median(trailing) > threshold
-    if not growing:
+    if run < 3 or statistics.median(trailing) <= threshold:
         return SeriesVerdict(
             float(statistics.median(rates)), False, None, peak, peak_step, tuple(jumps), n
         )
@@ -140,7 +100,6 @@ def analyze_series(
         if (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) > threshold / 2:
             began = xs[i] + 1
             break
-    start = bounds[first]
     return SeriesVerdict(
         float(statistics.median(trailing)),
         True,
@@ -149,7 +108,7 @@ def analyze_series(
         peak_step,
         tuple(jumps),
         n,
-        growth=ys[-1] - ys[start],
+        growth=ys[-1] - ys[a],
         last_step=xs[-1],
     )
 
@@ -161,7 +120,6 @@ def analyze(
     warmup: int,
     threshold: int,
 ) -> dict[str, SeriesVerdict]:
-    """:func:`analyze_series` for each series."""
     return {
         name: analyze_series(steps, values, warmup=warmup, threshold=threshold)
         for name, values in series.items()
@@ -174,23 +132,19 @@ def _add_chain(fn: Any, limit: int) -> int:
     depth = 0
     while fn is not None and depth < limit and type(fn).__name__.startswith("AddBackward"):
         depth += 1
-        nxt = None
-        for parent, _ in fn.next_functions:
-            if parent is not None and type(parent).__name__.startswith("AddBackward"):
-                nxt = parent
-                break
-        fn = nxt
+        parents = (p for p, _ in fn.next_functions if p is not None)
+        fn = next((p for p in parents if type(p).__name__.startswith("AddBackward")), None)
     return depth
 
 
 def _name_of(obj: object, frame: FrameType | None) -> str | None:
-    depth = 0
-    while frame is not None and depth < 40:
+    for _ in range(40):
+        if frame is None:
+            return None
         for name, value in frame.f_locals.items():
             if value is obj:
                 return name
         frame = frame.f_back
-        depth += 1
     return None
 
 
@@ -200,21 +154,14 @@ def _tensor_list(obj: list[Any], tensor: type, parameter: type) -> bool:
 
 
 def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str] | None:
-    """Look for a known cause of growth among the live objects, once.
+    """A known cause of growth among the live objects: ``(pattern, fix, evidence)``, or ``None``.
 
-    Scans ``gc.get_objects()`` (tens of milliseconds; run only after a leak
-    verdict) for a tensor whose autograd graph is a long chain of additions
-    (``total_loss += loss`` without ``.detach()``) and for long lists of
-    tensors (``losses.append(loss)``). Both are inferences from what is alive
-    now, not proof that they caused the growth, so the evidence says "likely".
-    Reads only host-side metadata: no synchronization.
-
-    Args:
-        measured_steps: Steps in which growth was seen (sets the minimum size).
-        frame: Where to start looking for the variables' names (outward).
-
-    Returns:
-        ``(pattern, fix, evidence)`` or ``None`` when nothing known was found.
+    Scans ``gc.get_objects()`` (tens of milliseconds: only after a leak
+    verdict; host-side metadata only, no sync) for a tensor whose autograd
+    graph chains additions (``total_loss += loss``) and for long lists of
+    tensors (``losses.append(loss)``), at least half of ``measured_steps`` long;
+    names their variables from ``frame`` outward. What is alive now is no
+    proof of the cause, so the evidence says "likely".
     """
     import torch
 
@@ -248,24 +195,25 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
             "the activations it saved stay alive (found among live objects after the "
             "growth was seen)"
         )
-        return ACCUMULATED_GRAPH, _FIXES[ACCUMULATED_GRAPH], evidence
+        fix = (
+            "accumulate a detached value: total_loss += loss.detach() (every step's autograd "
+            "graph stays alive through a sum of undetached losses)"
+        )
+        return "accumulated_graph", fix, evidence
     if biggest is not None:
         size, items = biggest
         name = _name_of(items, frame)
         first = items[-1]
-        graph = (
-            "; its tensors carry autograd graphs, which stay alive too"
-            if first.grad_fn is not None
-            else ""
-        )
+        graph = "; its tensors carry autograd graphs, which stay alive too" if first.grad_fn else ""
         what = f"list `{name}`" if name else "a list"
         evidence = (
             f"likely: {what} holds {len(items)} {first.device} tensors "
             f"({format_bytes(size)} of tensor data) after {measured_steps} steps{graph} "
             "(found among live objects after the growth was seen)"
         )
-        return TENSOR_LIST, _FIXES[TENSOR_LIST], evidence
+        fix = (
+            "append detached values (losses.append(loss.detach())), reduce them on the device "
+            "when you log (torch.stack(losses).mean()), and clear the list after logging"
+        )
+        return "tensor_list", fix, evidence
     return None
-
-
-# -- the guard's memory watch ----------------------------------------------------
