@@ -1,11 +1,4 @@
-"""One site's counters while a guard runs, and how the site reads in a report or a message.
-
-A site is one (file, line, kind, origin). The guard keeps a :class:`SiteStats`
-per site on its hot path; :func:`site_record` turns it into the report's
-:class:`~barrierguard.Site`, :func:`message` into the text of a policy warning
-or error, and :func:`fix` chooses its fix: a framework mechanism's when the
-sync is a known framework sync, else the fix of its kind.
-"""
+"""One site's counters while a guard runs, and how the site reads in a report or a message."""
 
 from __future__ import annotations
 
@@ -63,13 +56,7 @@ class SiteStats:
 
 
 def rule_table() -> dict[str, tuple[str, str, str]]:
-    """The rule codes, in code order: ``code -> (kind, what it is, its fix)``
-    (what SARIF's ``tool.driver.rules`` lists).
-
-    Example:
-        >>> rule_table()["BG101"][0]
-        'item'
-    """
+    """The rule codes in code order, ``code -> (kind, what it is, its fix)`` (SARIF's rules)."""
     return {
         code: (kind, KINDS[kind].what, KINDS[kind].fix)
         for kind, code in sorted(CODES.items(), key=lambda kv: kv[1])
@@ -108,17 +95,15 @@ def fix(loc: Location, mechanisms: dict[str, int]) -> str:
 def message(stats: SiteStats, step: int, reason: str) -> str:
     """The text of a policy warning or error for a sync at ``stats``'s site."""
     loc = stats.loc
+    code = code_for(loc.kind)
     kind = loc.kind + (f" ({loc.detail})" if loc.detail else "")
-    where = f"{loc.file}:{loc.line}"
-    inside = (
-        f" inside {os.path.basename(loc.framework_file)}:{loc.framework_line}"
-        if loc.framework_file
-        else ""
-    )
+    inside = ""
+    if loc.framework_file:
+        inside = f" inside {os.path.basename(loc.framework_file)}:{loc.framework_line}"
     return (
-        f"{code_for(loc.kind)} {kind} sync at {where} in step {step} [{loc.origin}{inside}]: "
+        f"{code} {kind} sync at {loc.file}:{loc.line} in step {step} [{loc.origin}{inside}]: "
         f"{code_at(loc.file, loc.line)!r} - {reason}. Fix: {fix(loc, stats.mechanisms)}. "
-        f"To accept it: '# barrierguard: allow[{code_for(loc.kind)}]' on the line, "
+        f"To accept it: '# barrierguard: allow[{code}]' on the line, "
         f"allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
     )
 
