@@ -109,11 +109,7 @@ class _WorkersRss:
 
 
 class _Allocator:
-    """Allocated and reserved bytes of torch's CUDA caching allocator.
-
-    Reads nothing before CUDA is initialized (nothing is allocated then) and
-    never initializes it.
-    """
+    """Allocated and reserved bytes of torch's CUDA caching allocator (0 before CUDA starts)."""
 
     def __init__(self) -> None:
         import torch
@@ -135,12 +131,7 @@ class _Allocator:
 
 
 class _Nvml:
-    """The driver's used memory of the current device, through NVML.
-
-    Opens at the first read after CUDA is initialized, finds the device by
-    UUID, and decides once whether this process's own usage can be read or
-    only the device's total; :meth:`close` shuts NVML down again.
-    """
+    """The driver's used memory of the current device: this process's, else the device's."""
 
     def __init__(self, notes: list[str], sources: dict[str, str]) -> None:
         import pynvml
@@ -227,8 +218,7 @@ class ProbeSet:
 
 
 def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> ProbeSet:
-    """The real probes for this machine (device series only with ``cuda``); a missing
-    one leaves a note in ``notes`` saying why."""
+    """The real probes for this machine; a missing one leaves a note saying why."""
     probes: dict[str, Probe] = {"host": _HostRss()}
     sources = {"host_rss": "/proc/self/statm" if os.path.exists("/proc/self/statm") else "psutil"}
     if children:
@@ -254,16 +244,9 @@ def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> P
 
 # -- the sampler -------------------------------------------------------------------
 class Sampler:
-    """Reads the probes at step boundaries, every step or adaptively.
+    """Reads the probes at step boundaries: every ``every`` steps, or adaptively (``None``).
 
-    Args:
-        probes: Name to probe; each returns ``{series: bytes}``. A probe that
-            raises is dropped (with a note) and its series end there.
-        every: A fixed stride (sample every N steps), or ``None`` for adaptive.
-        budget: Adaptive mode's share of the step time that sampling may cost.
-        clock: Seconds, monotonic (tests pass a fake one).
-        max_samples: When this many are kept, every other one is dropped.
-        notes: Where notes go (shared with the probes).
+    A probe that raises is dropped, with a note, and its series end there.
     """
 
     def __init__(
@@ -367,18 +350,9 @@ class Sampler:
 class MemoryMonitor:
     """The sampler, the verdict and the policy's action, for one guard.
 
-    Args:
-        probes: Makes the probes at each start, given the notes list (see
-            :func:`default_probes`).
-        policy: ``"record"``, ``"warn"`` or ``"error"``.
-        threshold: ``max_growth_per_step`` in bytes.
-        warmup: ``warmup_steps`` of the guard.
-        every: A fixed stride, or ``None`` for adaptive sampling.
-        clock: Seconds, monotonic (tests pass a fake one).
-        explain_fn: Finds a known cause (tests replace it).
-
-    ``thread_ident`` is the guard's thread: a leak found in another thread is
-    raised at :meth:`finish` instead.
+    ``probes`` makes the probes at each start; ``threshold`` is
+    ``max_growth_per_step`` in bytes. A leak found outside the guard's thread
+    (``thread_ident``) is raised at :meth:`finish` instead.
     """
 
     def __init__(
@@ -433,11 +407,8 @@ class MemoryMonitor:
             self._act(memory, final=False)
 
     def finish(self, step: int, *, act: bool) -> None:
-        """Last sample, release the probes, and act on the final verdict.
-
-        Raises:
-            MemoryGrowthError: Under the error policy, for a leak not raised yet.
-        """
+        """Last sample, release the probes, and act on the final verdict (may raise
+        :class:`MemoryGrowthError`)."""
         if not self.active:
             return
         self.active = False
@@ -469,17 +440,6 @@ class MemoryMonitor:
             self._pending = error
             return
         raise error
-
-    def _sampling_text(self) -> str:
-        n = len(self.sampler.steps)
-        if self._every is not None:
-            return f"every {self._every} step(s); {n} samples"
-        strides = sorted(self._strides) or [1]
-        span = f"{strides[0]}" if len(strides) == 1 else f"{strides[0]}-{strides[-1]}"
-        return (
-            f"adaptive (sampling kept under {BUDGET:.2%} of step time): every {span} step(s); "
-            f"{n} samples"
-        )
 
     def report(self) -> MemoryReport:
         """The memory section for the report, with the verdict as of now."""
@@ -522,6 +482,14 @@ class MemoryMonitor:
                     f"looking for a known cause of the growth failed: {type(exc).__name__}: {exc}"
                 )
         pattern, fix, evidence = self._cause if growing and self._cause else (None, "", "")
+        if self._every is not None:
+            sampling = f"every {self._every} step(s)"
+        else:
+            strides = sorted(self._strides) or [1]
+            span = f"{strides[0]}" if len(strides) == 1 else f"{strides[0]}-{strides[-1]}"
+            sampling = (
+                f"adaptive (sampling kept under {BUDGET:.2%} of step time): every {span} step(s)"
+            )
         return MemoryReport(
             steps=steps,
             series=series,
@@ -540,6 +508,6 @@ class MemoryMonitor:
             pattern=pattern,
             fix=fix,
             evidence=evidence,
-            sampling=self._sampling_text(),
+            sampling=f"{sampling}; {len(steps)} samples",
             notes=tuple(dict.fromkeys(self.sampler.notes)),
         )
