@@ -14,6 +14,7 @@ import re
 import threading
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.detect.kinds import KINDS, kind_named
@@ -36,13 +37,11 @@ def inline_allowed(file: str, line: int, kind: str) -> bool:
     return not names or any(kind_named(name.strip()) == kind for name in names.split(","))
 
 
+@dataclass(slots=True, eq=False)
 class _Scope:
-    __slots__ = ("first_only", "kinds", "seen")
-
-    def __init__(self, kinds: frozenset[str], first_only: bool) -> None:
-        self.kinds = kinds
-        self.first_only = first_only
-        self.seen: set[Hashable] = set()
+    kinds: frozenset[str]
+    first_only: bool
+    seen: set[Hashable] = field(default_factory=set)
 
 
 class _Local(threading.local):

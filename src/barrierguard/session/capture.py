@@ -46,10 +46,7 @@ _STREAM_MISMATCH = (
 
 
 def blocking_line(exc: BaseException) -> tuple[str, int, str]:
-    """The user's innermost line in ``exc``'s traceback: ``(file, line, function)``.
-
-    Else the innermost frame not barrierguard's own; ``("", 0, "")`` without one.
-    """
+    """The user's innermost line in ``exc``'s traceback (else the innermost not our own)."""
     fallback: tuple[str, int, str] = ("", 0, "")
     for fs in reversed(traceback.extract_tb(exc.__traceback__)):
         category = classify_file(fs.filename)[0]
@@ -96,8 +93,7 @@ def _stream_mismatch(exc: BaseException) -> bool:
 def _stale_streams_follow_capture() -> Iterator[bool]:
     """Autograd nodes of earlier iterations follow the capture's stream, where torch can.
 
-    ``set_override_stale_capture_stream`` is process-wide and acts only during
-    a capture; the value before is back at the exit. Yields whether it is on.
+    The switch is process-wide and acts only during a capture; yields whether it is on.
     """
     import torch
 
@@ -124,10 +120,7 @@ def _stale_streams_follow_capture() -> Iterator[bool]:
 
 
 def inductor_cuda_graphs() -> int:
-    """How many CUDA graphs inductor's CUDA-graph trees hold on the current device.
-
-    0 when there is none or this torch keeps them otherwise; creates no tree.
-    """
+    """How many CUDA graphs inductor's trees hold on the current device (creates none)."""
     trees = sys.modules.get("torch._inductor.cudagraph_trees")
     if trees is None:
         return 0
@@ -179,11 +172,8 @@ def _eager_stance(on: bool) -> Iterator[None]:
 def _backward_by_inductor(
     blocker: BaseException, graphs: int, skips: Sequence[str], captured: str
 ) -> CaptureProbe:
-    """The verdict when the probe's backward had to join the default stream.
-
-    Capturable when inductor's ``graphs`` run (they hold the last step's
-    autograd graph) and none of its ops was skipped; else ``not run``, with why.
-    """
+    """Capturable when the backward had to join the default stream but inductor's graphs
+    run and kept every op; else ``not run``, with why."""
     file, line, _ = blocking_line(blocker)
     at = f" at {os.path.basename(file)}:{line}" if file else ""
     if graphs and not skips:
@@ -232,18 +222,9 @@ def probe(
 ) -> CaptureProbe:
     """Capture one call of ``fn(*args, **kwargs)``; never replay it.
 
-    Args:
-        fn: The step (or part of it) to capture.
-        args: Its positional arguments.
-        kwargs: Its keyword arguments.
-        params: Tensors whose ``.grad`` the probe restores afterwards.
-        skips: The CUDA-graph skips seen so far (``"reason at file:line"``),
-            which keep inductor's verdict on the backward from counting.
-
-    Returns:
-        ``status`` ``"capturable"``, ``"blocked"`` (with the first line that
-        stopped the capture), or ``"not run"`` (no CUDA device, or an
-        inconclusive capture, with why).
+    ``params``: tensors whose ``.grad`` is put back; ``skips``: the CUDA-graph
+    skips seen so far (``"reason at file:line"``), which keep inductor's
+    verdict on the backward from counting.
     """
     import torch
 
@@ -377,9 +358,8 @@ def _arguments(frame: FrameType) -> tuple[tuple[Any, ...], dict[str, Any]]:
 class CallProbe:
     """Probes the first call of a function named ``name`` once ``ready()`` says so.
 
-    A profile function (``sys.setprofile``) watches the calls until the probe
-    ran, then removes itself: it costs a little on every Python call until
-    then, and is never installed over another profiler.
+    A profile function watches the calls until then (a little on every call),
+    never installed over another profiler.
     """
 
     def __init__(

@@ -61,9 +61,7 @@ class AllowRule:
     def matches(
         self, file: str, line: int, kind: str, origin: str, mechanism: str | None = None
     ) -> bool:
-        """Whether a sync at ``file:line`` of ``kind``, ``origin`` and framework
-        ``mechanism`` (a name of :data:`~barrierguard.detect.frameworks.MECHANISMS`)
-        is allowed."""
+        """Whether a sync at ``file:line`` of ``kind``, ``origin`` and ``mechanism`` is allowed."""
         if self.mechanism is not None:
             return mechanism == self.mechanism
         if self.kind is not None:
@@ -85,20 +83,7 @@ class AllowRule:
 
 
 def parse_allow(rule: str) -> AllowRule:
-    """Parse one allow rule.
-
-    Forms: a kind (``"item"``), an origin (``"user"``, ``"framework:lightning"``,
-    ``"framework:*"``), a framework mechanism (``"mechanism:hf_logging"``: one
-    known framework sync, see docs/frameworks.md), or a file pattern with a
-    line spec (``"mypkg/metrics.py:*"``, ``"train.py:42"``, ``"train.py:40-50"``).
-
-    Raises:
-        BarrierGuardError: When ``rule`` has none of these forms.
-
-    Example:
-        >>> parse_allow("mypkg/metrics.py:*").matches("/src/mypkg/metrics.py", 7, "item", "user")
-        True
-    """
+    """Parse one allow rule (the forms: ``_ALLOW_FORMS``); a malformed one is an error."""
     if not isinstance(rule, str):
         raise BarrierGuardError(f"allow rule {rule!r} is not a string: expected {_ALLOW_FORMS}")
     text = rule.strip()
@@ -219,9 +204,8 @@ def make_options(
 ) -> Options:
     """Validate and freeze a guard's options; every error names the argument.
 
-    Its keyword arguments and their defaults are the one declaration of the
-    guard's options: ``watch()``, the callbacks and the pytest marker pass
-    theirs on (:data:`GUARD_OPTIONS` lists them).
+    The one declaration of the guard's options: ``watch()``, the callbacks and
+    the pytest marker pass theirs on (:data:`GUARD_OPTIONS` lists them).
     """
     if isinstance(allow, str):
         allow = [allow]
@@ -271,23 +255,7 @@ _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECAS
 
 
 def parse_bytes(value: object, *, owner: str = "watch", name: str = "max_growth_per_step") -> int:
-    """Parse a size in bytes: an int, or a number with a unit.
-
-    Args:
-        value: ``int`` bytes, or a string such as ``"512KB"``, ``"1MB"`` or
-            ``"1.5MiB"``; units are case-insensitive, ``KB``/``MB``/``GB`` are
-            powers of 1000 and ``KiB``/``MiB``/``GiB`` powers of 1024.
-        owner: The function named in an error message.
-        name: The argument named in an error message.
-
-    Raises:
-        BarrierGuardError: For a negative number, a float, a bool, an unknown
-            unit, or anything else; the message names the value and the forms.
-
-    Example:
-        >>> parse_bytes("1.5MiB"), parse_bytes("512KB"), parse_bytes(2048)
-        (1572864, 512000, 2048)
-    """
+    """A size in bytes: an int, or a number with a unit (``"1.5MiB"``, ``"512KB"``)."""
     if _is_int(value, 0):
         return value
     match = _BYTES_RE.match(value) if isinstance(value, str) else None
@@ -301,15 +269,7 @@ def parse_bytes(value: object, *, owner: str = "watch", name: str = "max_growth_
 
 
 def parse_out(value: object, *, owner: str = "watch", name: str = "out") -> str | None:
-    """Validate a report path: ``None`` (no file), or a non-empty path.
-
-    A path may hold ``{rank}``, replaced by each rank's number; without it, a
-    run of several ranks writes ``<stem>.rank<N><suffix>`` (see
-    ``barrierguard.session.rank_reports.rank_path``).
-
-    Raises:
-        BarrierGuardError: For anything else; the message names the value.
-    """
+    """A report path (``{rank}`` allowed, see ``rank_reports.rank_path``), or ``None``."""
     if value is None:
         return None
     text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
@@ -370,12 +330,7 @@ def make_report_options(
     rank_reports: object,
     merge_ranks: object,
 ) -> ReportOptions:
-    """Validate an adapter's report options (``where``: the folder ``True`` means).
-
-    Raises:
-        BarrierGuardError: For a value of the wrong type, a malformed path, or
-            ``merge_ranks=False`` with no per-rank files to merge later.
-    """
+    """Validate an adapter's report options (``where``: the folder ``True`` means)."""
     rank_file = f"barrierguard_report.rank{{rank}}.json in {where}"
     if not isinstance(save_report, (bool, str, os.PathLike)):
         raise _invalid(

@@ -73,17 +73,10 @@ def world_size() -> int:
 def rank_path(
     path: str | os.PathLike[str], *, rank: int | str | None = None, world: int | None = None
 ) -> str:
-    """The file this rank writes for ``path``.
+    """The file this rank (or a pattern such as ``"*"``) writes for ``path``.
 
-    ``{rank}`` in the path is replaced by the rank. Without it, a run of more
-    than one rank inserts ``.rank<N>`` before the suffix, and a run of one rank
-    keeps the path as it is.
-
-    Args:
-        path: The path asked for (``--out``, ``watch(out=...)``).
-        rank: The rank (or a pattern such as ``"*"``, for a glob of every
-            rank's file); default :func:`current_rank` (0 when unknown).
-        world: The number of ranks; default :func:`world_size`.
+    ``{rank}`` in the path is replaced by the rank; else a run of several ranks
+    inserts ``.rank<N>`` before the suffix.
 
     Example:
         >>> rank_path("out/bg.json", rank=3, world=8)
@@ -110,20 +103,12 @@ def _write(report: Report, path: str) -> str:
 
 
 def save(report: Report, path: str | os.PathLike[str]) -> str:
-    """Save ``report`` to this rank's file for ``path``, atomically; returns the file.
-
-    Raises:
-        OSError: When the file cannot be written.
-    """
+    """Save ``report`` to this rank's file for ``path``, atomically; returns the file."""
     return _write(report, rank_path(path, rank=report.rank))
 
 
 def merge(local: Report) -> Report | None:
-    """Rank 0: the ranks' reports merged; other ranks: ``None``. One collective.
-
-    Without a process group of several ranks, ``local`` itself. Rank 0
-    receives every rank's report, some 10 KB pickled each (docs/distributed.md).
-    """
+    """Rank 0: the ranks' reports merged (one gather); other ranks: ``None``."""
     try:
         dist = _group()
         if dist is None or dist.get_world_size() < 2:
@@ -153,9 +138,8 @@ def report_file(
 ) -> str | None:
     """Where an adapter's ``save_report``/``rank_reports`` setting writes.
 
-    ``False``: nowhere; a path: that path; ``True``: ``name`` inside
-    ``directory()``, which is called only then (a framework's log directory
-    can be a collective to ask for).
+    ``True``: ``name`` in ``directory()``, called only then (asking a framework
+    for its log directory can be a collective).
     """
     if setting is True:
         return os.path.join(directory(), name)
@@ -180,13 +164,9 @@ def publish(
 ) -> tuple[Report, str | None, str | None]:
     """End a framework run's reporting: this rank's file, then the merge on rank 0.
 
-    Each rank writes its own file first, so a merge that fails, or a rank that
-    hangs in it, loses nothing. With ``merge_ranks`` rank 0 merges every rank's
-    report, prints it and saves it to ``merged_file``; then the ranks leave
-    together. Without, rank 0 prints its own. A write that fails goes to ``fault``.
-
-    Returns:
-        ``(the report to keep, the rank file written, the merged file written)``.
+    Each rank writes its own file first, so a merge that fails or hangs loses
+    nothing. A write that fails goes to ``fault``. Returns the report to keep,
+    the rank file and the merged file written.
     """
     written = saved = None
     if rank_file is not None:

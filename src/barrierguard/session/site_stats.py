@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import linecache
 import os
+from dataclasses import dataclass, field
 
 from barrierguard.detect import frameworks
 from barrierguard.detect.frames import Location
@@ -13,46 +14,26 @@ from barrierguard.report.records import Site
 __all__ = ["SiteStats", "cause", "code_at", "fix", "message", "rule_table", "site_record"]
 
 
+@dataclass(slots=True, eq=False)
 class SiteStats:
     """Mutable counters of one site while the guard runs."""
 
-    __slots__ = (
-        "allowed",
-        "blocking",
-        "count",
-        "events",
-        "in_loop",
-        "last_ident",
-        "loc",
-        "mechanisms",
-        "phases",
-        "ranges",
-        "setup_count",
-        "setup_stall",
-        "stall",
-        "stall_count",
-        "step_count",
-        "threads",
-    )
-
-    def __init__(self, loc: Location, allowed: bool, blocking: bool) -> None:
-        self.loc = loc
-        self.allowed = allowed
-        self.blocking = blocking
-        self.count = 0
-        self.events = 0
-        self.setup_count = 0
-        self.step_count = 0
-        self.ranges: list[list[int]] = []
-        self.threads: dict[str, None] = {}
-        self.last_ident = 0
-        self.stall = 0.0
-        self.stall_count = 0
-        self.setup_stall = 0.0
-        self.phases: dict[str, int] = {}
-        self.mechanisms: dict[str, int] = {}
-        # Whether a closed measured step saw this site (see ``loop_end``).
-        self.in_loop = False
+    loc: Location
+    allowed: bool
+    blocking: bool
+    count: int = 0
+    events: int = 0
+    setup_count: int = 0
+    step_count: int = 0
+    ranges: list[list[int]] = field(default_factory=list)
+    threads: dict[str, None] = field(default_factory=dict)
+    last_ident: int = 0
+    stall: float = 0.0
+    stall_count: int = 0
+    setup_stall: float = 0.0
+    phases: dict[str, int] = field(default_factory=dict)
+    mechanisms: dict[str, int] = field(default_factory=dict)
+    in_loop: bool = False  # whether a closed measured step saw this site (``loop_end``)
 
 
 def rule_table() -> dict[str, tuple[str, str, str]]:

@@ -58,13 +58,7 @@ class _CudaEvent:
 
 
 class StepTimeline:
-    """Host time, device time and run-ahead per step (a guard's step listener).
-
-    Args:
-        clock: Seconds, monotonic (tests pass a fake one).
-        make_event: Creates an event with ``record()``, ``query()`` and
-            ``elapsed_time(other)`` in milliseconds (tests pass fakes).
-    """
+    """Host time, device time and run-ahead per step (a guard's step listener)."""
 
     def __init__(
         self,
@@ -186,9 +180,8 @@ def summarize(
 ) -> Timeline:
     """The timeline of the measured steps, the saving, and a verdict in words.
 
-    ``steps[i]`` ended the interval timed in ``host_s[i]``, whose syncs were
-    counted in step ``steps[i] - 1``: its stall, measured when past ``warmup``.
-    """
+    ``steps[i]`` ended the interval timed in ``host_s[i]``, whose syncs were counted in
+    step ``steps[i] - 1``."""
     rows = [
         (s, h, a, device_s.get(s), step_stall[s - 1] if s - 1 < len(step_stall) else 0.0)
         for s, h, a in zip(steps, host_s, ahead, strict=True)
