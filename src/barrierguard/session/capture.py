@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
-import linecache
 import os
 import sys
 import traceback
@@ -31,7 +30,8 @@ from typing import Any
 
 from barrierguard.detect.frames import OWN, USER, classify_file
 from barrierguard.report.records import CaptureProbe
-from barrierguard.session.compiled import frames_compiled
+from barrierguard.session.compiled import dynamo_count, frames_compiled
+from barrierguard.session.site_stats import code_at
 
 __all__ = ["CallProbe", "blocking_line", "inductor_cuda_graphs", "probe"]
 
@@ -138,19 +138,6 @@ def inductor_cuda_graphs() -> int:
             nodes.extend(c for children in nodes.pop().children.values() for c in children)
         return count
     except Exception:  # another torch's layout: say none rather than guess
-        return 0
-
-
-def _inductor_skips() -> int:
-    """CUDA-graph skips, and partitions kept out of CUDA graphs, that inductor counted."""
-    if "torch._dynamo" not in sys.modules:
-        return 0
-    try:
-        from torch._dynamo.utils import counters
-
-        inductor = counters["inductor"]
-        return int(inductor["cudagraph_skips"]) + int(inductor["cudagraph_partitions"])
-    except Exception:
         return 0
 
 
@@ -305,7 +292,8 @@ def probe(
         # Not the step's own doing: the side stream met autograd state of an
         # earlier iteration. Take inductor's verdict on the backward where it
         # holds, or say why not.
-        counted = _inductor_skips()
+        # Partitions kept out of CUDA graphs count as skips too.
+        counted = dynamo_count("inductor", "cudagraph_skips", "cudagraph_partitions")
         known = list(skips) or ([f"{counted} counted by inductor"] if counted else [])
         result = _backward_by_inductor(blocker, graphs, known, captured)
         blocker = None
@@ -319,7 +307,7 @@ def probe(
         file=file,
         line=line,
         function=function,
-        code=linecache.getline(file, line).strip() if file else "",
+        code=code_at(file, line) if file else "",
         captured=captured,
     )
 

@@ -20,7 +20,7 @@ from barrierguard.report.records import (
     Site,
 )
 
-__all__ = ["CompileWatch", "frames_compiled", "join"]
+__all__ = ["CompileWatch", "dynamo_count", "frames_compiled", "join"]
 
 # The dynamo flag that keeps a kind of sync in the graph, when dynamo's own
 # message names none.
@@ -33,16 +33,21 @@ _KIND_FLAG = {
 }
 
 
-def frames_compiled() -> int:
-    """How many frames dynamo has been asked to compile in this process (0 without it)."""
+def dynamo_count(group: str, *names: str) -> int:
+    """The sum of dynamo's ``counters[group][name]`` over ``names`` (0 without dynamo)."""
     if "torch._dynamo" not in sys.modules:
         return 0
     try:
         from torch._dynamo.utils import counters
 
-        return int(counters["frames"]["total"])
+        return sum(int(counters[group][name]) for name in names)
     except Exception:
         return 0
+
+
+def frames_compiled() -> int:
+    """How many frames dynamo has been asked to compile in this process."""
+    return dynamo_count("frames", "total")
 
 
 class CompileWatch:
