@@ -179,12 +179,24 @@ def resolve_policy(value: str | None, owner: str = "watch") -> str:
     )
 
 
-def _count(owner: str, name: str, value: object, least: int, expected: str) -> int | None:
-    if value is None and "None" in expected:
-        return None
-    if _is_int(value, least):
+def _count(
+    owner: str, name: str, value: object, expected: str, least: int = 0, optional: bool = True
+) -> int | None:
+    if (value is None and optional) or _is_int(value, least):
         return value
     raise _invalid(owner, name, value, expected)
+
+
+def _probe(owner: str, value: object) -> bool | str:
+    if isinstance(value, bool) or (isinstance(value, str) and value.isidentifier()):
+        return value
+    raise _invalid(
+        owner,
+        "capture_probe",
+        value,
+        "True (the decorated step function), False, or the name of the step function to probe, "
+        "e.g. 'train_step'",
+    )
 
 
 def make_options(
@@ -213,26 +225,15 @@ def make_options(
         raise _invalid(
             owner, "allow", allow, f"a rule or a list of rules (() for none), each {_ALLOW_FORMS}"
         )
-    warmup = _count(owner, "warmup_steps", warmup_steps, 0, "a non-negative int")
+    warmup = _count(owner, "warmup_steps", warmup_steps, "a non-negative int", optional=False)
     assert warmup is not None
-    if not (
-        isinstance(capture_probe, bool)
-        or (isinstance(capture_probe, str) and capture_probe.isidentifier())
-    ):
-        raise _invalid(
-            owner,
-            "capture_probe",
-            capture_probe,
-            "True (the decorated step function), False, or the name of the step function to "
-            "probe, e.g. 'train_step'",
-        )
     return Options(
         policy=resolve_policy(policy, owner),
         engine=_choice(owner, "engine", engine, ENGINES),
         warmup_steps=warmup,
         allow=tuple(parse_allow(r) for r in list(allow)),
         max_syncs_per_step=_count(
-            owner, "max_syncs_per_step", max_syncs_per_step, 0, "a non-negative int or None"
+            owner, "max_syncs_per_step", max_syncs_per_step, "a non-negative int or None"
         ),
         memory=_flag(owner, "memory", memory),
         max_growth_per_step=parse_bytes(max_growth_per_step, owner=owner),
@@ -240,12 +241,12 @@ def make_options(
             owner,
             "memory_every",
             memory_every,
-            1,
             "None (adaptive sampling) or an int >= 1 (sample every N steps)",
+            least=1,
         ),
         memory_children=_flag(owner, "memory_children", memory_children),
         out=parse_out(out, owner=owner),
-        capture_probe=capture_probe,
+        capture_probe=_probe(owner, capture_probe),
     )
 
 
