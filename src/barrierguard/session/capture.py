@@ -99,13 +99,12 @@ def _stale_streams_follow_capture() -> Iterator[bool]:
 
     setter = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
     getter = getattr(torch._C, "_override_stale_capture_stream", None)
-    before: bool | None = None
-    if setter is not None and getter is not None:
-        try:
-            before = bool(getter())
+    try:
+        before = bool(getter()) if setter is not None and getter is not None else None
+        if setter is not None and before is not None:
             setter(True)
-        except Exception:  # a torch that has the name but not the switch
-            before = None
+    except Exception:  # a torch that has the name but not the switch
+        before = None
     if setter is None or before is None:
         yield False
         return

@@ -189,10 +189,10 @@ def summarize(
     ]
     if not rows:
         return Timeline(summary="no measured step was timed")
-    saving = sum(_saving(wall, device, stall) for _, wall, _, device, stall in rows if stall > 0)
-    total = sum(r[1] for r in rows)
-    stall_total = sum(r[4] for r in rows)
-    median_ahead = statistics.median(r[2] for r in rows)
+    kept, host, ahead_, device, stall = (tuple(column) for column in zip(*rows, strict=True))
+    saving = sum(_saving(h, d, s) for h, d, s in zip(host, device, stall, strict=True) if s > 0)
+    total, stall_total = sum(host), sum(stall)
+    median_ahead = statistics.median(ahead_)
     per_step = total / len(rows)
     stall_per = stall_total / len(rows)
     serialized = median_ahead == 0 and stall_total > 0.05 * total
@@ -214,11 +214,11 @@ def summarize(
             f"{_ms(stall_per)} per step waiting in syncs): the host sets the pace"
         )
     return Timeline(
-        steps=tuple(r[0] for r in rows),
-        host_s=tuple(r[1] for r in rows),
-        stall_s=tuple(r[4] for r in rows),
-        device_s=tuple(r[3] for r in rows),
-        ahead=tuple(r[2] for r in rows),
+        steps=kept,
+        host_s=host,
+        stall_s=stall,
+        device_s=device,
+        ahead=ahead_,
         saving_s=saving,
         saving_fraction=saving / total if total > 0 else 0.0,
         serialized=serialized,
