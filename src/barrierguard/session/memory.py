@@ -442,19 +442,6 @@ def analyze_series(
     )
 
 
-def analyze(
-    steps: Sequence[int],
-    series: Mapping[str, Sequence[int | None]],
-    *,
-    warmup: int,
-    threshold: int,
-) -> dict[str, SeriesVerdict]:
-    return {
-        name: analyze_series(steps, values, warmup=warmup, threshold=threshold)
-        for name, values in series.items()
-    }
-
-
 # -- known patterns ------------------------------------------------------------
 def _add_chain(fn: Any, limit: int) -> int:
     """Length of a chain of additions in an autograd graph (``total += loss``)."""
@@ -648,7 +635,10 @@ class MemoryMonitor:
         steps = tuple(self.sampler.steps)
         series = {k: tuple(v) for k, v in self.sampler.values.items()}
         names = tuple(n for n in self._probeset.verdict_series() if n in series)
-        found = analyze(steps, series, warmup=self._warmup, threshold=self._threshold)
+        found = {
+            name: analyze_series(steps, values, warmup=self._warmup, threshold=self._threshold)
+            for name, values in series.items()
+        }
         growing = tuple(n for n in names if found[n].growing)
         limit = format_bytes(self._threshold)
         measured = [found[n].samples for n in names]
