@@ -1,11 +1,9 @@
 """The capture probe: one call of a step captured with ``torch.cuda.graph``, never replayed.
 
-Captured after warm-up (lazy state such as an optimizer's momentum exists), on
-a side stream: capturing records kernels and runs none, so the device state is
-untouched; the probe puts back what capturing changes on the host (the known
-parameters' ``.grad``, the CPU and CUDA RNG states, the current stream). The
-first call that cannot be captured raises inside the capture, and its
-traceback names the user's line.
+Captured after warm-up on a side stream: capturing records kernels and runs
+none; the probe puts back what it changes on the host (the known parameters'
+``.grad``, the RNG states, the current stream). The first call that cannot be
+captured raises inside the capture, and its traceback names the user's line.
 
 Compiled functions run as plain Python (``force_eager``): inductor's CUDA
 graphs (``mode="reduce-overhead"``) keep the last step's outputs alive, and with

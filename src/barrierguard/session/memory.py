@@ -3,16 +3,13 @@
 The sampler runs at step boundaries (a guard's step listener). No probe
 synchronizes with the device; measured costs:
 
-* ``host_rss``: one ``pread`` of ``/proc/self/statm`` on a descriptor kept open
-  (about 2 us; psutil's ``memory_info()``, the fallback off Linux, about 14 us);
-* ``workers_rss``: child processes (DataLoader workers), on request; the list
-  of children is refreshed every 16th read (walking the process table costs
-  about a millisecond);
+* ``host_rss``: one ``pread`` of ``/proc/self/statm`` on a descriptor kept open,
+  about 2 us (psutil's ``memory_info()``, the fallback off Linux: 14 us);
+* ``workers_rss``: child processes, on request; the children are listed again
+  every 16th read (walking the process table costs about a millisecond);
 * ``device_allocated``/``device_reserved``: one ``torch._C._cuda_memoryStats``
-  call, a host-side read of the caching allocator's counters (the flattening
-  in ``torch.cuda.memory_allocated()`` is most of its 120 us);
-* ``device_used``: NVML, this process's own usage where the driver reports it,
-  else the whole device's.
+  call (flattening it is most of ``torch.cuda.memory_allocated()``'s 120 us);
+* ``device_used``: NVML, this process's own usage, else the whole device's.
 
 Adaptive sampling keeps the measured cost of a sample under ``BUDGET`` (0.25 %)
 of the measured step time; ``watch(memory_every=N)`` fixes the stride. At
@@ -372,20 +369,13 @@ class SeriesVerdict:
 def analyze_series(
     steps: Sequence[int], values: Sequence[int | None], *, warmup: int, threshold: int
 ) -> SeriesVerdict:
-    """Robust growth of one series after warm-up.
+    """Robust growth of one series after warm-up (``threshold``: bytes per step).
 
-    The measured samples are cut into up to 8 windows of consecutive samples
-    (sharing their end points, so each increase falls in exactly one window),
-    and each window's growth rate is measured in bytes per step. The series is
-    *growing* when the rates of at least the last 3 windows (3 of 4 for short
-    runs) all exceed half the threshold and their median exceeds the threshold:
-    growth that goes on until the end. A one-time allocation raises one window
-    only: it is a step change, not a leak; growth that stopped before the end
-    is not a leak either. ``slope`` is the median rate of that trailing run
-    when growing, else the median over all windows.
-
-    Samples before step ``warmup`` are not measured; ``threshold`` is
-    ``max_growth_per_step`` in bytes.
+    The measured samples are cut into up to 8 windows sharing their end points,
+    each with its growth rate. The series is *growing* when at least the last 3
+    windows all grow faster than half the threshold, with a median above it:
+    growth until the end. A one-time allocation raises one window only (a step
+    change, not a leak). ``slope``: the median rate of that run, else of all.
 
     Example:
         >>> v = analyze_series(range(20), [100 * s for s in range(20)], warmup=0, threshold=50)
