@@ -15,9 +15,7 @@ import barrierguard
 from barrierguard.report.render.console import render_memory
 from barrierguard.report.render.memory_chart import render_svg
 from barrierguard.session import memory as _memory
-from barrierguard.session.memory import MemoryMonitor, Sampler
-from barrierguard.session.memory_growth import format_bytes
-from barrierguard.session.memory_probes import ProbeSet
+from barrierguard.session.memory import MemoryMonitor, ProbeSet, Sampler, format_bytes
 from barrierguard.session.options import parse_bytes
 
 MB = 1_000_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from barrierguard.session.memory_growth import analyze_series, explain
+from barrierguard.session.memory import analyze_series, explain
 
 MB = 1_000_000
 BASE = 500 * MB

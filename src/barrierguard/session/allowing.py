@@ -1,17 +1,10 @@
 """Allow rules where the code is: an inline comment on the line, and a scoped block.
 
-An inline comment ``# barrierguard: allow`` on the line that syncs allows every
-sync of that line; ``# barrierguard: allow[item]`` (kinds or rule codes, comma
-separated: ``allow[item, BG301]``) allows only those. The guard reads the line
-once, when it first sees the site, like an ``allow=`` rule.
-
-``with barrierguard.allowed(...):`` allows the syncs made inside the block, in
-this thread, by any running guard: every kind, or the kinds and codes named.
-With ``first_only=True`` it admits one occurrence of each site per block (the
-first; a second one at the same line is held against the policy), for a
-deliberate read that must not creep into a loop. The guard asks
-:func:`admits` for each sync in a measured step that no rule allows: one
-thread-local read when no block is open.
+``# barrierguard: allow`` on the line that syncs allows every sync of that line,
+``# barrierguard: allow[item, BG301]`` only those kinds or codes; the guard
+reads the line once, when it first sees the site. ``with allowed(...):`` allows
+the syncs made inside the block, in this thread, for every running guard; the
+guard asks :func:`admits` (one thread-local read when no block is open).
 """
 
 from __future__ import annotations
@@ -21,69 +14,34 @@ import re
 import threading
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.detect.kinds import KINDS, kind_named
 
-__all__ = ["admits", "allowed", "inline_allowed", "resolve_kinds"]
+__all__ = ["admits", "allowed", "inline_allowed"]
 
 _INLINE = re.compile(r"#\s*barrierguard:\s*allow\b(?:\[([^\]]*)\])?")
-
-
-def resolve_kinds(names: tuple[str, ...], owner: str) -> frozenset[str]:
-    """The kinds named by ``names`` (kinds or rule codes).
-
-    Raises:
-        BarrierGuardError: For a name that is neither; the message shows the forms first.
-
-    Example:
-        >>> sorted(resolve_kinds(("item", "BG301"), "allowed"))
-        ['index', 'item']
-    """
-    kinds = set()
-    for name in names:
-        kind = kind_named(name.strip()) if isinstance(name, str) else None
-        if kind is None:
-            raise BarrierGuardError(
-                f"{owner}({name!r}): expected a kind such as 'item' or a rule code such as "
-                f"'BG101' (docs/rules.md); the kinds are {', '.join(sorted(KINDS))}"
-            )
-        kinds.add(kind)
-    return frozenset(kinds)
 
 
 def inline_allowed(file: str, line: int, kind: str) -> bool:
     """Whether ``file``'s ``line`` carries a ``# barrierguard: allow`` comment for ``kind``.
 
-    A comment that names no kind allows every kind; a name that is neither a
-    kind nor a code allows nothing (the sync stays visible).
-
-    Example:
-        >>> import tempfile, os
-        >>> with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        ...     _ = f.write("x = t.item()  # barrierguard: allow[BG101]\\n")
-        >>> inline_allowed(f.name, 1, "item"), inline_allowed(f.name, 1, "index")
-        (True, False)
-        >>> os.unlink(f.name)
+    No kind named: every kind; a name that is neither a kind nor a code allows nothing.
     """
     text = linecache.getline(file, line)
-    if "barrierguard" not in text:
-        return False
-    found = _INLINE.search(text)
+    found = _INLINE.search(text) if "barrierguard" in text else None
     if found is None:
         return False
-    if found.group(1) is None or not found.group(1).strip():
-        return True
-    return any(kind_named(name.strip()) == kind for name in found.group(1).split(","))
+    names = (found.group(1) or "").strip()
+    return not names or any(kind_named(name.strip()) == kind for name in names.split(","))
 
 
+@dataclass(slots=True, eq=False)
 class _Scope:
-    __slots__ = ("first_only", "kinds", "seen")
-
-    def __init__(self, kinds: frozenset[str], first_only: bool) -> None:
-        self.kinds = kinds
-        self.first_only = first_only
-        self.seen: set[Hashable] = set()
+    kinds: frozenset[str]
+    first_only: bool
+    seen: set[Hashable] = field(default_factory=set)
 
 
 class _Local(threading.local):
@@ -136,7 +94,16 @@ def allowed(*kinds: str, first_only: bool = False) -> Iterator[None]:
     """
     if not isinstance(first_only, bool):
         raise BarrierGuardError(f"allowed(first_only={first_only!r}): expected True or False")
-    scope = _Scope(resolve_kinds(kinds, "allowed"), first_only)
+    named = set()
+    for name in kinds:
+        kind = kind_named(name.strip()) if isinstance(name, str) else None
+        if kind is None:
+            raise BarrierGuardError(
+                f"allowed({name!r}): expected a kind such as 'item' or a rule code such as "
+                f"'BG101' (docs/rules.md); the kinds are {', '.join(sorted(KINDS))}"
+            )
+        named.add(kind)
+    scope = _Scope(frozenset(named), first_only)
     scopes = _TLS.scopes
     if scopes is None:
         scopes = _TLS.scopes = []

@@ -1,10 +1,7 @@
 """A guard's view of torch.compile: listen while running, join to the sites at report time.
 
-:class:`CompileWatch` runs the :class:`~barrierguard.detect.compiled.CompileListener`
-beside the engine; :func:`join` puts each graph break and CUDA-graph skip on
-the sync site at the same file and line (the site's compile consequence), and
-builds the report's :class:`~barrierguard.report.records.CompileReport`, with
-the breaks that are not syncs listed apart.
+:func:`join` puts each graph break and CUDA-graph skip on the sync site at its
+file and line, and lists the breaks that are not syncs apart.
 """
 
 from __future__ import annotations
@@ -23,44 +20,38 @@ from barrierguard.report.records import (
     Site,
 )
 
-__all__ = ["CompileWatch", "frames_compiled", "join"]
+__all__ = ["CompileWatch", "dynamo_count", "frames_compiled", "join"]
 
 # The dynamo flag that keeps a kind of sync in the graph, when dynamo's own
 # message names none.
 _KIND_FLAG = {
-    "item": "capture_scalar_outputs",
-    "tolist": "capture_scalar_outputs",
-    "int": "capture_scalar_outputs",
-    "float": "capture_scalar_outputs",
-    "nonzero": "capture_dynamic_output_shape_ops",
-    "masked_select": "capture_dynamic_output_shape_ops",
-    "unique": "capture_dynamic_output_shape_ops",
-    "index": "capture_dynamic_output_shape_ops",
-    "dynamic_shape": "capture_dynamic_output_shape_ops",
+    **dict.fromkeys(("item", "tolist", "int", "float"), "capture_scalar_outputs"),
+    **dict.fromkeys(
+        ("nonzero", "masked_select", "unique", "index", "dynamic_shape"),
+        "capture_dynamic_output_shape_ops",
+    ),
 }
 
 
-def frames_compiled() -> int:
-    """How many frames dynamo has been asked to compile in this process (0 without it)."""
+def dynamo_count(group: str, *names: str) -> int:
+    """The sum of dynamo's ``counters[group][name]`` over ``names`` (0 without dynamo)."""
     if "torch._dynamo" not in sys.modules:
         return 0
     try:
         from torch._dynamo.utils import counters
 
-        return int(counters["frames"]["total"])
+        return sum(int(counters[group][name]) for name in names)
     except Exception:
         return 0
 
 
-class CompileWatch:
-    """The listener of one guard, and the probe's result.
+def frames_compiled() -> int:
+    """How many frames dynamo has been asked to compile in this process."""
+    return dynamo_count("frames", "total")
 
-    Example:
-        >>> w = CompileWatch()
-        >>> w.start(); w.stop()
-        >>> join([], w) is None
-        True
-    """
+
+class CompileWatch:
+    """The listener of one guard, and the probe's result."""
 
     def __init__(self) -> None:
         self.listener = CompileListener()
@@ -117,45 +108,38 @@ def join(
         return None
     breaks = _group(events, "graph_break")
     skips = _group(events, "cudagraph_skip")
-    by_line: dict[tuple[str, int], list[Site]] = {}
-    for s in sites:
-        by_line.setdefault((s.file, s.line), []).append(s)
+    lines = {(s.file, s.line) for s in sites}
+    break_at = {(f, ln): group[0] for (f, ln, _), group in breaks.items()}
     skip_at = {(f, ln): group[0].reason for (f, ln, _), group in skips.items() if f}
-    records: list[GraphBreak] = []
-    joined: dict[int, Site] = {}
-    for (file, line, _), group in breaks.items():
-        first = group[0]
-        matched = by_line.get((file, line), [])
-        records.append(
-            GraphBreak(
-                file=file,
-                line=line,
-                reason=first.reason,
-                function=first.function,
-                detail=first.detail,
-                gb=first.gb,
-                flag=first.flag,
-                count=len(group),
-                sync=bool(matched),
-                user=first.user,
-            )
-        )
-        for s in matched:
-            joined[id(s)] = replace(
+    out = []
+    for s in sites:
+        first = break_at.get((s.file, s.line))
+        if first is not None:
+            s = replace(
                 s,
                 graph_break=first.reason,
                 graph_break_id=first.gb,
                 compile_flag=first.flag or _KIND_FLAG.get(s.kind, ""),
             )
-    out = []
-    for s in sites:
-        s = joined.get(id(s), s)
         skip = skip_at.get((s.file, s.line))
-        if skip:
-            s = replace(s, cudagraph_skip=skip)
-        out.append(s)
+        out.append(replace(s, cudagraph_skip=skip) if skip else s)
+    records = tuple(
+        GraphBreak(
+            file=file,
+            line=line,
+            reason=group[0].reason,
+            function=group[0].function,
+            detail=group[0].detail,
+            gb=group[0].gb,
+            flag=group[0].flag,
+            count=len(group),
+            sync=(file, line) in lines,
+            user=group[0].user,
+        )
+        for (file, line, _), group in breaks.items()
+    )
     report = CompileReport(
-        graph_breaks=tuple(records),
+        graph_breaks=records,
         cudagraph_skips=tuple(
             CudagraphSkip(
                 reason=reason, file=file, line=line, function=group[0].function, count=len(group)

@@ -1,17 +1,9 @@
 """How a guard is entered and left: ``with``, the decorator, re-entry and threads.
 
-The rules (docs/guide.md, "Recursion, threads, generators"):
-
-* The first entry starts the guard; the entry that started it stops it.
-* Entering a running guard again from the thread that runs it (a recursive
-  ``@watch`` function, a nested ``with`` of the same guard) is a no-op: the
-  inner call runs inside the outer watch, and its syncs count there.
-* Entering it from another thread while it runs does not start it twice: that
-  call runs unwatched (the guard keeps watching its own thread) and the report
-  notes it. Nothing is raised into the user's code.
-* A generator function is watched from its first ``next()`` to its end (or
-  ``close()``), a coroutine function from its first ``await`` to its return;
-  an async generator function is refused when decorated.
+The entry that started a guard stops it. Entering it again from its own thread
+(recursion, a nested ``with``) runs inside the outer watch; from another thread
+while it runs, that call runs unwatched and the report notes it (docs/guide.md,
+"Recursion, threads, generators").
 """
 
 from __future__ import annotations
@@ -30,12 +22,6 @@ __all__ = ["decorate", "enter", "leave"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _OWN, _NESTED, _ASIDE = "own", "nested", "aside"
-
-ASIDE_NOTE = (
-    "thread {thread!r} entered this guard while it ran in thread {owner!r}: it was not "
-    "started twice, and that call ran unwatched (a guard watches the thread that started "
-    "it; give each thread its own watch())"
-)
 
 
 class Guard(Protocol):
@@ -63,14 +49,9 @@ class Guard(Protocol):
     def __exit__(self, *exc: Any) -> None: ...
 
 
-def _entries(guard: Guard) -> list[str]:
-    entries: list[str] = guard._entries.__dict__.setdefault("stack", [])
-    return entries
-
-
 def enter(guard: Guard) -> None:
     """Enter ``guard`` (``with``, a decorated call): start it, or join it."""
-    entries = _entries(guard)
+    entries: list[str] = guard._entries.__dict__.setdefault("stack", [])
     with guard._life:
         if not guard._running:
             guard.start()
@@ -82,27 +63,28 @@ def enter(guard: Guard) -> None:
         return
     entries.append(_ASIDE)
     guard.note(
-        ASIDE_NOTE.format(
-            thread=threading.current_thread().name, owner=guard._thread_name(owner or 0)
-        )
+        f"thread {threading.current_thread().name!r} entered this guard while it ran in "
+        f"thread {guard._thread_name(owner or 0)!r}: it was not started twice, and that call "
+        "ran unwatched (a guard watches the thread that started it; give each thread its "
+        "own watch())"
     )
 
 
 def leave(guard: Guard, failed: bool) -> None:
     """Leave ``guard``: the entry that started it stops it (``failed``: on an exception)."""
-    entries = _entries(guard)
+    entries: list[str] = guard._entries.__dict__.setdefault("stack", [])
     # An entry made on another thread (a generator closed by the garbage
     # collector there) finds no stack here: it was the one that started.
     kind = entries.pop() if entries else _OWN
     if kind != _OWN:
         return
     try:
-        if not failed:
+        # An exception already on its way out: restore everything, and do not
+        # hide it behind a deferred policy error.
+        if failed:
+            guard.abandon()
+        else:
             guard.stop()
-            return
-        # An exception is already on its way out: restore everything, and do
-        # not hide it behind a deferred policy error.
-        guard.abandon()
     finally:
         # stop() from another thread may have left this thread's engine state
         # behind (the audit's function mode is per thread): remove it here.

@@ -1,27 +1,13 @@
 """After the loop: the syncs that follow the last step, held until a step proves them in it.
 
-A guard counts steps at step boundaries (``optimizer.step()``, ``guard.step()``),
-so while the loop runs it cannot know whether the interval after the latest
-boundary is the start of another step or what follows the loop (a final read
-of a metric, a print of the result, a save). The rule (docs/ci-gate.md):
-
-* a site whose syncs fell in a step that a later boundary closed is a *loop
-  site*: its syncs count in their step and the policy acts at once, at the
-  line, as before;
-* any other site's syncs after the latest boundary are *held*: counted in the
-  open step for now, its policy verdict kept back. The next boundary confirms
-  them: the site becomes a loop site, its violations are recorded with their
-  step, a warning is given, and under ``error`` the error is raised at the
-  site's line when it fires in the next step (or, when it does not, at the
-  boundary after that, or at ``stop()``, naming the line);
-* what is still held at ``stop()`` was after the loop: moved to the phase
-  ``"after-loop"``, counted apart and never held against the policy;
-* once a ``DataLoader`` ran out (an epoch's data is done), the syncs of sites
-  that are not loop sites are ``"after-loop"`` at once, up to the next
-  boundary: a read once per epoch, after the epoch's last step, never fails.
-
-:class:`OpenStep` keeps the held syncs; :func:`watch_loaders` tells when a
-``DataLoader``'s iterator ran out.
+While the loop runs, a guard cannot know whether the interval after the latest
+boundary is another step or what follows the loop (docs/ci-gate.md). A site
+that a closed step saw is a *loop site*: the policy acts at once. Any other
+site's syncs after the latest boundary are *held* (:class:`OpenStep`): counted
+in the open step, the verdict kept back until the next boundary confirms them.
+What is still held at ``stop()``, and what runs after a ``DataLoader`` ran out
+(:func:`watch_loaders`) at sites that are not loop sites, is ``"after-loop"``:
+counted apart, never held against the policy.
 """
 
 from __future__ import annotations
@@ -55,17 +41,7 @@ class Held:
 
 
 class OpenStep:
-    """The syncs of sites not yet known to be in the loop, since the latest boundary.
-
-    Example:
-        >>> from barrierguard.detect.frames import Location
-        >>> loc = Location("/w/t.py", 9, "item", "user", "main")
-        >>> stats = SiteStats(loc, allowed=False, blocking=True)
-        >>> open_step = OpenStep()
-        >>> open_step.hold(stats, None)
-        >>> [h.count for h in open_step.close()], stats.in_loop
-        ([1], True)
-    """
+    """The syncs of sites not yet known to be in the loop, since the latest boundary."""
 
     __slots__ = ("_held",)
 
@@ -81,8 +57,7 @@ class OpenStep:
         if held is None:
             held = self._held[stats.loc.key] = Held(stats)
         held.count += 1
-        if stats.blocking:
-            held.blocking += 1
+        held.blocking += stats.blocking
         if stall is not None:
             held.stall += stall
             held.stall_count += 1
@@ -105,7 +80,6 @@ class OpenStep:
 
     def finish(self, step: int, per_step: list[int], step_stall: list[float]) -> int:
         """``stop()``: move the held syncs of ``step`` to :data:`AFTER_LOOP`; returns how many."""
-        moved = 0
         for h in self._held.values():
             s = h.stats
             s.step_count -= h.count
@@ -114,12 +88,11 @@ class OpenStep:
             s.phases[AFTER_LOOP] = s.phases.get(AFTER_LOOP, 0) + h.count
             per_step[step] -= h.blocking
             step_stall[step] -= h.stall
-            if s.ranges and s.ranges[-1][1] == step:
-                if s.ranges[-1][0] == step:
-                    s.ranges.pop()
-                else:
-                    s.ranges[-1][1] = step - 1
-            moved += h.count
+            if s.ranges and s.ranges[-1] == [step, step]:
+                s.ranges.pop()
+            elif s.ranges and s.ranges[-1][1] == step:
+                s.ranges[-1][1] = step - 1
+        moved = sum(h.count for h in self._held.values())
         self._held.clear()
         return moved
 
@@ -136,10 +109,8 @@ def watch_loaders(listener: Callable[[], None]) -> None:
         _listeners.append(listener)
         if len(_listeners) > 1:
             return
-        try:
-            from torch.utils.data.dataloader import _BaseDataLoaderIter
-        except ImportError:  # pragma: no cover - torch without its data package
-            return
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
         original = _BaseDataLoaderIter.__next__
 
         def __next__(self: Any) -> Any:

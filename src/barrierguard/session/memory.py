@@ -1,61 +1,244 @@
-"""Memory per step, host and device, and a verdict on whether it keeps growing.
+"""Memory per step, host and device: the probes, the sampler, the growth verdict, the monitor.
 
-The sampler runs at step boundaries (a guard's step listener). Each sample reads
-a few probes; none of them synchronizes with the device:
+The sampler runs at step boundaries (a guard's step listener). No probe
+synchronizes with the device; measured costs:
 
-* ``host_rss``: this process's resident set, read from ``/proc/self/statm``
-  with one ``pread`` on a descriptor kept open (about 2 us; psutil's
-  ``memory_info()`` costs about 14 us and is the fallback off Linux).
-* ``workers_rss``: the resident sets of child processes (DataLoader workers),
-  on request; the list of children is refreshed every 16th sample because
-  walking the process table costs about a millisecond.
-* ``device_allocated``/``device_reserved``: torch's CUDA caching allocator,
-  both from one ``torch._C._cuda_memoryStats(device)`` call, the nested dict
-  that ``torch.cuda.memory_allocated()`` flattens and sorts (that flattening is
-  most of its 120 us). It is a host-side read of the allocator's counters.
-* ``device_used``: the driver's view through NVML, this process's own usage
-  where the driver reports it, else the whole device's used memory.
+* ``host_rss``: one ``pread`` of ``/proc/self/statm`` on a descriptor kept open,
+  about 2 us (psutil's ``memory_info()``, the fallback off Linux: 14 us);
+* ``workers_rss``: child processes, on request; the children are listed again
+  every 16th read (walking the process table costs about a millisecond);
+* ``device_allocated``/``device_reserved``: one ``torch._C._cuda_memoryStats``
+  call (flattening it is most of ``torch.cuda.memory_allocated()``'s 120 us);
+* ``device_used``: NVML, this process's own usage, else the whole device's.
 
-Sampling is adaptive: a sample's cost is measured, and the stride (sample every
-N steps) is chosen so that sampling costs at most ``BUDGET`` (0.25 %) of the
-measured step time; slow steps are sampled every step. ``watch(memory_every=N)``
-fixes the stride instead. At most ``MAX_SAMPLES`` samples are kept: when full,
-every other one is dropped and the stride doubles.
+Adaptive sampling keeps the measured cost of a sample under ``BUDGET`` (0.25 %)
+of the measured step time; ``watch(memory_every=N)`` fixes the stride. At
+``MAX_SAMPLES`` every other sample is dropped and the stride doubles.
 """
 
 from __future__ import annotations
 
 import bisect
+import gc
+import itertools
 import math
+import os
+import statistics
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import FrameType
+from typing import Any, cast
 
 from barrierguard._errors import MemoryGrowthError, MemoryGrowthWarning
 from barrierguard.report.records import MemoryReport
-from barrierguard.session.memory_growth import MIN_SAMPLES, analyze, explain, format_bytes
-from barrierguard.session.memory_probes import Probe, ProbeSet, default_probes
 
-__all__ = ["BUDGET", "MAX_SAMPLES", "MemoryMonitor", "Sampler", "default_probes"]
+__all__ = ["MemoryMonitor", "ProbeSet", "Sampler", "analyze_series", "default_probes", "explain"]
 
 BUDGET = 0.0025
 MAX_SAMPLES = 2048
 MAX_STRIDE = 256
+MIN_SAMPLES = 9  # after warm-up, for a verdict
+_CHILDREN_EVERY = 16
+
+Probe = Callable[[], Mapping[str, int]]
+"""Reads some series now: ``{"host_rss": 123456, ...}`` in bytes."""
 
 
+# -- the probes ----------------------------------------------------------------
+class _HostRss:
+    """This process's RSS: one ``pread`` of ``/proc/self/statm``, else psutil."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._page = 4096
+        self._proc: Any = None
+        try:
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+            self._page = os.sysconf("SC_PAGE_SIZE")
+        except (OSError, AttributeError, ValueError):
+            import psutil
+
+            self._proc = psutil.Process()
+
+    def __call__(self) -> Mapping[str, int]:
+        if self._fd is not None:
+            return {"host_rss": int(os.pread(self._fd, 128, 0).split()[1]) * self._page}
+        return {"host_rss": int(self._proc.memory_info().rss)}
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _WorkersRss:
+    """Summed RSS of child processes."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self._children: list[Any] = []
+        self._reads = 0
+
+    def __call__(self) -> Mapping[str, int]:
+        psutil = self._psutil
+        if self._reads % _CHILDREN_EVERY == 0:
+            self._children = self._me.children(recursive=True)
+        self._reads += 1
+        total = 0
+        for child in self._children:
+            try:
+                total += int(child.memory_info().rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return {"workers_rss": total}
+
+
+class _Allocator:
+    """Allocated and reserved bytes of torch's CUDA caching allocator (0 before CUDA starts)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+        raw = getattr(torch._C, "_cuda_memoryStats", None)
+        self._stats = cast(
+            "Callable[[int], Mapping[str, Any]]", raw or torch.cuda.memory_stats_as_nested_dict
+        )
+
+    def __call__(self) -> Mapping[str, int]:
+        if not self._cuda.is_initialized():  # type: ignore[no-untyped-call]
+            return {"device_allocated": 0, "device_reserved": 0}
+        stats = self._stats(self._cuda.current_device())
+        return {
+            "device_allocated": int(stats["allocated_bytes"]["all"]["current"]),
+            "device_reserved": int(stats["reserved_bytes"]["all"]["current"]),
+        }
+
+
+class _Nvml:
+    """The driver's used memory of the current device: this process's, else the device's."""
+
+    def __init__(self, notes: list[str], sources: dict[str, str]) -> None:
+        import pynvml
+        import torch
+
+        self._nvml = pynvml
+        self._cuda = torch.cuda
+        self._notes = notes
+        self._sources = sources
+        self._handle: Any = None
+        self.per_process = False
+        self._opened = False
+        self._broken = False
+        self.setup_s = 0.0
+
+    def _open(self) -> None:
+        t0 = time.perf_counter()
+        nvml = self._nvml
+        nvml.nvmlInit()
+        self._opened = True
+        index = self._cuda.current_device()
+        uuid = getattr(self._cuda.get_device_properties(index), "uuid", None)
+        if uuid is None:
+            self._handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        else:
+            text = str(uuid)
+            self._handle = nvml.nvmlDeviceGetHandleByUUID(
+                text if text.startswith(("GPU-", "MIG-")) else "GPU-" + text
+            )
+        self.per_process = self._own_usage() is not None
+        if self.per_process:
+            self._sources["device_used"] = "NVML, this process"
+        else:
+            self._sources["device_used"] = "NVML, whole device (all processes)"
+            self._notes.append(
+                "device_used is the whole device's used memory: the driver does not report "
+                "this process's own usage here (e.g. a container's PID namespace); it is "
+                "shown but left out of the verdict"
+            )
+        self.setup_s += time.perf_counter() - t0
+
+    def _own_usage(self) -> int | None:
+        pid = os.getpid()
+        for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+            if proc.pid == pid:
+                used = getattr(proc, "usedGpuMemory", None)
+                return None if used is None else int(used)
+        return None
+
+    def __call__(self) -> Mapping[str, int]:
+        if self._handle is None:
+            if self._broken or not self._cuda.is_initialized():  # type: ignore[no-untyped-call]
+                return {}
+            try:
+                self._open()
+            except Exception as exc:
+                self._broken = True
+                self.close()
+                self._notes.append(
+                    f"device_used series absent: NVML is not usable here "
+                    f"({type(exc).__name__}: {exc})"
+                )
+                return {}
+        if self.per_process:
+            used = self._own_usage()
+            return {} if used is None else {"device_used": used}
+        return {"device_used": int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)}
+
+    def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            self._handle = None
+            self._nvml.nvmlShutdown()
+
+
+@dataclass
+class ProbeSet:
+    """The probes a sampler reads, how each series is read, and why any is absent."""
+
+    probes: dict[str, Probe]
+    sources: dict[str, str]
+    notes: list[str]
+    verdict_series: Callable[[], tuple[str, ...]]
+
+
+def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> ProbeSet:
+    """The real probes for this machine; a missing one leaves a note saying why."""
+    probes: dict[str, Probe] = {"host": _HostRss()}
+    sources = {"host_rss": "/proc/self/statm" if os.path.exists("/proc/self/statm") else "psutil"}
+    if children:
+        probes["workers"] = _WorkersRss()
+        sources["workers_rss"] = "psutil, child processes"
+    nvml: _Nvml | None = None
+    if not cuda:
+        notes.append("device memory series absent: CUDA is not available here")
+    else:
+        probes["allocator"] = _Allocator()
+        sources["device_allocated"] = sources["device_reserved"] = "torch CUDA caching allocator"
+        try:
+            probes["nvml"] = nvml = _Nvml(notes, sources)
+        except ImportError as err:
+            notes.append(f"device_used series absent: pynvml cannot be imported ({err})")
+
+    def verdict_series() -> tuple[str, ...]:
+        own = ("device_used",) if nvml is not None and nvml.per_process else ()
+        return ("host_rss", "workers_rss", "device_allocated", "device_reserved", *own)
+
+    return ProbeSet(probes, sources, notes, verdict_series)
+
+
+# -- the sampler -------------------------------------------------------------------
 class Sampler:
-    """Reads the probes at step boundaries, every step or adaptively.
+    """Reads the probes at step boundaries: every ``every`` steps, or adaptively (``None``).
 
-    Args:
-        probes: Name to probe; each returns ``{series: bytes}``. A probe that
-            raises is dropped (with a note) and its series end there.
-        every: A fixed stride (sample every N steps), or ``None`` for adaptive.
-        budget: Adaptive mode's share of the step time that sampling may cost.
-        clock: Seconds, monotonic (tests pass a fake one).
-        max_samples: When this many are kept, every other one is dropped.
-        notes: Where notes go (shared with the probes).
+    A probe that raises is dropped, with a note, and its series end there.
     """
 
     def __init__(
@@ -98,23 +281,16 @@ class Sampler:
                     f"{name} memory probe failed at step {step} and was dropped: "
                     f"{type(exc).__name__}: {exc}"
                 )
-        n = len(self.steps)
         for key in row:
-            if key not in self.values:
-                self.values[key] = [None] * n
+            self.values.setdefault(key, [None] * len(self.steps))
         for key, column in self.values.items():
             column.append(row.get(key))
         self.steps.append(step)
         if len(self.steps) >= self._max:
-            self._decimate()
-
-    def _decimate(self) -> None:
-        keep = range(0, len(self.steps), 2)
-        self.steps = [self.steps[i] for i in keep]
-        for key, column in self.values.items():
-            self.values[key] = [column[i] for i in keep]
-        self._min_stride *= 2
-        self.stride = max(self.stride, self._min_stride)
+            self.steps = self.steps[::2]
+            self.values = {key: column[::2] for key, column in self.values.items()}
+            self._min_stride *= 2
+            self.stride = max(self.stride, self._min_stride)
 
     def on_step(self, step: int) -> bool:
         """Called at every step boundary; returns whether a sample was taken."""
@@ -136,8 +312,7 @@ class Sampler:
         elif self._step_s is None or self._step_s <= 0:
             stride = 1
         else:
-            stride = math.ceil(self._cost / (self._budget * self._step_s))
-            stride = min(MAX_STRIDE, max(1, stride))
+            stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (self._budget * self._step_s))))
         self.stride = max(stride, self._min_stride)
         self._next = step + self.stride
         # Steps are timed from here, so the sample's own cost is not step time.
@@ -163,21 +338,200 @@ class Sampler:
                     self.notes.append(f"{name} memory probe failed to close: {exc}")
 
 
-# -- analysis ----------------------------------------------------------------
+# -- the growth verdict, and the known causes of a leak ----------------------------
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in the largest decimal unit that keeps it above 1."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{n:.0f} B"
+
+
+@dataclass(frozen=True)
+class SeriesVerdict:
+    """What the growth analysis found in one series."""
+
+    slope: float | None
+    growing: bool
+    began_at: int | None
+    peak: int
+    peak_step: int
+    step_changes: tuple[tuple[int, int], ...]
+    samples: int
+    growth: int = 0
+    last_step: int = 0
+
+
+def analyze_series(
+    steps: Sequence[int], values: Sequence[int | None], *, warmup: int, threshold: int
+) -> SeriesVerdict:
+    """Robust growth of one series after warm-up (``threshold``: bytes per step).
+
+    The measured samples are cut into up to 8 windows sharing their end points,
+    each with its growth rate. The series is *growing* when at least the last 3
+    windows all grow faster than half the threshold, with a median above it:
+    growth until the end. A one-time allocation raises one window only (a step
+    change, not a leak). ``slope``: the median rate of that run, else of all.
+
+    Example:
+        >>> v = analyze_series(range(20), [100 * s for s in range(20)], warmup=0, threshold=50)
+        >>> v.growing, v.slope, v.began_at
+        (True, 100.0, 1)
+    """
+    # One sample per step (the last): two at one step would make a zero run.
+    pts = list({s: (s, v) for s, v in zip(steps, values, strict=True) if v is not None}.values())
+    if not pts:
+        return SeriesVerdict(None, False, None, 0, 0, (), 0)
+    peak_step, peak = max(pts, key=lambda p: (p[1], -p[0]))
+    # The sample at the end of the last warm-up step is the measured baseline.
+    measured = [p for p in pts if p[0] >= warmup]
+    n = len(measured)
+    if n < 2:
+        return SeriesVerdict(None, False, None, peak, peak_step, (), n)
+    xs = [p[0] for p in measured]
+    ys = [p[1] for p in measured]
+    jumps = [
+        (xs[i] + 1, ys[i + 1] - ys[i])
+        for i in range(n - 1)
+        if ys[i + 1] - ys[i] > max(4 * threshold * (xs[i + 1] - xs[i]), 0)
+    ]
+    jumps = sorted(sorted(jumps, key=lambda j: -j[1])[:3])
+    if n < MIN_SAMPLES:
+        slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
+        return SeriesVerdict(slope, False, None, peak, peak_step, tuple(jumps), n)
+    count = min(8, (n - 1) // 2)
+    bounds = [round(k * (n - 1) / count) for k in range(count + 1)]
+    rates = [(ys[b] - ys[a]) / (xs[b] - xs[a]) for a, b in itertools.pairwise(bounds)]
+    run = next((i for i, r in enumerate(reversed(rates)) if r <= threshold / 2), len(rates))
+    trailing = rates[len(rates) - run :]
+    if run < 3 or statistics.median(trailing) <= threshold:
+        return SeriesVerdict(
+            float(statistics.median(rates)), False, None, peak, peak_step, tuple(jumps), n
+        )
+    first = len(rates) - run
+    a, b = bounds[first], bounds[first + 1]
+    began = xs[a] + 1
+    for i in range(a, b):
+        if (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) > threshold / 2:
+            began = xs[i] + 1
+            break
+    return SeriesVerdict(
+        float(statistics.median(trailing)),
+        True,
+        began,
+        peak,
+        peak_step,
+        tuple(jumps),
+        n,
+        growth=ys[-1] - ys[a],
+        last_step=xs[-1],
+    )
+
+
+# -- known patterns ------------------------------------------------------------
+def _add_chain(fn: Any, limit: int) -> int:
+    """Length of a chain of additions in an autograd graph (``total += loss``)."""
+    depth = 0
+    while fn is not None and depth < limit and type(fn).__name__.startswith("AddBackward"):
+        depth += 1
+        parents = (p for p, _ in fn.next_functions if p is not None)
+        fn = next((p for p in parents if type(p).__name__.startswith("AddBackward")), None)
+    return depth
+
+
+def _name_of(obj: object, frame: FrameType | None) -> str | None:
+    for _ in range(40):
+        if frame is None:
+            return None
+        for name, value in frame.f_locals.items():
+            if value is obj:
+                return name
+        frame = frame.f_back
+    return None
+
+
+def _tensor_list(obj: list[Any], tensor: type, parameter: type) -> bool:
+    probe = obj[:4] + obj[len(obj) // 2 : len(obj) // 2 + 1] + obj[-4:]
+    return all(type(t) is not parameter and issubclass(type(t), tensor) for t in probe)
+
+
+def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str] | None:
+    """A known cause of growth among the live objects: ``(pattern, fix, evidence)``, or ``None``.
+
+    Scans ``gc.get_objects()`` (tens of milliseconds: only after a leak
+    verdict; host-side metadata only, no sync) for a tensor whose autograd
+    graph chains additions (``total_loss += loss``) and for long lists of
+    tensors (``losses.append(loss)``), at least half of ``measured_steps`` long;
+    names their variables from ``frame`` outward. What is alive now is no
+    proof of the cause, so the evidence says "likely".
+    """
+    import torch
+
+    need = max(8, measured_steps // 2)
+    chain: tuple[int, Any] | None = None
+    biggest: tuple[int, Any] | None = None
+    tensor_type = torch.Tensor
+    for obj in gc.get_objects():
+        # type() rather than isinstance(): some live objects warn when their
+        # __class__ is read (deprecated torch aliases).
+        kind = type(obj)
+        if issubclass(kind, tensor_type):
+            fn = obj.grad_fn
+            if fn is not None and type(fn).__name__.startswith("AddBackward"):
+                depth = _add_chain(fn, 10 * need + 1000)
+                if depth >= need and (chain is None or depth > chain[0]):
+                    chain = (depth, obj)
+        elif (
+            kind is list and len(obj) >= need and _tensor_list(obj, tensor_type, torch.nn.Parameter)
+        ):
+            size = sum(int(t.nbytes) for t in obj if issubclass(type(t), tensor_type))
+            if biggest is None or size > biggest[0]:
+                biggest = (size, obj)
+    if chain is not None:
+        depth, tensor = chain
+        name = _name_of(tensor, frame)
+        what = f"`{name}`" if name else f"a {tensor.device} tensor"
+        evidence = (
+            f"likely: {what} has an autograd graph that chains {depth} additions "
+            f"(about one per step over {measured_steps} steps), so every step's graph and "
+            "the activations it saved stay alive (found among live objects after the "
+            "growth was seen)"
+        )
+        fix = (
+            "accumulate a detached value: total_loss += loss.detach() (every step's autograd "
+            "graph stays alive through a sum of undetached losses)"
+        )
+        return "accumulated_graph", fix, evidence
+    if biggest is not None:
+        size, items = biggest
+        name = _name_of(items, frame)
+        first = items[-1]
+        graph = "; its tensors carry autograd graphs, which stay alive too" if first.grad_fn else ""
+        what = f"list `{name}`" if name else "a list"
+        evidence = (
+            f"likely: {what} holds {len(items)} {first.device} tensors "
+            f"({format_bytes(size)} of tensor data) after {measured_steps} steps{graph} "
+            "(found among live objects after the growth was seen)"
+        )
+        fix = (
+            "append detached values (losses.append(loss.detach())), reduce them on the device "
+            "when you log (torch.stack(losses).mean()), and clear the list after logging"
+        )
+        return "tensor_list", fix, evidence
+    return None
+
+
+# -- the monitor ---------------------------------------------------------------------
 class MemoryMonitor:
     """The sampler, the verdict and the policy's action, for one guard.
 
-    Args:
-        probes: Makes the probes at each start, given the notes list (see
-            :func:`default_probes`).
-        policy: ``"record"``, ``"warn"`` or ``"error"``.
-        threshold: ``max_growth_per_step`` in bytes.
-        warmup: ``warmup_steps`` of the guard.
-        every: A fixed stride, or ``None`` for adaptive sampling.
-        clock: Seconds, monotonic (tests pass a fake one).
-        thread_ident: The guard's thread; a leak found in another thread is
-            raised at :meth:`finish` instead.
-        explain_fn: Finds a known cause (tests replace it).
+    ``probes`` makes the probes at each start; ``threshold`` is
+    ``max_growth_per_step`` in bytes. A leak found outside the guard's thread
+    (``thread_ident``) is raised at :meth:`finish` instead.
     """
 
     def __init__(
@@ -210,9 +564,8 @@ class MemoryMonitor:
 
     def start(self, step: int) -> None:
         """Open the probes and take the baseline sample (the guard starts at ``step``)."""
-        probeset = self._make_probes(self.sampler.notes)
-        self._probeset = probeset
-        self.sampler.open(probeset.probes)
+        self._probeset = self._make_probes(self.sampler.notes)
+        self.sampler.open(self._probeset.probes)
         self.active = True
         self.sampler.sample(step)
 
@@ -225,8 +578,7 @@ class MemoryMonitor:
             return
         # Samples are in step order: count the measured ones without a scan.
         steps = self.sampler.steps
-        measured = len(steps) - bisect.bisect_left(steps, self._warmup)
-        if measured < self._checkpoint:
+        if len(steps) - bisect.bisect_left(steps, self._warmup) < self._checkpoint:
             return
         self._checkpoint = math.ceil(self._checkpoint * 1.5)
         memory = self.report()
@@ -234,11 +586,8 @@ class MemoryMonitor:
             self._act(memory, final=False)
 
     def finish(self, step: int, *, act: bool) -> None:
-        """Last sample, release the probes, and act on the final verdict.
-
-        Raises:
-            MemoryGrowthError: Under the error policy, for a leak not raised yet.
-        """
+        """Last sample, release the probes, and act on the final verdict (may raise
+        :class:`MemoryGrowthError`)."""
         if not self.active:
             return
         self.active = False
@@ -257,8 +606,6 @@ class MemoryMonitor:
             self._act(memory, final=True)
 
     def _act(self, memory: MemoryReport, *, final: bool) -> None:
-        import threading
-
         self._acted = True
         when = "over the run" if final else f"so far (step {memory.steps[-1]})"
         message = f"memory keeps growing {when}: {memory.reason}"
@@ -273,37 +620,26 @@ class MemoryMonitor:
             return
         raise error
 
-    def _sampling_text(self) -> str:
-        n = len(self.sampler.steps)
-        if self._every is not None:
-            return f"every {self._every} step(s); {n} samples"
-        strides = sorted(self._strides) or [1]
-        span = f"{strides[0]}" if len(strides) == 1 else f"{strides[0]}-{strides[-1]}"
-        return (
-            f"adaptive (sampling kept under {BUDGET:.2%} of step time): every {span} step(s); "
-            f"{n} samples"
-        )
-
     def report(self) -> MemoryReport:
         """The memory section for the report, with the verdict as of now."""
         steps = tuple(self.sampler.steps)
         series = {k: tuple(v) for k, v in self.sampler.values.items()}
-        verdict_names = tuple(n for n in self._probeset.verdict_series() if n in series)
-        found = analyze(steps, series, warmup=self._warmup, threshold=self._threshold)
-        growing = tuple(n for n in verdict_names if found[n].growing)
-        leak = bool(growing)
+        names = tuple(n for n in self._probeset.verdict_series() if n in series)
+        found = {
+            name: analyze_series(steps, values, warmup=self._warmup, threshold=self._threshold)
+            for name, values in series.items()
+        }
+        growing = tuple(n for n in names if found[n].growing)
         limit = format_bytes(self._threshold)
-        measured = [found[n].samples for n in verdict_names]
-        if leak:
-            parts = []
-            for name in growing:
-                v = found[name]
-                assert v.slope is not None and v.began_at is not None
-                parts.append(
-                    f"{name} grew {format_bytes(v.slope)}/step from step {v.began_at} to step "
-                    f"{v.last_step} (+{format_bytes(v.growth)})"
-                )
-            reason = "; ".join(parts) + f", above max_growth_per_step {limit}"
+        measured = [found[n].samples for n in names]
+        if growing:
+            reason = "; ".join(
+                f"{n} grew {format_bytes(found[n].slope or 0)}/step from step "
+                f"{found[n].began_at} to step {found[n].last_step} "
+                f"(+{format_bytes(found[n].growth)})"
+                for n in growing
+            )
+            reason += f", above max_growth_per_step {limit}"
         elif not measured or max(measured) < MIN_SAMPLES:
             reason = (
                 f"no verdict: {max(measured, default=0)} samples after warm-up, "
@@ -313,12 +649,12 @@ class MemoryMonitor:
             reason = f"no series kept growing faster than max_growth_per_step {limit}"
             jumps = [
                 f"{name} {format_bytes(size)} at step {step}"
-                for name in verdict_names
+                for name in names
                 for step, size in found[name].step_changes
             ]
             if jumps:
                 reason += "; one-time increases (step changes, not leaks): " + ", ".join(jumps)
-        if leak and not self._explained:
+        if growing and not self._explained:
             self._explained = True
             first = min(found[n].began_at or 0 for n in growing)
             try:
@@ -327,26 +663,33 @@ class MemoryMonitor:
                 self.sampler.notes.append(
                     f"looking for a known cause of the growth failed: {type(exc).__name__}: {exc}"
                 )
-        pattern, fix, evidence = self._cause if leak and self._cause else (None, "", "")
-        notes = tuple(dict.fromkeys(self.sampler.notes))
+        pattern, fix, evidence = self._cause if growing and self._cause else (None, "", "")
+        if self._every is not None:
+            sampling = f"every {self._every} step(s)"
+        else:
+            strides = sorted(self._strides) or [1]
+            span = f"{strides[0]}" if len(strides) == 1 else f"{strides[0]}-{strides[-1]}"
+            sampling = (
+                f"adaptive (sampling kept under {BUDGET:.2%} of step time): every {span} step(s)"
+            )
         return MemoryReport(
             steps=steps,
             series=series,
             sources={k: v for k, v in self._probeset.sources.items() if k in series},
-            verdict_series=verdict_names,
+            verdict_series=names,
             slopes={k: v.slope for k, v in found.items() if v.slope is not None},
             growth_began_at={k: v.began_at for k, v in found.items()},
             peak={k: v.peak for k, v in found.items()},
             peak_step={k: v.peak_step for k, v in found.items()},
             step_changes={k: v.step_changes for k, v in found.items() if v.step_changes},
             growing=growing,
-            leak=leak,
+            leak=bool(growing),
             threshold=self._threshold,
             warmup_steps=self._warmup,
             reason=reason,
             pattern=pattern,
             fix=fix,
             evidence=evidence,
-            sampling=self._sampling_text(),
-            notes=notes,
+            sampling=f"{sampling}; {len(steps)} samples",
+            notes=tuple(dict.fromkeys(self.sampler.notes)),
         )

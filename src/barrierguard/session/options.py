@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.detect import frameworks
@@ -60,46 +61,29 @@ class AllowRule:
     def matches(
         self, file: str, line: int, kind: str, origin: str, mechanism: str | None = None
     ) -> bool:
-        """Whether a sync at ``file:line`` of ``kind``, ``origin`` and framework
-        ``mechanism`` (a name of :data:`~barrierguard.detect.frameworks.MECHANISMS`)
-        is allowed."""
+        """Whether a sync at ``file:line`` of ``kind``, ``origin`` and ``mechanism`` is allowed."""
         if self.mechanism is not None:
             return mechanism == self.mechanism
         if self.kind is not None:
             return kind == self.kind
+        if self.origin == "framework:*":
+            return origin.startswith("framework:")
         if self.origin is not None:
-            if self.origin == "framework:*":
-                return origin.startswith("framework:")
             return origin == self.origin or origin.startswith(self.origin + ".")
         assert self.path is not None
         if self.last_line and not self.first_line <= line <= self.last_line:
             return False
         norm = file.replace(os.sep, "/")
-        pat = self.path
+        tail = self.path.lstrip("/")
         return (
-            fnmatch.fnmatchcase(norm, pat)
-            or fnmatch.fnmatchcase(norm, "*/" + pat.lstrip("/"))
-            or norm.endswith("/" + pat.lstrip("/"))
+            fnmatch.fnmatchcase(norm, self.path)
+            or fnmatch.fnmatchcase(norm, "*/" + tail)
+            or norm.endswith("/" + tail)
         )
 
 
 def parse_allow(rule: str) -> AllowRule:
-    """Parse one allow rule.
-
-    Forms: a kind (``"item"``), an origin (``"user"``, ``"framework:lightning"``,
-    ``"framework:*"``), a framework mechanism (``"mechanism:hf_logging"``: one
-    known framework sync, see docs/frameworks.md), or a file pattern with a
-    line spec (``"mypkg/metrics.py:*"``, ``"train.py:42"``, ``"train.py:40-50"``).
-
-    Raises:
-        BarrierGuardError: When ``rule`` has none of these forms.
-
-    Example:
-        >>> parse_allow("mypkg/metrics.py:*").matches("/src/mypkg/metrics.py", 7, "item", "user")
-        True
-        >>> parse_allow("framework:lightning").matches("/w/t.py", 1, "copy", "framework:lightning")
-        True
-    """
+    """Parse one allow rule (the forms: ``_ALLOW_FORMS``); a malformed one is an error."""
     if not isinstance(rule, str):
         raise BarrierGuardError(f"allow rule {rule!r} is not a string: expected {_ALLOW_FORMS}")
     text = rule.strip()
@@ -112,25 +96,27 @@ def parse_allow(rule: str) -> AllowRule:
         name = text[len("mechanism:") :]
         if name in _MECHANISMS:
             return AllowRule(text=rule, mechanism=name)
-        hint = difflib.get_close_matches(name, list(_MECHANISMS), n=1)
-        extra = f" (did you mean 'mechanism:{hint[0]}'?)" if hint else ""
         raise BarrierGuardError(
-            f"allow rule {rule!r} names no known framework mechanism{extra}; the mechanisms "
+            f"allow rule {rule!r} names no known framework mechanism"
+            f"{_did_you_mean(name, _MECHANISMS, 'mechanism:{}')}; the mechanisms "
             f"are {', '.join(_MECHANISMS)} (docs/frameworks.md)"
         )
-    if ":" in text:
-        path, _, spec = text.rpartition(":")
-        if path:
-            if spec == "*":
-                return AllowRule(text=rule, path=path)
-            lo, sep, hi = spec.partition("-")
-            if lo.isdigit() and (not sep or hi.isdigit()):
-                first, last = int(lo), int(hi) if sep else int(lo)
-                if first <= last:
-                    return AllowRule(text=rule, path=path, first_line=first, last_line=last)
-    hint = difflib.get_close_matches(text, list(KINDS), n=1)
-    extra = f" (did you mean {hint[0]!r}?)" if hint else ""
-    raise BarrierGuardError(f"allow rule {rule!r} is malformed{extra}: expected {_ALLOW_FORMS}")
+    path, _, spec = text.rpartition(":")
+    if path and spec == "*":
+        return AllowRule(text=rule, path=path)
+    lo, sep, hi = spec.partition("-")
+    if path and lo.isdigit() and (not sep or hi.isdigit()):
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if first <= last:
+            return AllowRule(text=rule, path=path, first_line=first, last_line=last)
+    raise BarrierGuardError(
+        f"allow rule {rule!r} is malformed{_did_you_mean(text, KINDS)}: expected {_ALLOW_FORMS}"
+    )
+
+
+def _did_you_mean(name: str, choices: Iterable[str], form: str = "{}") -> str:
+    hint = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {form.format(hint[0])!r}?)" if hint else ""
 
 
 @dataclass(frozen=True)
@@ -159,37 +145,58 @@ class Options:
         return any(r.matches(file, line, kind, origin, mechanism) for r in self.allow)
 
 
+def _invalid(owner: str, name: str, value: object, expected: str) -> BarrierGuardError:
+    return BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected {expected}")
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    return "one of " + ", ".join(repr(c) for c in choices)
+
+
+def _is_int(value: object, least: int) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def _choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> str:
     if isinstance(value, str) and value.strip().lower() in choices:
         return value.strip().lower()
     raise BarrierGuardError(
-        f"{owner}({name}={value!r}) is not a valid {name}: expected one of "
-        + ", ".join(repr(c) for c in choices)
+        f"{owner}({name}={value!r}) is not a valid {name}: expected {_one_of(choices)}"
     )
 
 
 def resolve_policy(value: str | None, owner: str = "watch") -> str:
     """The policy to use: ``value``, else ``$BARRIERGUARD_POLICY``, else ``"warn"``."""
-    if value is None:
-        env = os.environ.get(POLICY_ENV)
-        if env is None or not env.strip():
-            return DEFAULT_POLICY
-        if env.strip().lower() in POLICIES:
-            return env.strip().lower()
-        raise BarrierGuardError(
-            f"{POLICY_ENV}={env!r} is not a valid policy: expected one of "
-            + ", ".join(repr(c) for c in POLICIES)
-        )
-    return _choice(owner, "policy", value, POLICIES)
+    if value is not None:
+        return _choice(owner, "policy", value, POLICIES)
+    env = os.environ.get(POLICY_ENV, "")
+    if not env.strip():
+        return DEFAULT_POLICY
+    if env.strip().lower() in POLICIES:
+        return env.strip().lower()
+    raise BarrierGuardError(
+        f"{POLICY_ENV}={env!r} is not a valid policy: expected {_one_of(POLICIES)}"
+    )
 
 
-def _count(owner: str, name: str, value: object, allow_none: bool) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+def _count(
+    owner: str, name: str, value: object, expected: str, least: int = 0, optional: bool = True
+) -> int | None:
+    if (value is None and optional) or _is_int(value, least):
         return value
-    expected = "a non-negative int" + (" or None" if allow_none else "")
-    raise BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected {expected}")
+    raise _invalid(owner, name, value, expected)
+
+
+def _probe(owner: str, value: object) -> bool | str:
+    if isinstance(value, bool) or (isinstance(value, str) and value.isidentifier()):
+        return value
+    raise _invalid(
+        owner,
+        "capture_probe",
+        value,
+        "True (the decorated step function), False, or the name of the step function to probe, "
+        "e.g. 'train_step'",
+    )
 
 
 def make_options(
@@ -209,131 +216,79 @@ def make_options(
 ) -> Options:
     """Validate and freeze a guard's options; every error names the argument.
 
-    Its keyword arguments and their defaults are the one declaration of the
-    guard's options: ``watch()``, the callbacks and the pytest marker pass
-    theirs on (:data:`GUARD_OPTIONS` lists them).
+    The one declaration of the guard's options: ``watch()``, the callbacks and
+    the pytest marker pass theirs on (:data:`GUARD_OPTIONS` lists them).
     """
-    rules = _rules(owner, allow)
-    warmup = _count(owner, "warmup_steps", warmup_steps, allow_none=False)
+    if isinstance(allow, str):
+        allow = [allow]
+    elif not isinstance(allow, Iterable) or isinstance(allow, (bytes, dict)):
+        raise _invalid(
+            owner, "allow", allow, f"a rule or a list of rules (() for none), each {_ALLOW_FORMS}"
+        )
+    warmup = _count(owner, "warmup_steps", warmup_steps, "a non-negative int", optional=False)
     assert warmup is not None
     return Options(
         policy=resolve_policy(policy, owner),
         engine=_choice(owner, "engine", engine, ENGINES),
         warmup_steps=warmup,
-        allow=tuple(parse_allow(r) for r in rules),
-        max_syncs_per_step=_count(owner, "max_syncs_per_step", max_syncs_per_step, True),
+        allow=tuple(parse_allow(r) for r in list(allow)),
+        max_syncs_per_step=_count(
+            owner, "max_syncs_per_step", max_syncs_per_step, "a non-negative int or None"
+        ),
         memory=_flag(owner, "memory", memory),
         max_growth_per_step=parse_bytes(max_growth_per_step, owner=owner),
-        memory_every=_stride(owner, memory_every),
+        memory_every=_count(
+            owner,
+            "memory_every",
+            memory_every,
+            "None (adaptive sampling) or an int >= 1 (sample every N steps)",
+            least=1,
+        ),
         memory_children=_flag(owner, "memory_children", memory_children),
         out=parse_out(out, owner=owner),
         capture_probe=_probe(owner, capture_probe),
     )
 
 
-def _rules(owner: str, allow: object) -> list[str]:
-    if isinstance(allow, str):
-        return [allow]
-    if isinstance(allow, Iterable) and not isinstance(allow, (bytes, dict)):
-        return list(allow)
-    raise BarrierGuardError(
-        f"{owner}(allow={allow!r}) is not valid: expected a rule or a list of rules "
-        f"(() for none), each {_ALLOW_FORMS}"
-    )
-
-
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 _UNITS.update(kib=2**10, mib=2**20, gib=2**30)
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
-_BYTES_FORMS = (
-    "an int number of bytes (>= 0) or a string like '512KB', '1MB', '1.5MiB', '2GB' "
-    "(B, KB/MB/GB = 1000^n, KiB/MiB/GiB = 1024^n)"
-)
 
 
 def parse_bytes(value: object, *, owner: str = "watch", name: str = "max_growth_per_step") -> int:
-    """Parse a size in bytes: an int, or a number with a unit.
-
-    Args:
-        value: ``int`` bytes, or a string such as ``"512KB"``, ``"1MB"`` or
-            ``"1.5MiB"``; units are case-insensitive, ``KB``/``MB``/``GB`` are
-            powers of 1000 and ``KiB``/``MiB``/``GiB`` powers of 1024.
-        owner: The function named in an error message.
-        name: The argument named in an error message.
-
-    Returns:
-        The size in bytes.
-
-    Raises:
-        BarrierGuardError: For a negative number, a float, a bool, an unknown
-            unit, or anything else; the message names the value and the forms.
-
-    Example:
-        >>> parse_bytes("1.5MiB"), parse_bytes("512KB"), parse_bytes(2048)
-        (1572864, 512000, 2048)
-    """
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    """A size in bytes: an int, or a number with a unit (``"1.5MiB"``, ``"512KB"``)."""
+    if _is_int(value, 0):
         return value
-    if isinstance(value, str):
-        match = _BYTES_RE.match(value)
-        if match is not None and match.group(2).lower() in _UNITS:
-            return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    match = _BYTES_RE.match(value) if isinstance(value, str) else None
+    if match is not None and match.group(2).lower() in _UNITS:
+        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     raise BarrierGuardError(
-        f"{owner}({name}={value!r}) is not a valid size: expected {_BYTES_FORMS}"
+        f"{owner}({name}={value!r}) is not a valid size: expected an int number of bytes (>= 0) "
+        "or a string like '512KB', '1MB', '1.5MiB', '2GB' (B, KB/MB/GB = 1000^n, "
+        "KiB/MiB/GiB = 1024^n)"
     )
 
 
 def parse_out(value: object, *, owner: str = "watch", name: str = "out") -> str | None:
-    """Validate a report path: ``None`` (no file), or a non-empty path.
-
-    A path may hold ``{rank}``, replaced by each rank's number; without it, a
-    run of several ranks writes ``<stem>.rank<N><suffix>`` (see
-    ``barrierguard.session.rank_reports.rank_path``).
-
-    Raises:
-        BarrierGuardError: For anything else; the message names the value.
-
-    Example:
-        >>> parse_out("reports/bg-{rank}.json")
-        'reports/bg-{rank}.json'
-    """
+    """A report path (``{rank}`` allowed, see ``rank_reports.rank_path``), or ``None``."""
     if value is None:
         return None
-    if isinstance(value, (str, os.PathLike)):
-        text = os.fspath(value)
-        if isinstance(text, str) and text.strip():
-            return text
-    raise BarrierGuardError(
-        f"{owner}({name}={value!r}) is not valid: expected None or a file path such as "
-        "'report.json' (each rank of a distributed run writes report.rank<N>.json) or "
-        "'report-{rank}.json'"
+    text = os.fspath(value) if isinstance(value, (str, os.PathLike)) else None
+    if isinstance(text, str) and text.strip():
+        return text
+    raise _invalid(
+        owner,
+        name,
+        value,
+        "None or a file path such as 'report.json' (each rank of a distributed run writes "
+        "report.rank<N>.json) or 'report-{rank}.json'",
     )
 
 
 def _flag(owner: str, name: str, value: object) -> bool:
     if isinstance(value, bool):
         return value
-    raise BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected True or False")
-
-
-def _probe(owner: str, value: object) -> bool | str:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.isidentifier():
-        return value
-    raise BarrierGuardError(
-        f"{owner}(capture_probe={value!r}) is not valid: expected True (the decorated step "
-        "function), False, or the name of the step function to probe, e.g. 'train_step'"
-    )
-
-
-def _stride(owner: str, value: object) -> int | None:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-        return value
-    raise BarrierGuardError(
-        f"{owner}(memory_every={value!r}) is not valid: expected None (adaptive sampling) "
-        "or an int >= 1 (sample every N steps)"
-    )
+    raise _invalid(owner, name, value, "True or False")
 
 
 # The keyword options every entry point takes (watch() and the callbacks), and
@@ -349,13 +304,8 @@ REPORT_OPTIONS = ("print_report", "save_report", "rank_reports", "merge_ranks")
 
 def unknown_options(owner: str, unknown: Iterable[str], accepted: Iterable[str]) -> TypeError:
     """A TypeError for unknown keyword arguments, naming the accepted ones."""
-    names = sorted(unknown)
     accepted = sorted(accepted)
-    hints = [difflib.get_close_matches(n, accepted, n=1) for n in names]
-    parts = [
-        f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "")
-        for n, h in zip(names, hints, strict=True)
-    ]
+    parts = [f"{n!r}{_did_you_mean(n, accepted)}" for n in sorted(unknown)]
     return TypeError(
         f"{owner}() got unknown keyword argument(s) {', '.join(parts)}; "
         f"accepted: {', '.join(accepted)}"
@@ -381,29 +331,29 @@ def make_report_options(
     rank_reports: object,
     merge_ranks: object,
 ) -> ReportOptions:
-    """Validate an adapter's report options (``where``: the folder ``True`` means).
-
-    Raises:
-        BarrierGuardError: For a value of the wrong type, a malformed path, or
-            ``merge_ranks=False`` with no per-rank files to merge later.
-    """
+    """Validate an adapter's report options (``where``: the folder ``True`` means)."""
+    rank_file = f"barrierguard_report.rank{{rank}}.json in {where}"
     if not isinstance(save_report, (bool, str, os.PathLike)):
-        raise BarrierGuardError(
-            f"{owner}(save_report={save_report!r}) is not valid: expected True "
-            f"(barrierguard_report.json in {where}), False, or a file path"
+        raise _invalid(
+            owner,
+            "save_report",
+            save_report,
+            f"True (barrierguard_report.json in {where}), False, or a file path",
         )
     if not isinstance(rank_reports, (bool, str, os.PathLike)):
-        raise BarrierGuardError(
-            f"{owner}(rank_reports={rank_reports!r}) is not valid: expected True (each rank "
-            f"writes barrierguard_report.rank{{rank}}.json in {where}), False, or a file path"
+        raise _invalid(
+            owner,
+            "rank_reports",
+            rank_reports,
+            f"True (each rank writes {rank_file}), False, or a file path",
         )
     if not isinstance(rank_reports, bool):
         parse_out(rank_reports, owner=owner, name="rank_reports")
     if merge_ranks is False and rank_reports is False:
         raise BarrierGuardError(
             f"{owner}(merge_ranks=False) keeps each rank's report in its own process only: "
-            f"also pass rank_reports=True (each rank writes barrierguard_report.rank{{rank}}.json "
-            f"in {where}) or a path, and join the files with barrierguard merge"
+            f"also pass rank_reports=True (each rank writes {rank_file}) or a path, and join "
+            "the files with barrierguard merge"
         )
     return ReportOptions(
         _flag(owner, "print_report", print_report),

@@ -1,16 +1,10 @@
-"""One site's counters while a guard runs, and how the site reads in a report or a message.
-
-A site is one (file, line, kind, origin). The guard keeps a :class:`SiteStats`
-per site on its hot path; :func:`site_record` turns it into the report's
-:class:`~barrierguard.Site`, :func:`message` into the text of a policy warning
-or error, and :func:`fix` chooses its fix: a framework mechanism's when the
-sync is a known framework sync, else the fix of its kind.
-"""
+"""One site's counters while a guard runs, and how the site reads in a report or a message."""
 
 from __future__ import annotations
 
 import linecache
 import os
+from dataclasses import dataclass, field
 
 from barrierguard.detect import frameworks
 from barrierguard.detect.frames import Location
@@ -20,56 +14,30 @@ from barrierguard.report.records import Site
 __all__ = ["SiteStats", "cause", "code_at", "fix", "message", "rule_table", "site_record"]
 
 
+@dataclass(slots=True, eq=False)
 class SiteStats:
     """Mutable counters of one site while the guard runs."""
 
-    __slots__ = (
-        "allowed",
-        "blocking",
-        "count",
-        "events",
-        "in_loop",
-        "last_ident",
-        "loc",
-        "mechanisms",
-        "phases",
-        "ranges",
-        "setup_count",
-        "setup_stall",
-        "stall",
-        "stall_count",
-        "step_count",
-        "threads",
-    )
-
-    def __init__(self, loc: Location, allowed: bool, blocking: bool) -> None:
-        self.loc = loc
-        self.allowed = allowed
-        self.blocking = blocking
-        self.count = 0
-        self.events = 0
-        self.setup_count = 0
-        self.step_count = 0
-        self.ranges: list[list[int]] = []
-        self.threads: dict[str, None] = {}
-        self.last_ident = 0
-        self.stall = 0.0
-        self.stall_count = 0
-        self.setup_stall = 0.0
-        self.phases: dict[str, int] = {}
-        self.mechanisms: dict[str, int] = {}
-        # Whether a closed measured step saw this site (see ``loop_end``).
-        self.in_loop = False
+    loc: Location
+    allowed: bool
+    blocking: bool
+    count: int = 0
+    events: int = 0
+    setup_count: int = 0
+    step_count: int = 0
+    ranges: list[list[int]] = field(default_factory=list)
+    threads: dict[str, None] = field(default_factory=dict)
+    last_ident: int = 0
+    stall: float = 0.0
+    stall_count: int = 0
+    setup_stall: float = 0.0
+    phases: dict[str, int] = field(default_factory=dict)
+    mechanisms: dict[str, int] = field(default_factory=dict)
+    in_loop: bool = False  # whether a closed measured step saw this site (``loop_end``)
 
 
 def rule_table() -> dict[str, tuple[str, str, str]]:
-    """The rule codes, in code order: ``code -> (kind, what it is, its fix)``
-    (what SARIF's ``tool.driver.rules`` lists).
-
-    Example:
-        >>> rule_table()["BG101"][0]
-        'item'
-    """
+    """The rule codes in code order, ``code -> (kind, what it is, its fix)`` (SARIF's rules)."""
     return {
         code: (kind, KINDS[kind].what, KINDS[kind].fix)
         for kind, code in sorted(CODES.items(), key=lambda kv: kv[1])
@@ -108,17 +76,15 @@ def fix(loc: Location, mechanisms: dict[str, int]) -> str:
 def message(stats: SiteStats, step: int, reason: str) -> str:
     """The text of a policy warning or error for a sync at ``stats``'s site."""
     loc = stats.loc
+    code = code_for(loc.kind)
     kind = loc.kind + (f" ({loc.detail})" if loc.detail else "")
-    where = f"{loc.file}:{loc.line}"
-    inside = (
-        f" inside {os.path.basename(loc.framework_file)}:{loc.framework_line}"
-        if loc.framework_file
-        else ""
-    )
+    inside = ""
+    if loc.framework_file:
+        inside = f" inside {os.path.basename(loc.framework_file)}:{loc.framework_line}"
     return (
-        f"{code_for(loc.kind)} {kind} sync at {where} in step {step} [{loc.origin}{inside}]: "
+        f"{code} {kind} sync at {loc.file}:{loc.line} in step {step} [{loc.origin}{inside}]: "
         f"{code_at(loc.file, loc.line)!r} - {reason}. Fix: {fix(loc, stats.mechanisms)}. "
-        f"To accept it: '# barrierguard: allow[{code_for(loc.kind)}]' on the line, "
+        f"To accept it: '# barrierguard: allow[{code}]' on the line, "
         f"allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
     )
 

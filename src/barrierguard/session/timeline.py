@@ -1,19 +1,13 @@
 """Per-step timing on a GPU: host time, device time, run-ahead, and the saving.
 
-At every step boundary the host's clock is read and one CUDA event (from a
-recycled pool) is recorded on the current stream. Events are polled with
-``query()`` — never waited on — so nothing here synchronizes:
-
-* **run-ahead** at a step end is the number of earlier step-end events the
-  device has not reached yet: how many steps of queued work the host is ahead;
-* **device time** of a step is the time between two consecutive step-end
-  events on the device, read once both are complete. It equals the device's
-  busy time only when the device never idled in between, i.e. when the host was
-  ahead; otherwise it is unknown (and at least the step's stall);
-* the **saving** if the syncs were removed is, per step, the stall that the
-  overlap could hide: ``min(stall, wall - max(host busy, device))`` where the
-  device time is known, else at most ``min(stall, host busy)`` — never more than
-  the overlap available, ``min(host, device)``.
+At each timed step end the host's clock is read and one CUDA event (from a
+recycled pool) is recorded; events are polled with ``query()``, never waited on.
+The **run-ahead** is the number of earlier step-end events the device has not
+reached; a step's **device time** is the time between two step-end events,
+known only when the host was ahead (else the device idled in between). The
+**saving** if the syncs were removed is per step the stall that the overlap
+could hide: ``min(stall, wall - max(host busy, device))``, else at most
+``min(stall, host busy)``.
 """
 
 from __future__ import annotations
@@ -36,11 +30,10 @@ PERIOD = 256
 
 
 class _CudaEvent:
-    """A timing event recorded on the stream that was current at start.
+    """A timing event recorded on the stream that was current at start."""
 
-    Calls the C methods directly: ``torch.cuda.Event.record()`` looks up the
-    current stream in Python on every call, which a per-step probe cannot pay.
-    """
+    # The C methods directly: torch.cuda.Event.record() looks up the current
+    # stream in Python on every call, which a per-step probe cannot pay.
 
     __slots__ = ("_event", "_query", "_record_on", "_stream")
 
@@ -64,21 +57,8 @@ class _CudaEvent:
         return float(self._event.elapsed_time(other._event))
 
 
-def _cuda_events() -> Callable[[], Any]:
-    import torch
-
-    stream = torch.cuda.current_stream()
-    return lambda: _CudaEvent(stream)
-
-
 class StepTimeline:
-    """Host time, device time and run-ahead per step (a guard's step listener).
-
-    Args:
-        clock: Seconds, monotonic (tests pass a fake one).
-        make_event: Creates an event with ``record()``, ``query()`` and
-            ``elapsed_time(other)`` in milliseconds (tests pass fakes).
-    """
+    """Host time, device time and run-ahead per step (a guard's step listener)."""
 
     def __init__(
         self,
@@ -107,8 +87,11 @@ class StepTimeline:
 
     def _place_event(self, step: int) -> None:
         if self._make_event is None:
+            import torch
+
             # Events go on the stream current when timing starts: the loop's.
-            self._make_event = _cuda_events()
+            stream = torch.cuda.current_stream()
+            self._make_event = lambda: _CudaEvent(stream)
         event = self._pool.pop() if self._pool else self._make_event()
         event.record()
         self._pending.append((step, event))
@@ -142,8 +125,7 @@ class StepTimeline:
     def on_step(self, step: int) -> None:
         """At each step end: host time, retire reached events, measure run-ahead.
 
-        Only steps inside a window (``window`` steps every ``period``) are
-        timed; any other step costs a modulo and a comparison.
+        Only steps inside a window are timed; any other costs a modulo and a comparison.
         """
         phase = (step - self._origin) % self._period
         if phase >= self._window:
@@ -154,13 +136,12 @@ class StepTimeline:
         if self._t_prev is None:
             self._t_prev = now
             return
-        host = now - self._t_prev
         self._retire()
         ahead = len(self._pending)
         self._ahead_at[step] = ahead
         self._place_event(step)
         self.steps.append(step)
-        self.host_s.append(host)
+        self.host_s.append(now - self._t_prev)
         self.ahead.append(ahead)
         # Time our own work out of the next step.
         self._t_prev = self._clock()
@@ -181,6 +162,13 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
+def _saving(wall: float, device: float | None, stall: float) -> float:
+    busy = max(0.0, wall - stall)
+    if device is None:
+        return min(stall, busy)
+    return max(0.0, min(stall, wall - max(busy, device), busy, device))
+
+
 def summarize(
     steps: Sequence[int],
     host_s: Sequence[float],
@@ -192,35 +180,19 @@ def summarize(
 ) -> Timeline:
     """The timeline of the measured steps, the saving, and a verdict in words.
 
-    ``steps[i]`` is the boundary that ended the interval timed in ``host_s[i]``;
-    syncs in that interval were counted while the guard's step was one less,
-    so its stall is ``step_stall[steps[i] - 1]``, and it is measured (not
-    setup) when that step is past ``warmup``.
-
-    Example:
-        >>> t = summarize([2, 3], [0.002, 0.002], [0, 0], {}, [0.0, 0.001, 0.001], 0)
-        >>> round(t.saving_s, 4), t.serialized
-        (0.002, True)
-    """
+    ``steps[i]`` ended the interval timed in ``host_s[i]``, whose syncs were counted in
+    step ``steps[i] - 1``."""
     rows = [
         (s, h, a, device_s.get(s), step_stall[s - 1] if s - 1 < len(step_stall) else 0.0)
         for s, h, a in zip(steps, host_s, ahead, strict=True)
         if s - 1 > warmup
     ]
-    saving = 0.0
-    for _, wall, _, device, stall in rows:
-        if stall <= 0:
-            continue
-        busy = max(0.0, wall - stall)
-        if device is None:
-            saving += min(stall, busy)
-        else:
-            saving += max(0.0, min(stall, wall - max(busy, device), busy, device))
-    total = sum(r[1] for r in rows)
-    stall_total = sum(r[4] for r in rows)
     if not rows:
         return Timeline(summary="no measured step was timed")
-    median_ahead = statistics.median(r[2] for r in rows)
+    kept, host, ahead_, device, stall = (tuple(column) for column in zip(*rows, strict=True))
+    saving = sum(_saving(h, d, s) for h, d, s in zip(host, device, stall, strict=True) if s > 0)
+    total, stall_total = sum(host), sum(stall)
+    median_ahead = statistics.median(ahead_)
     per_step = total / len(rows)
     stall_per = stall_total / len(rows)
     serialized = median_ahead == 0 and stall_total > 0.05 * total
@@ -242,11 +214,11 @@ def summarize(
             f"{_ms(stall_per)} per step waiting in syncs): the host sets the pace"
         )
     return Timeline(
-        steps=tuple(r[0] for r in rows),
-        host_s=tuple(r[1] for r in rows),
-        stall_s=tuple(r[4] for r in rows),
-        device_s=tuple(r[3] for r in rows),
-        ahead=tuple(r[2] for r in rows),
+        steps=kept,
+        host_s=host,
+        stall_s=stall,
+        device_s=device,
+        ahead=ahead_,
         saving_s=saving,
         saving_fraction=saving / total if total > 0 else 0.0,
         serialized=serialized,
