@@ -1,27 +1,15 @@
 """The calls of ``torch.distributed`` that block the host, recorded at the user's line.
 
-CUDA sync-debug mode does not see them (they wait in the process group, not in a
-CUDA call), and in a data-parallel job they cost more than a local sync: every
-rank waits there for the slowest one. Both engines install the same wrappers
-over ``torch.distributed`` (the names in ``torch.distributed`` and in
-``torch.distributed.distributed_c10d``, since user code may use either) and
-over ``Work.wait``; the engine says which tensors are host tensors and how a
-call is recorded. A call is recorded, as kind ``collective`` with the call in
-its detail, when it blocks the host:
-
-* always: ``barrier``, ``monitored_barrier`` and the ``*_object`` calls (they
-  pickle, copy through a tensor, and return with the objects);
-* a collective or point-to-point call (``all_reduce``, ``all_gather``, ...,
-  ``send``, ``recv``) on host tensors, without ``async_op=True``: gloo runs it
-  on the host and returns when every rank has arrived. On device tensors NCCL
-  enqueues it on the stream and the host goes on: not a barrier;
-* ``Work.wait()`` of a host collective started with ``async_op=True``, of
-  ``isend``/``irecv`` on host tensors, or of ``barrier(async_op=True)``. An
-  NCCL work's ``wait()`` only orders the stream.
-
-Calls inside a wrapped call (``all_gather_object`` calls ``all_gather``) pass
-straight through; syncs inside a recorded call are part of it, not sites of
-their own (:func:`quiet` tells the CUDA engine so).
+CUDA sync-debug mode does not see them (they wait in the process group, not in a CUDA
+call), and every rank waits there for the slowest one. Both engines install the same
+wrappers over ``torch.distributed``, ``distributed_c10d`` (user code may use either) and
+``Work.wait``; the engine says which tensors are host tensors and how a call is recorded.
+A call is recorded, as kind ``collective`` with the call in its detail, when it blocks the
+host (docs/distributed.md): the barriers and ``*_object`` calls always; a collective or
+point-to-point call on host tensors without ``async_op=True`` (gloo runs it on the host; on
+device tensors NCCL enqueues it on the stream); the ``wait()`` of such a call started with
+``async_op=True``. Calls inside a wrapped call (``all_gather_object`` calls ``all_gather``)
+pass straight through; syncs inside a recorded call are part of it (:func:`quiet`).
 """
 
 from __future__ import annotations
@@ -37,21 +25,13 @@ from typing import Any
 
 import torch
 
+from barrierguard.detect.kinds import BARRIER_CALLS, OBJECT_CALLS
 from barrierguard.detect.patch import Patches
 
 __all__ = ["ALWAYS_BLOCKING", "TENSOR_CALLS", "WORK_CALLS", "install", "quiet"]
 
 # Calls that block the host whatever their tensors.
-ALWAYS_BLOCKING = (
-    "barrier",
-    "monitored_barrier",
-    "all_gather_object",
-    "gather_object",
-    "broadcast_object_list",
-    "scatter_object_list",
-    "send_object_list",
-    "recv_object_list",
-)
+ALWAYS_BLOCKING = (*BARRIER_CALLS, *OBJECT_CALLS)
 # Collectives and point-to-point calls: a host barrier on host tensors only.
 TENSOR_CALLS = (
     "all_reduce",
@@ -87,6 +67,12 @@ class _State(threading.local):
 
 _tls = _State()
 _clock = time.perf_counter
+# Folded to True by dynamo while it traces (torch 2.1 has neither).
+_compiling: Callable[[], bool] = (
+    getattr(torch.compiler, "is_dynamo_compiling", None)
+    or getattr(torch.compiler, "is_compiling", None)
+    or (lambda: False)
+)
 
 
 def quiet() -> bool:
@@ -94,30 +80,14 @@ def quiet() -> bool:
     return _tls.quiet
 
 
-def _depth() -> int:
-    """How many wrapped distributed calls this thread is inside."""
-    return _tls.depth
-
-
-def _compiling() -> bool:
-    check = getattr(torch.compiler, "is_dynamo_compiling", None) or getattr(
-        torch.compiler, "is_compiling", None
-    )
-    return bool(check()) if check is not None else False
-
-
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors of a call: arguments, lists of them, and ``P2POp.tensor``."""
     found: list[torch.Tensor] = []
     for a in (*args, *kwargs.values()):
-        items = a if isinstance(a, (list, tuple)) else (a,)
-        for item in items:
-            if isinstance(item, torch.Tensor):
-                found.append(item)
-            else:
-                inner = getattr(item, "tensor", None)
-                if isinstance(inner, torch.Tensor):
-                    found.append(inner)
+        for item in a if isinstance(a, (list, tuple)) else (a,):
+            inner = item if isinstance(item, torch.Tensor) else getattr(item, "tensor", None)
+            if isinstance(inner, torch.Tensor):
+                found.append(inner)
     return found
 
 
@@ -132,9 +102,7 @@ def _position(fn: Callable[..., Any], name: str) -> int | None:
 def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, pos: int | None) -> Any:
     if name in kwargs:
         return kwargs[name]
-    if pos is not None and pos < len(args):
-        return args[pos]
-    return None
+    return args[pos] if pos is not None and pos < len(args) else None
 
 
 def _backend(dist: Any, group: Any) -> str:
@@ -164,15 +132,11 @@ class _Installer:
     @contextlib.contextmanager
     def _inside(self, recorded: bool) -> Iterator[None]:
         tls = _tls
-        tls.depth += 1
         was = tls.quiet
-        if recorded:
-            tls.quiet = True
+        tls.depth += 1
+        tls.quiet = was or recorded
         try:
-            if recorded:
-                with self.hush():
-                    yield
-            else:
+            with self.hush() if recorded else contextlib.nullcontext():
                 yield
         finally:
             tls.depth -= 1
@@ -191,7 +155,7 @@ class _Installer:
 
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if _depth() > 0 or _compiling():
+            if _tls.depth > 0 or _compiling():
                 return orig(*args, **kwargs)
             is_async = bool(_argument(args, kwargs, "async_op", async_pos))
             on_host = always or self._on_host(args, kwargs)
@@ -200,20 +164,17 @@ class _Installer:
             with self._inside(blocks):
                 out = orig(*args, **kwargs)
             stall = _clock() - t0
+            if not blocks and (not on_host or out is None):
+                return out
+            group = None if always else _argument(args, kwargs, "group", group_pos)
+            backend = None if always else _backend(dist, group)
             if blocks:
-                if always:
-                    record(name, stall)
-                else:
-                    group = _argument(args, kwargs, "group", group_pos)
-                    record(f"{name} ({_backend(dist, group)})", stall)
-            elif on_host and out is not None:
-                what = name
-                if not always:
-                    group = _argument(args, kwargs, "group", group_pos)
-                    what = f"{name}, {_backend(dist, group)}"
-                for work in out if isinstance(out, list) else (out,):
-                    with contextlib.suppress(TypeError):
-                        works[work] = f"wait ({what})"
+                record(name if backend is None else f"{name} ({backend})", stall)
+                return out
+            what = name if backend is None else f"{name}, {backend}"
+            for work in out if isinstance(out, list) else (out,):
+                with contextlib.suppress(TypeError):
+                    works[work] = f"wait ({what})"
             return out
 
         return wrapper
@@ -227,7 +188,7 @@ class _Installer:
                 detail = works.pop(work, None)
             except TypeError:
                 detail = None
-            if detail is None or _depth() > 0:
+            if detail is None or _tls.depth > 0:
                 return orig(work, *args, **kwargs)
             t0 = _clock()
             with self._inside(True):
