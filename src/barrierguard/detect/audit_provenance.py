@@ -78,11 +78,9 @@ Rule = Callable[["AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
 class EngineHooks(Protocol):
     """What the mode asks of its engine: a note for the report, a backward to watch."""
 
-    def note(self, text: str) -> None:
-        """Give a note to the running guards (once per text)."""
+    def note(self, text: str) -> None: ...
 
-    def watch_backward(self, node: Any) -> None:
-        """Watch the backward of ``node`` (a mask index's gradient syncs there)."""
+    def watch_backward(self, node: Any) -> None: ...
 
 
 # While dynamo traces a compiled function it runs this mode's Python too: the
@@ -316,12 +314,8 @@ class AuditMode(TorchFunctionMode):
     # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "") -> None:
         """Record a sync of ``kind`` at the caller's place (the first frame not ours)."""
-        self.record_at(sys._getframe(1), kind, detail)
-
-    def record_at(self, frame: FrameType | None, kind: str, detail: str = "") -> None:
-        """Record a sync of ``kind`` at ``frame``'s place (the first frame not ours)."""
         try:
-            sync = observe(sync_frame(frame), kind, detail)
+            sync = observe(sync_frame(sys._getframe(1)), kind, detail)
         except Exception as exc:
             fault(exc)
             return
