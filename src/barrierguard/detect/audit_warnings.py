@@ -1,24 +1,15 @@
 """Warnings raised inside a torch op under the audit, put back where they belong.
 
-Under the audit every torch call passes through the mode's
-``__torch_function__``. A warning that torch raises in C++ (``TORCH_WARN``:
-"Sparse invariant checks are implicitly disabled", "To copy construct from a
-tensor...") is located at the innermost Python frame, and that frame is now
-the mode's; one that torch's Python code raises with a ``stacklevel`` counts
-the mode's frames too. Either way the warning would name
-``barrierguard/detect/audit_*.py``: ``-W`` rules and
-``filterwarnings(module=...)`` keyed on the user's module stop matching, and
-the default once-per-location registry is barrierguard's.
-
-No Python frame of the mode can be left out of the call, and catching warnings
-around every call would cost each torch call (and ``catch_warnings`` resets
-every warning registry). So the :class:`WarningRelay` lets warnings be raised
-as they are, with one filter that shows every warning located in the audit's
-modules, and re-issues each one it is shown at the frame it would name
-without barrierguard: the first frame outside barrierguard, past torch's
-``handle_torch_function`` and the call that entered it. The re-issued warning
-takes the user's module, the user's registry and every filter, with its
-original category and message. Nothing is paid until a warning is raised.
+A warning that torch raises under the mode (``TORCH_WARN`` in C++, or Python's
+``warn`` with a ``stacklevel``) is located at a frame of the mode, so it would
+name ``barrierguard/detect/audit_*.py``: ``-W`` rules and ``filterwarnings(module=...)``
+keyed on the user's module stop matching, and the once-per-location registry is
+barrierguard's. Catching warnings around every call would cost each torch call
+(and ``catch_warnings`` resets every registry), so the :class:`WarningRelay`
+shows every warning located in the audit's modules (one filter) and re-issues
+each at the frame it would name without barrierguard, with its category and
+message, under the user's module, registry and filters. Nothing is paid until a
+warning is raised.
 """
 
 from __future__ import annotations
@@ -41,12 +32,11 @@ _DISPATCH = ("overrides.py", "handle_torch_function")
 
 
 def home_frame(frame: FrameType | None) -> FrameType | None:
-    """The frame a warning raised under the mode would name without barrierguard.
+    """The frame a warning located at ``frame`` (the mode's) would name without barrierguard.
 
-    ``frame`` is where the warning was located (a frame of the mode or a
-    rule); the walk goes outward past barrierguard's frames, and past torch's
-    ``handle_torch_function`` with the call that entered it (a Python function
-    of torch that dispatched to the mode runs again inside it).
+    Outward past barrierguard's frames, and past torch's ``handle_torch_function``
+    with the call that entered it (a torch function that dispatched to the mode
+    runs again inside it).
     """
     while frame is not None and classify_file(frame.f_code.co_filename)[0] == OWN:
         frame = frame.f_back
