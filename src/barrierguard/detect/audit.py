@@ -1,29 +1,20 @@
 """The CPU audit engine: which lines would synchronize if the tensors lived on a GPU.
 
-On a machine without a GPU nothing synchronizes, so nothing can be observed;
-the audit reasons instead. It follows *provenance*: which tensors would live on
-the training device in a GPU run of the same script (docs/audit.md says which),
-and flags the operations that read such a tensor on the host (``item``,
-``bool``, printing, ...), need a host-side size (mask indexing, ``nonzero``,
-``unique``, ...), or copy between host and device.
+Nothing synchronizes without a GPU, so the audit reasons: it follows which tensors
+would live on the training device in a GPU run (docs/audit.md), and flags the
+calls that would read one on the host, need a host-side size, or copy between
+host and device. Chosen for cost (a transformer step of many small ops must
+stay within 1.2x of bare):
 
-Design, chosen for cost (a transformer step of many small ops must stay within 1.2x of bare):
-
-* One lean :class:`~torch.overrides.TorchFunctionMode` sees every torch call in
-  the thread that started the guard (``audit_provenance``). Most calls take the
-  fast path: run the op, and if an input is a device tensor, mark the outputs.
-  Calls that can synchronize have a rule (``audit_rules``, a dict lookup).
-* Marks live in a dict keyed by ``id(tensor)``, each with a weak reference whose
-  callback drops the entry when the tensor dies: nothing is stored on the
-  tensor, so pickling, ``deepcopy`` and ``torch.save`` see no difference.
-* During ``optimizer.step()`` without a closure the mode steps off the stack
-  (a pre/post hook pair): optimizers make a hundred small calls per step that
-  only update tensors already marked, and that cost dominated small steps.
-  ``zero_grad()`` and ``clip_grad_norm_`` (five calls per parameter, none of
-  which syncs unless ``error_if_nonfinite`` reads the norm) step aside too.
-* A recorded read repeated at the same instruction of a live frame (a loop's
-  ``loss.item()``) is found again without a walk of the stack: the rules hand
-  ``detect.stack`` the frame of the sync's place (``audit_provenance.sync_frame``).
+* one lean function mode (``audit_provenance``) whose fast path only marks the
+  outputs of ops on device tensors; calls that can sync have a rule
+  (``audit_rules``, one dict lookup);
+* marks keyed by ``id(tensor)`` with a weak reference that forgets them: nothing
+  is stored on the tensor, so pickling, ``deepcopy`` and ``torch.save`` see no
+  difference;
+* the mode steps off the stack during ``optimizer.step()`` without a closure (a
+  hundred small calls that only update marked tensors dominated small steps),
+  ``zero_grad()`` and ``clip_grad_norm_`` (five calls per parameter).
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from barrierguard.detect.audit_provenance import (
     AuditMode,
     Rule,
     Tensor,
-    _masks,
     sync_frame,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
@@ -84,8 +83,8 @@ def _reader(
     when: Callable[[], bool] | None = None,
     hit: Callable[[], None] | None = None,
 ) -> Rule:
-    """A rule that records ``kind`` when the call's tensor is a device tensor
-    (and ``when()``, if given, says the call counts); ``hit()`` is told."""
+    """A rule that records ``kind`` when the call's tensor is a device tensor and
+    ``when()``, if given, says the call counts; ``hit()`` is told."""
 
     def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
         out = func(*args, **kwargs)
@@ -174,9 +173,7 @@ def _repeats_method(args: Args, kwargs: Kwargs) -> Any:
     return args[1] if len(args) >= 2 else kwargs.get("repeats")
 
 
-def _to_rule(
-    target_of: Callable[[AuditMode, Args, Kwargs], bool | None],
-) -> Rule:
+def _to_rule(target_of: Callable[[AuditMode, Args, Kwargs], bool | None]) -> Rule:
     """A rule for ``.to()``/``.cpu()``/``.cuda()``; ``target_of`` says which side it moves to."""
 
     def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
@@ -233,9 +230,7 @@ def _to_target(mode: AuditMode, args: Args, kwargs: Kwargs) -> bool | None:
         for a in args[1:]:
             if isinstance(a, Tensor):
                 return mode.is_dev(a)
-            if isinstance(a, (str, torch.device)) or (
-                isinstance(a, int) and not isinstance(a, bool)
-            ):
+            if isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
                 device = a
                 break
     return mode.training(device)
@@ -283,8 +278,7 @@ def _host_index(index: Any) -> bool:
     Torch turns such an index into a host tensor and copies it to the indexed
     tensor's device with a blocking copy: ``x[[0, 2]]``, ``x[range(n), y]``.
     """
-    parts = index if isinstance(index, tuple) else (index,)
-    for part in parts:
+    for part in index if isinstance(index, tuple) else (index,):
         if isinstance(part, range):
             if len(part):
                 return True
@@ -294,6 +288,11 @@ def _host_index(index: Any) -> bool:
         elif type(part).__name__ == "ndarray" and part.size:
             return True
     return False
+
+
+def _masks(index: Any) -> list[Tensor]:
+    parts = index if isinstance(index, (tuple, list)) else (index,)
+    return [i for i in parts if isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8)]
 
 
 def _index_verdict(mode: AuditMode, args: tuple[Any, ...]) -> Verdict:
@@ -387,9 +386,8 @@ def build_rules() -> dict[Any, Rule]:
     rules[Tensor.cpu] = _to_rule(lambda mode, args, kwargs: False)
     rules[Tensor.cuda] = _to_rule(lambda mode, args, kwargs: True)
     rules[Tensor.copy_] = _judged(_copy)
-    rules.update(
-        dict.fromkeys((torch.tensor, torch.as_tensor, Tensor.new_tensor), _judged(_tensor))
-    )
+    for fn in (torch.tensor, torch.as_tensor, Tensor.new_tensor):
+        rules[fn] = _judged(_tensor)
     rules[Tensor.__getitem__] = _judged(_getitem)
     rules[Tensor.__setitem__] = _judged(_setitem)
     return rules
@@ -400,12 +398,8 @@ Record = Callable[[str, str], None]
 
 
 class _Checkpoints:
-    """What ``torch.save`` wrote from the device, for ``torch.load`` to read back.
-
-    A GPU run's ``torch.save`` copies every device tensor to the host (one
-    blocking copy each); a ``torch.load`` without ``map_location`` puts them
-    back where they were saved, onto the device.
-    """
+    """The files ``torch.save`` wrote device tensors to (one blocking copy each on a
+    GPU), which a ``torch.load`` without ``map_location`` puts back on the device."""
 
     def __init__(self) -> None:
         self.saving = 0
@@ -477,11 +471,10 @@ def install_patches(
 
     Args:
         patches: Where the patches go (undone when the engine uninstalls).
-        mode: The running mode; a rule for ``Tensor.untyped_storage`` is added
-            to its table (``torch.save`` reads each tensor's storage once).
+        mode: The running mode; it gets a rule for ``Tensor.untyped_storage``
+            (``torch.save`` reads each tensor's storage once).
         record: Records a sync at the caller's line: ``record(kind, detail)``.
-        aside: A context in which the mode is off the stack (``torch.load``'s
-            own calls say nothing about the GPU run).
+        aside: A context with the mode off the stack (for ``torch.load``'s own calls).
     """
     state = _Checkpoints()
     mode.rules[Tensor.untyped_storage] = _reader(

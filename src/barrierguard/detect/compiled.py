@@ -343,19 +343,16 @@ class CompileListener:
 
     # -- records --------------------------------------------------------------
     def _take(self, record: logging.LogRecord) -> None:
-        artifact = record.name.rsplit(".__", 1)[-1]
         text = record.getMessage()
-        if artifact == "graph_breaks":
-            exc = record.exc_info[1] if record.exc_info else None
-            event = parse_graph_break(text, exc)
+        if record.name.rsplit(".__", 1)[-1] == "graph_breaks":
+            event = parse_graph_break(text, record.exc_info[1] if record.exc_info else None)
         else:
             event = parse_cudagraph_skip(text)
             if event is None and _cudagraphs_on():
                 placed = self._partitions.feed(text)
                 if placed is not None:
                     with self._lock:
-                        last = self._placed
-                        if not self._partitions.first and self.events and self.events[-1] is last:
+                        if not self._partitions.first and self._placed is not None:
                             self.events.pop()  # the same op, placed at an inner frame
                         self.events.append(placed)
                         self._placed = placed

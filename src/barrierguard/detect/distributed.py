@@ -55,11 +55,8 @@ WORK_CALLS = ("isend", "irecv", "batch_isend_irecv")
 
 
 class _State(threading.local):
-    """Per thread: how many wrapped calls it is inside, and whether one is recorded.
-
-    Class-level defaults, so that a thread that never entered one reads them
-    without an ``AttributeError`` (the CUDA engine asks on every sync).
-    """
+    """Per thread: how many wrapped calls it is inside, and whether one is recorded
+    (class-level defaults: a thread that never entered one reads them, at every sync)."""
 
     depth = 0
     quiet = False
@@ -210,13 +207,10 @@ def install(
 
     Args:
         patches: Where the patches go (the engine undoes them on uninstall).
-        host: Whether a tensor is a host tensor (on the CPU: gloo runs its
-            collective on the host); collectives on other tensors are not
-            recorded.
-        record: Records one blocking call, ``record(detail, stall seconds)``,
-            called from the wrapper (so the user's frame is its caller's caller).
-        hush: A context entered around a recorded call, so that the engine does
-            not record what happens inside it.
+        host: Whether a tensor is a host tensor (gloo runs its collective on the host).
+        record: Records one blocking call, ``record(detail, stall seconds)``, from
+            the wrapper (the user's frame is its caller's caller).
+        hush: A context around a recorded call: the engine records nothing inside.
     """
     if not torch.distributed.is_available():
         return
