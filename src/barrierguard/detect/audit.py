@@ -15,16 +15,24 @@ stay within 1.2x of bare):
 * the mode steps off the stack during ``optimizer.step()`` without a closure (a
   hundred small calls that only update marked tensors dominated small steps),
   ``zero_grad()`` and ``clip_grad_norm_`` (five calls per parameter).
+
+A warning that torch raises under the mode is located at a frame of the mode;
+the :class:`WarningRelay` re-issues it at the frame it would name without
+barrierguard (docs/audit.md). Catching warnings around every call would cost
+each torch call, and ``catch_warnings`` resets every registry.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -45,8 +53,8 @@ from barrierguard.detect.audit_provenance import (
 )
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.audit_rules import build_rules, install_patches, tagged_ops
-from barrierguard.detect.audit_warnings import WarningRelay
-from barrierguard.detect.patch import Patches
+from barrierguard.detect.frames import OWN, classify_file
+from barrierguard.detect.patch import Patches, drop_filter
 
 __all__ = ["NOTE", "AuditEngine", "tagged_ops"]
 
@@ -109,11 +117,8 @@ class AuditEngine:
             stack.forget()
 
     def release(self, thread_ident: int) -> None:
-        """The last guard of ``thread_ident`` stopped, others run on: leave its stack.
-
-        The mode watches the thread that installed it only; guards of other
-        threads go on with the engine's patches, and nothing of this thread.
-        """
+        """The last guard of ``thread_ident`` stopped, others run on: leave its stack
+        (the mode watches the thread that installed it only)."""
         mode = self._mode
         if mode is None or thread_ident != self._thread or threading.get_ident() != thread_ident:
             return
@@ -150,11 +155,9 @@ class AuditEngine:
             # The last step raised before its post hook: resume at this one's.
             self.note(NOTE_SUSPENDED)
             return
-        n = _stack_len()
-        if n and _stack_at(n - 1) is mode:
-            _stack_pop()
+        if _step_off(mode, self._thread):
             self._suspended = True
-            self._depth = n - 1
+            self._depth = _stack_len()
 
     def _resume(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         mode = self._mode
@@ -355,3 +358,93 @@ def _remove_from_stack(mode: TorchFunctionMode) -> None:
     finally:
         for m in reversed(above):
             _stack_push(m)
+
+
+# The audit's modules: a warning located in one was raised under its mode.
+_MODULES = r"barrierguard\.detect\.audit"
+_DISPATCH = ("overrides.py", "handle_torch_function")
+
+
+def home_frame(frame: FrameType | None) -> FrameType | None:
+    """The frame a warning located at ``frame`` (the mode's) would name without barrierguard.
+
+    Outward past barrierguard's frames, and past torch's ``handle_torch_function``
+    with the call that entered it (a torch function that dispatched to the mode
+    runs again inside it).
+    """
+    while frame is not None and classify_file(frame.f_code.co_filename)[0] == OWN:
+        frame = frame.f_back
+    if frame is not None:
+        code = frame.f_code
+        if code.co_name == _DISPATCH[1] and code.co_filename.endswith(_DISPATCH[0]):
+            frame = frame.f_back
+            frame = frame.f_back if frame is not None else None
+    return frame
+
+
+class WarningRelay:
+    """Re-issues at the user's frame the warnings that the mode's frames took."""
+
+    def __init__(self) -> None:
+        self._filter: Any = None
+        self._home: list[Any] = []
+        self._saved_show: Callable[..., Any] | None = None
+
+    def install(self) -> None:
+        """Add the filter and the show hook (both undone by :meth:`uninstall`)."""
+        warnings.filterwarnings("always", module=_MODULES)
+        self._filter = warnings.filters[0]
+        self._home = cast("list[Any]", warnings.filters)
+        # _showwarnmsg is also called inside catch_warnings(record=True).
+        self._saved_show = warnings._showwarnmsg  # type: ignore[attr-defined]
+        warnings._showwarnmsg = self._show  # type: ignore[attr-defined]
+
+    def uninstall(self) -> None:
+        """Remove the filter and the hook; safe to call twice."""
+        if self._saved_show is not None:
+            if warnings._showwarnmsg == self._show:  # type: ignore[attr-defined]
+                warnings._showwarnmsg = self._saved_show  # type: ignore[attr-defined]
+            self._saved_show = None
+        if self._filter is not None:
+            drop_filter(self._filter, self._home)
+            self._filter = None
+            self._home = []
+
+    def _show(self, msg: Any) -> None:
+        saved = self._saved_show
+        frame: FrameType | None = None
+        try:
+            if _is_audit_file(msg.filename):
+                frame = _located(sys._getframe(1), msg.filename, msg.lineno)
+                frame = home_frame(frame) if frame is not None else None
+        except Exception:  # never lose a warning to our bookkeeping
+            frame = None
+        if frame is None:
+            if saved is not None:
+                saved(msg)
+            return
+        g = frame.f_globals
+        # The user's filters decide, and may raise it as an error: as without us.
+        warnings.warn_explicit(
+            msg.message,
+            msg.category,
+            frame.f_code.co_filename,
+            frame.f_lineno,
+            module=g.get("__name__"),
+            registry=g.setdefault("__warningregistry__", {}),
+            module_globals=g,
+            source=msg.source,
+        )
+
+
+def _is_audit_file(filename: str) -> bool:
+    return os.path.basename(filename).startswith("audit") and classify_file(filename)[0] == OWN
+
+
+def _located(frame: FrameType | None, filename: str, lineno: int) -> FrameType | None:
+    """The live frame at ``filename:lineno`` (where the warning was located)."""
+    while frame is not None:
+        if frame.f_code.co_filename == filename and frame.f_lineno == lineno:
+            return frame
+        frame = frame.f_back
+    return None

@@ -165,10 +165,9 @@ def _cudagraphs_on() -> bool:
 class PartitionReader:
     """CUDA-graph partitions that inductor could not graph, from consecutive records.
 
-    Where inductor splits a graph into partitions (torch 2.9 and later) instead
-    of skipping CUDA graphs for all of it, it logs each op of a partition that
-    cannot be graphed (``op3: reason=DeviceCopy ops, ...``), then the op's stack
-    one frame per record. The innermost frame of the user's own code places it.
+    Inductor (torch 2.9 and later) logs each op it cannot graph (``op3:
+    reason=DeviceCopy ops, ...``), then its stack one frame per record; the
+    innermost frame of the user's own code places it.
 
     Example:
         >>> r = PartitionReader()
@@ -236,14 +235,12 @@ class _Handler(logging.Handler):
             listener._take(record)
         except Exception as exc:  # never lose a compile to our parsing
             listener.faults.append(f"{type(exc).__name__}: {exc}")
-        logger = logging.getLogger(record.name)
         saved = listener._saved.get(record.name)
+        parent = logging.getLogger(record.name).parent
         # The logger was lowered to DEBUG for us, with its propagation off: pass on
         # exactly what it would have passed on to torch's handlers before.
-        if saved is not None and saved[1] and record.levelno >= saved[2]:
-            parent = logger.parent
-            if parent is not None:
-                parent.callHandlers(record)
+        if saved is not None and saved[1] and record.levelno >= saved[2] and parent is not None:
+            parent.callHandlers(record)
 
 
 _listening_lock = threading.Lock()
