@@ -411,17 +411,16 @@ class WarningRelay:
             self._home = []
 
     def _show(self, msg: Any) -> None:
-        saved = self._saved_show
         frame: FrameType | None = None
+        name = msg.filename
         try:
-            if _is_audit_file(msg.filename):
-                frame = _located(sys._getframe(1), msg.filename, msg.lineno)
-                frame = home_frame(frame) if frame is not None else None
+            if os.path.basename(name).startswith("audit") and classify_file(name)[0] == OWN:
+                frame = home_frame(_located(sys._getframe(1), name, msg.lineno))
         except Exception:  # never lose a warning to our bookkeeping
             frame = None
         if frame is None:
-            if saved is not None:
-                saved(msg)
+            if self._saved_show is not None:
+                self._saved_show(msg)
             return
         g = frame.f_globals
         # The user's filters decide, and may raise it as an error: as without us.
@@ -435,10 +434,6 @@ class WarningRelay:
             module_globals=g,
             source=msg.source,
         )
-
-
-def _is_audit_file(filename: str) -> bool:
-    return os.path.basename(filename).startswith("audit") and classify_file(filename)[0] == OWN
 
 
 def _located(frame: FrameType | None, filename: str, lineno: int) -> FrameType | None:
