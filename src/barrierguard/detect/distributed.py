@@ -109,93 +109,6 @@ def _backend(dist: Any, group: Any) -> str:
         return "cpu"
 
 
-class _Installer:
-    """Builds the wrappers for one engine; see :func:`install`."""
-
-    def __init__(
-        self,
-        dist: Any,
-        host: Callable[[torch.Tensor], bool],
-        record: Callable[[str, float], None],
-        hush: Callable[[], contextlib.AbstractContextManager[Any]],
-    ) -> None:
-        self.dist = dist
-        self.host = host
-        self.record = record
-        self.hush = hush
-        # Works of host calls started with async_op=True, and what their wait() is.
-        self.works: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-
-    @contextlib.contextmanager
-    def _inside(self, recorded: bool) -> Iterator[None]:
-        tls = _tls
-        was = tls.quiet
-        tls.depth += 1
-        tls.quiet = was or recorded
-        try:
-            with self.hush() if recorded else contextlib.nullcontext():
-                yield
-        finally:
-            tls.depth -= 1
-            tls.quiet = was
-
-    def _on_host(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        tensors = _tensors(args, kwargs)
-        return bool(tensors) and all(self.host(t) for t in tensors)
-
-    def wrap(self, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
-        always = name in ALWAYS_BLOCKING
-        works_only = name in WORK_CALLS
-        async_pos = _position(orig, "async_op")
-        group_pos = _position(orig, "group")
-        record, works, dist = self.record, self.works, self.dist
-
-        @functools.wraps(orig)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if _tls.depth > 0 or _compiling():
-                return orig(*args, **kwargs)
-            is_async = bool(_argument(args, kwargs, "async_op", async_pos))
-            on_host = always or self._on_host(args, kwargs)
-            blocks = on_host and not is_async and not works_only
-            t0 = _clock()
-            with self._inside(blocks):
-                out = orig(*args, **kwargs)
-            stall = _clock() - t0
-            if not blocks and (not on_host or out is None):
-                return out
-            group = None if always else _argument(args, kwargs, "group", group_pos)
-            backend = None if always else _backend(dist, group)
-            if blocks:
-                record(name if backend is None else f"{name} ({backend})", stall)
-                return out
-            what = name if backend is None else f"{name}, {backend}"
-            for work in out if isinstance(out, list) else (out,):
-                with contextlib.suppress(TypeError):
-                    works[work] = f"wait ({what})"
-            return out
-
-        return wrapper
-
-    def wrap_wait(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        record, works = self.record, self.works
-
-        @functools.wraps(orig)
-        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                detail = works.pop(work, None)
-            except TypeError:
-                detail = None
-            if detail is None or _tls.depth > 0:
-                return orig(work, *args, **kwargs)
-            t0 = _clock()
-            with self._inside(True):
-                out = orig(work, *args, **kwargs)
-            record(detail, _clock() - t0)
-            return out
-
-        return wait
-
-
 def install(
     patches: Patches,
     *,
@@ -217,15 +130,80 @@ def install(
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    maker = _Installer(dist, host, record, hush)
+    # Works of host calls started with async_op=True, and what their wait() is.
+    works: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    @contextlib.contextmanager
+    def inside(recorded: bool) -> Iterator[None]:
+        tls = _tls
+        was = tls.quiet
+        tls.depth += 1
+        tls.quiet = was or recorded
+        try:
+            with hush() if recorded else contextlib.nullcontext():
+                yield
+        finally:
+            tls.depth -= 1
+            tls.quiet = was
+
+    def wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        always = name in ALWAYS_BLOCKING
+        works_only = name in WORK_CALLS
+        async_pos = _position(orig, "async_op")
+        group_pos = _position(orig, "group")
+
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _tls.depth > 0 or _compiling():
+                return orig(*args, **kwargs)
+            is_async = bool(_argument(args, kwargs, "async_op", async_pos))
+            tensors = () if always else _tensors(args, kwargs)
+            on_host = always or (bool(tensors) and all(host(t) for t in tensors))
+            blocks = on_host and not is_async and not works_only
+            t0 = _clock()
+            with inside(blocks):
+                out = orig(*args, **kwargs)
+            stall = _clock() - t0
+            if not blocks and (not on_host or out is None):
+                return out
+            group = None if always else _argument(args, kwargs, "group", group_pos)
+            backend = None if always else _backend(dist, group)
+            if blocks:
+                record(name if backend is None else f"{name} ({backend})", stall)
+                return out
+            what = name if backend is None else f"{name}, {backend}"
+            for work in out if isinstance(out, list) else (out,):
+                with contextlib.suppress(TypeError):
+                    works[work] = f"wait ({what})"
+            return out
+
+        return wrapper
+
     for name in (*ALWAYS_BLOCKING, *TENSOR_CALLS, *WORK_CALLS):
         orig = getattr(c10d, name, None)
         if orig is None:
             continue
-        wrapped = maker.wrap(name, orig)
+        wrapped = wrap(name, orig)
         patches.set(c10d, name, wrapped)
         if getattr(dist, name, None) is orig:
             patches.set(dist, name, wrapped)
-    work = getattr(c10d, "Work", None)
-    if work is not None and callable(getattr(work, "wait", None)):
-        patches.set(work, "wait", maker.wrap_wait(work.wait))
+    work_class = getattr(c10d, "Work", None)
+    if work_class is None or not callable(getattr(work_class, "wait", None)):
+        return
+    orig_wait = work_class.wait
+
+    @functools.wraps(orig_wait)
+    def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            detail = works.pop(work, None)
+        except TypeError:
+            detail = None
+        if detail is None or _tls.depth > 0:
+            return orig_wait(work, *args, **kwargs)
+        t0 = _clock()
+        with inside(True):
+            out = orig_wait(work, *args, **kwargs)
+        record(detail, _clock() - t0)
+        return out
+
+    patches.set(work_class, "wait", wait)
