@@ -309,17 +309,13 @@ class AuditEngine:
             try:
                 params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
                 sides = {mode.is_dev(p) for p in params if p.grad is not None}
-            except BaseException:
-                _stack_push(mode)
-                raise
-            if len(sides) != 1:
-                # No gradient, or gradients on both sides: what the mode sees matters.
-                _stack_push(mode)
-                return clip(params, *args, **kwargs)
-            try:
-                total = clip(params, *args, **kwargs)
+                if len(sides) == 1:
+                    total = clip(params, *args, **kwargs)
             finally:
                 _stack_push(mode)
+            if len(sides) != 1:
+                # No gradient, or gradients on both sides: what the mode sees matters.
+                return clip(params, *args, **kwargs)
             try:
                 if isinstance(total, Tensor):
                     mode.mark(total, sides.pop())
