@@ -46,10 +46,6 @@ from barrierguard.detect.audit_provenance import (
     Parameter,
     Tensor,
     _compiling,
-    _stack_at,
-    _stack_len,
-    _stack_pop,
-    _stack_push,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.audit_rules import build_rules, install_patches, tagged_ops
@@ -57,6 +53,11 @@ from barrierguard.detect.frames import OWN, classify_file
 from barrierguard.detect.patch import Patches, drop_filter
 
 __all__ = ["NOTE", "AuditEngine", "tagged_ops"]
+
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_stack_pop = torch._C._pop_torch_function_stack
+_stack_push = torch._C._push_on_torch_function_stack
 
 
 class AuditEngine:

@@ -63,10 +63,6 @@ _CPU_LITERAL = re.compile(r"""(['"])cpu(:\d+)?\1""")
 Tensor = torch.Tensor
 Parameter = torch.nn.Parameter
 _current_node = torch._C._current_autograd_node
-_stack_len = torch._C._len_torch_function_stack
-_stack_at = torch._C._get_function_stack_at
-_stack_pop = torch._C._pop_torch_function_stack
-_stack_push = torch._C._push_on_torch_function_stack
 
 Rule = Callable[["AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
 
