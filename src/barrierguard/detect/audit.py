@@ -132,12 +132,7 @@ class AuditEngine:
 
     def watch_backward(self, node: Any) -> None:
         """Report the backward of ``node`` (mask indexing's backward needs a size)."""
-        record = self._record
-
-        def prehook(grad_outputs: Any) -> None:
-            record("backward", "")
-
-        node.register_prehook(prehook)
+        node.register_prehook(lambda grad_outputs: self._record("backward", ""))
 
     def _record(self, kind: str, detail: str) -> None:
         mode = self._mode

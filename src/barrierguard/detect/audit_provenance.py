@@ -145,12 +145,9 @@ class AuditMode(TorchFunctionMode):
         self.marks[key] = m
 
     def mark_out(self, out: Any, dev: bool) -> None:
-        if isinstance(out, Tensor):
-            self.mark(out, dev)
-        elif isinstance(out, (tuple, list)):
-            for o in out:
-                if isinstance(o, Tensor):
-                    self.mark(o, dev)
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, Tensor):
+                self.mark(o, dev)
 
     def any_dev(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         get = self.marks.get
