@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import barrierguard
-from barrierguard.detect.audit_warnings import home_frame
+from barrierguard.detect.audit import home_frame
 
 HERE = __file__
 

@@ -1,54 +1,38 @@
 """The CPU audit engine: which lines would synchronize if the tensors lived on a GPU.
 
-On a machine without a GPU nothing synchronizes, so nothing can be observed;
-the audit reasons instead. It follows *provenance*: which tensors would live on
-the training device in a GPU run of the same script, and flags the operations
-that read such a tensor on the host (``item``, ``bool``, printing, ...), need a
-host-side size (mask indexing, ``nonzero``, ``unique``, ...), or copy between
-host and device.
+Nothing synchronizes without a GPU, so the audit reasons: it follows which tensors
+would live on the training device in a GPU run (docs/audit.md), and flags the
+calls that would read one on the host, need a host-side size, or copy between
+host and device. Chosen for cost (a transformer step of many small ops must
+stay within 1.2x of bare):
 
-Design, chosen for cost (a transformer step of many small ops must stay within 1.2x of bare):
+* one lean function mode (``audit_provenance``) whose fast path only marks the
+  outputs of ops on device tensors; calls that can sync have a rule
+  (``audit_rules``, one dict lookup);
+* marks keyed by ``id(tensor)`` with a weak reference that forgets them: nothing
+  is stored on the tensor, so pickling, ``deepcopy`` and ``torch.save`` see no
+  difference;
+* the mode steps off the stack during ``optimizer.step()`` without a closure (a
+  hundred small calls that only update marked tensors dominated small steps),
+  ``zero_grad()`` and ``clip_grad_norm_`` (five calls per parameter).
 
-* One lean :class:`~torch.overrides.TorchFunctionMode` sees every torch call in
-  the thread that started the guard. Most calls take the fast path: run the op,
-  and if an input is a device tensor, mark the outputs as device tensors.
-  Calls that can synchronize have a rule (a dict lookup by function).
-* Marks live in a dict keyed by ``id(tensor)``, each with a weak reference whose
-  callback drops the entry when the tensor dies: nothing is stored on the
-  tensor, so pickling, ``deepcopy`` and ``torch.save`` see no difference.
-* During ``optimizer.step()`` without a closure the mode steps off the stack
-  (a pre/post hook pair): optimizers make a hundred small calls per step that
-  only update tensors already marked, and that cost dominated small steps.
-  ``zero_grad()`` and ``clip_grad_norm_`` (five calls per parameter, none of
-  which syncs unless ``error_if_nonfinite`` reads the norm) step aside too.
-* A recorded read repeated at the same instruction of a live frame (a loop's
-  ``loss.item()``) is found again without a walk of the stack: the rules hand
-  ``detect.stack`` the frame of the sync's place (``audit_provenance.sync_frame``).
-
-Which tensors are device tensors (see docs/audit.md):
-
-* results of ``.to(device)``, ``.cuda()`` and ``copy_`` into device tensors,
-  of factories called with ``device=`` naming the training device, and of any
-  op with a device tensor among its inputs;
-* module parameters (also those created before the guard started: a
-  ``Parameter`` the audit has not seen created counts as a device tensor);
-* tensors handed around inside a backward pass (the autograd engine makes them
-  in C++, out of the mode's sight).
-
-A device-agnostic script run on CPU has ``device == "cpu"``: a ``"cpu"`` device
-counts as the host only where the call says so literally (``.cpu()``,
-``.to("cpu")``, ``device="cpu"``, ``torch.device("cpu")``); a device held in a
-variable (``.to(device)``, ``device=x.device``) is the training device.
+A warning that torch raises under the mode is located at a frame of the mode;
+the :class:`WarningRelay` re-issues it at the frame it would name without
+barrierguard (docs/audit.md). Catching warnings around every call would cost
+each torch call, and ``catch_warnings`` resets every registry.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -62,19 +46,18 @@ from barrierguard.detect.audit_provenance import (
     Parameter,
     Tensor,
     _compiling,
-    _stack_at,
-    _stack_len,
-    _stack_pop,
-    _stack_push,
-    sync_frame,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.audit_rules import build_rules, install_patches, tagged_ops
-from barrierguard.detect.audit_warnings import WarningRelay
-from barrierguard.detect.patch import Patches
-from barrierguard.detect.stack import observe
+from barrierguard.detect.frames import OWN, classify_file
+from barrierguard.detect.patch import Patches, drop_filter
 
 __all__ = ["NOTE", "AuditEngine", "tagged_ops"]
+
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_stack_pop = torch._C._pop_torch_function_stack
+_stack_push = torch._C._push_on_torch_function_stack
 
 
 class AuditEngine:
@@ -135,11 +118,8 @@ class AuditEngine:
             stack.forget()
 
     def release(self, thread_ident: int) -> None:
-        """The last guard of ``thread_ident`` stopped, others run on: leave its stack.
-
-        The mode watches the thread that installed it only; guards of other
-        threads go on with the engine's patches, and nothing of this thread.
-        """
+        """The last guard of ``thread_ident`` stopped, others run on: leave its stack
+        (the mode watches the thread that installed it only)."""
         mode = self._mode
         if mode is None or thread_ident != self._thread or threading.get_ident() != thread_ident:
             return
@@ -147,9 +127,17 @@ class AuditEngine:
         if not self._suspended:
             _remove_from_stack(mode)
 
-    # -- notes to the running guards ------------------------------------------------
     def note(self, text: str) -> None:
         hub.note(NAME, text)
+
+    def watch_backward(self, node: Any) -> None:
+        """Report the backward of ``node`` (mask indexing's backward needs a size)."""
+        node.register_prehook(lambda grad_outputs: self._record("backward", ""))
+
+    def _record(self, kind: str, detail: str) -> None:
+        mode = self._mode
+        if mode is not None and mode.active:
+            mode.record(kind, detail)
 
     # -- optimizer steps: the mode steps aside ------------------------------------
     def _pause(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -163,11 +151,9 @@ class AuditEngine:
             # The last step raised before its post hook: resume at this one's.
             self.note(NOTE_SUSPENDED)
             return
-        n = _stack_len()
-        if n and _stack_at(n - 1) is mode:
-            _stack_pop()
+        if _step_off(mode, self._thread):
             self._suspended = True
-            self._depth = n - 1
+            self._depth = _stack_len()
 
     def _resume(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         mode = self._mode
@@ -177,56 +163,27 @@ class AuditEngine:
             _stack_push(mode)
             self._suspended = False
 
-    def paused(self) -> bool:
-        """Whether the mode is off the stack for an optimizer step."""
-        return self._suspended
-
-    # -- backward passes -----------------------------------------------------------
-    def watch_backward(self, node: Any) -> None:
-        """Report the backward of ``node`` (mask indexing's backward needs a size)."""
-        record = self._record
-
-        def prehook(grad_outputs: Any) -> None:
-            record("backward", "")
-
-        node.register_prehook(prehook)
-
-    def _record(self, kind: str | None, detail: str) -> None:
-        mode = self._mode
-        if mode is None or not mode.active:
-            return
-        try:
-            sync = observe(sync_frame(sys._getframe(1)), kind, detail)
-        except Exception as exc:
-            _fault(exc)
-            return
-        if sync is not None:
-            hub.emit(NAME, sync)
-
     # -- patches: what the mode cannot see --------------------------------------------
     def _patch_calls(self, mode: AuditMode) -> None:
         record = self._record
+        thread = self._thread
         cuda_available = torch.cuda.is_available
 
-        def synchronize_wrapper(orig: Callable[..., Any], detail: str) -> Callable[..., Any]:
+        def synchronize_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
             # On a CPU-only build the real call raises: the audit records it and
             # returns, so device-agnostic scripts that time with it still run.
             @functools.wraps(orig)
             def synchronize(*args: Any, **kwargs: Any) -> Any:
                 out = orig(*args, **kwargs) if cuda_available() else None
-                record("synchronize", detail)
+                record("synchronize", "device")
                 return out
 
             return synchronize
 
-        self._patches.set(
-            torch.cuda, "synchronize", synchronize_wrapper(torch.cuda.synchronize, "device")
-        )
-        accel = getattr(torch, "accelerator", None)
-        if accel is not None and hasattr(accel, "synchronize"):
-            self._patches.set(
-                accel, "synchronize", synchronize_wrapper(accel.synchronize, "device")
-            )
+        owners: tuple[Any, ...] = (torch.cuda, getattr(torch, "accelerator", None))
+        for owner in owners:
+            if hasattr(owner, "synchronize"):
+                self._patches.set(owner, "synchronize", synchronize_wrapper(owner.synchronize))
 
         # A Parameter the audit sees being made takes its data's side; one it
         # never saw made (the model was built before the guard) counts as device.
@@ -237,8 +194,7 @@ class AuditEngine:
             param = orig_new(cls, data, requires_grad)
             try:
                 if mode.active and isinstance(param, Tensor):
-                    dev = isinstance(data, Tensor) and mode.is_dev(data)
-                    mode.mark(param, dev)
+                    mode.mark(param, isinstance(data, Tensor) and mode.is_dev(data))
             except Exception as exc:
                 _fault(exc)
             return param
@@ -251,7 +207,6 @@ class AuditEngine:
         from torch.autograd.function import BackwardCFunction
 
         orig_apply: Callable[..., Any] = BackwardCFunction.apply
-        thread = self._thread
 
         @functools.wraps(orig_apply)
         def apply(node: Any, *args: Any) -> Any:
@@ -272,14 +227,12 @@ class AuditEngine:
 
         @functools.wraps(orig_zero)
         def zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            n = _stack_len()
-            if n == 0 or _stack_at(n - 1) is not mode or threading.get_ident() != thread:
-                return orig_zero(optimizer, *args, **kwargs)
-            _stack_pop()
+            off = _step_off(mode, thread)
             try:
                 return orig_zero(optimizer, *args, **kwargs)
             finally:
-                _stack_push(mode)
+                if off:
+                    _stack_push(mode)
 
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
         self._patch_clip(mode, thread)
@@ -287,11 +240,9 @@ class AuditEngine:
         # An exception inside optimizer.step() skips the post hook that puts
         # the mode back; the step's profiler range still closes, so the mode
         # comes back there, before the exception reaches the training loop.
-        from torch.autograd import profiler
+        from torch.autograd.profiler import record_function
 
-        record_function = profiler.record_function
         orig_exit = record_function.__exit__
-        resume = self._resume
 
         @functools.wraps(orig_exit)
         def range_exit(rf: Any, exc_type: Any, exc: Any, tb: Any) -> Any:
@@ -301,7 +252,7 @@ class AuditEngine:
                 and threading.get_ident() == thread
                 and str(getattr(rf, "name", "")).startswith("Optimizer.step#")
             ):
-                resume(None, (), {})
+                self._resume(None, (), {})
             return orig_exit(rf, exc_type, exc, tb)
 
         self._patches.set(record_function, "__exit__", range_exit)
@@ -312,15 +263,12 @@ class AuditEngine:
         # part of it, so the mode steps aside meanwhile.
         @contextlib.contextmanager
         def aside() -> Iterator[None]:
-            n = _stack_len()
-            if n == 0 or _stack_at(n - 1) is not mode or threading.get_ident() != thread:
-                yield
-                return
-            _stack_pop()
+            off = _step_off(mode, thread)
             try:
                 yield
             finally:
-                _stack_push(mode)
+                if off:
+                    _stack_push(mode)
 
         distributed.install(
             self._patches,
@@ -334,49 +282,36 @@ class AuditEngine:
     def _patch_clip(self, mode: AuditMode, thread: int) -> None:
         """``clip_grad_norm_`` steps aside, as ``zero_grad()`` does, when it cannot sync.
 
-        Two reads of ``p.grad`` and a copy of each gradient's norm per parameter
-        (five torch calls for each), none of which syncs on a GPU when every
-        gradient is on the device (or every one on the host) and
+        None of its calls syncs on a GPU when every gradient is on one side and
         ``error_if_nonfinite`` is off: the mode steps off the stack, and the
-        total norm takes the gradients' side. Otherwise (mixed sides, the
-        non-finite check that reads the norm) it runs under the mode.
+        total norm takes the gradients' side. Otherwise it runs under the mode.
         """
         from torch.nn import utils
 
         module = sys.modules.get("torch.nn.utils.clip_grad")
-        clip = getattr(utils, "clip_grad_norm_", None)
+        clip: Callable[..., Any] = utils.clip_grad_norm_
         if getattr(module, "clip_grad_norm_", None) is not clip:
             return  # not the layout this wrapper knows
-        if not callable(clip):
-            return
 
         @functools.wraps(clip)
         def clip_grad_norm_(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-            n = _stack_len()
             if (
-                n == 0
-                or not mode.active
-                or _stack_at(n - 1) is not mode
-                or threading.get_ident() != thread
+                not mode.active
                 or _compiling()
                 or kwargs.get("error_if_nonfinite", len(args) > 2 and args[2])
+                or not _step_off(mode, thread)
             ):
                 return clip(parameters, *args, **kwargs)
-            _stack_pop()
             try:
                 params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
                 sides = {mode.is_dev(p) for p in params if p.grad is not None}
-            except BaseException:
-                _stack_push(mode)
-                raise
-            if len(sides) != 1:
-                # No gradient, or gradients on both sides: what the mode sees matters.
-                _stack_push(mode)
-                return clip(params, *args, **kwargs)
-            try:
-                total = clip(params, *args, **kwargs)
+                if len(sides) == 1:
+                    total = clip(params, *args, **kwargs)
             finally:
                 _stack_push(mode)
+            if len(sides) != 1:
+                # No gradient, or gradients on both sides: what the mode sees matters.
+                return clip(params, *args, **kwargs)
             try:
                 if isinstance(total, Tensor):
                     mode.mark(total, sides.pop())
@@ -386,6 +321,15 @@ class AuditEngine:
 
         self._patches.set(module, "clip_grad_norm_", clip_grad_norm_)
         self._patches.set(utils, "clip_grad_norm_", clip_grad_norm_)
+
+
+def _step_off(mode: TorchFunctionMode, thread: int) -> bool:
+    """Take ``mode`` off the stack if it is on top, in its thread: then push it back after."""
+    n = _stack_len()
+    if n == 0 or _stack_at(n - 1) is not mode or threading.get_ident() != thread:
+        return False
+    _stack_pop()
+    return True
 
 
 def _on_stack(mode: TorchFunctionMode) -> bool:
@@ -406,3 +350,88 @@ def _remove_from_stack(mode: TorchFunctionMode) -> None:
     finally:
         for m in reversed(above):
             _stack_push(m)
+
+
+# The audit's modules: a warning located in one was raised under its mode.
+_MODULES = r"barrierguard\.detect\.audit"
+_DISPATCH = ("overrides.py", "handle_torch_function")
+
+
+def home_frame(frame: FrameType | None) -> FrameType | None:
+    """The frame a warning located at ``frame`` (the mode's) would name without barrierguard.
+
+    Outward past barrierguard's frames, and past torch's ``handle_torch_function``
+    with the call that entered it (a torch function that dispatched to the mode
+    runs again inside it).
+    """
+    while frame is not None and classify_file(frame.f_code.co_filename)[0] == OWN:
+        frame = frame.f_back
+    if frame is not None:
+        code = frame.f_code
+        if code.co_name == _DISPATCH[1] and code.co_filename.endswith(_DISPATCH[0]):
+            frame = frame.f_back
+            frame = frame.f_back if frame is not None else None
+    return frame
+
+
+class WarningRelay:
+    """Re-issues at the user's frame the warnings that the mode's frames took."""
+
+    def __init__(self) -> None:
+        self._filter: Any = None
+        self._home: list[Any] = []
+        self._saved_show: Callable[..., Any] | None = None
+
+    def install(self) -> None:
+        """Add the filter and the show hook (both undone by :meth:`uninstall`)."""
+        warnings.filterwarnings("always", module=_MODULES)
+        self._filter = warnings.filters[0]
+        self._home = cast("list[Any]", warnings.filters)
+        # _showwarnmsg is also called inside catch_warnings(record=True).
+        self._saved_show = warnings._showwarnmsg  # type: ignore[attr-defined]
+        warnings._showwarnmsg = self._show  # type: ignore[attr-defined]
+
+    def uninstall(self) -> None:
+        """Remove the filter and the hook; safe to call twice."""
+        if self._saved_show is not None:
+            if warnings._showwarnmsg == self._show:  # type: ignore[attr-defined]
+                warnings._showwarnmsg = self._saved_show  # type: ignore[attr-defined]
+            self._saved_show = None
+        if self._filter is not None:
+            drop_filter(self._filter, self._home)
+            self._filter = None
+            self._home = []
+
+    def _show(self, msg: Any) -> None:
+        frame: FrameType | None = None
+        name = msg.filename
+        try:
+            if os.path.basename(name).startswith("audit") and classify_file(name)[0] == OWN:
+                frame = home_frame(_located(sys._getframe(1), name, msg.lineno))
+        except Exception:  # never lose a warning to our bookkeeping
+            frame = None
+        if frame is None:
+            if self._saved_show is not None:
+                self._saved_show(msg)
+            return
+        g = frame.f_globals
+        # The user's filters decide, and may raise it as an error: as without us.
+        warnings.warn_explicit(
+            msg.message,
+            msg.category,
+            frame.f_code.co_filename,
+            frame.f_lineno,
+            module=g.get("__name__"),
+            registry=g.setdefault("__warningregistry__", {}),
+            module_globals=g,
+            source=msg.source,
+        )
+
+
+def _located(frame: FrameType | None, filename: str, lineno: int) -> FrameType | None:
+    """The live frame at ``filename:lineno`` (where the warning was located)."""
+    while frame is not None:
+        if frame.f_code.co_filename == filename and frame.f_lineno == lineno:
+            return frame
+        frame = frame.f_back
+    return None

@@ -1,12 +1,9 @@
 """Provenance for the audit engine: which tensors would live on the training device.
 
-The :class:`AuditMode` is the one :class:`~torch.overrides.TorchFunctionMode`
-the audit installs. Most calls take its fast path (run the op; if an input is
-a device tensor, mark the outputs as device tensors); calls that can
-synchronize go to a rule of ``audit_rules``, which judges them with the
-helpers here (:meth:`AuditMode.is_dev`, :meth:`AuditMode.moved`,
-:meth:`AuditMode.record`). The rules for which tensors are device tensors are
-in the docstring of ``barrierguard.detect.audit``.
+:class:`AuditMode` is the one :class:`~torch.overrides.TorchFunctionMode` the
+audit installs: its fast path marks the outputs of an op with a device tensor
+among its inputs, and calls that can synchronize go to a rule of ``audit_rules``,
+which judges them with the helpers here. docs/audit.md says which tensors count.
 """
 
 from __future__ import annotations
@@ -62,15 +59,10 @@ NOTE_SUSPENDED = (
 )
 
 _CPU_LITERAL = re.compile(r"""(['"])cpu(:\d+)?\1""")
-_MASK_DTYPES = (torch.bool, torch.uint8)
 
 Tensor = torch.Tensor
 Parameter = torch.nn.Parameter
 _current_node = torch._C._current_autograd_node
-_stack_len = torch._C._len_torch_function_stack
-_stack_at = torch._C._get_function_stack_at
-_stack_pop = torch._C._pop_torch_function_stack
-_stack_push = torch._C._push_on_torch_function_stack
 
 Rule = Callable[["AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
 
@@ -78,11 +70,9 @@ Rule = Callable[["AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
 class EngineHooks(Protocol):
     """What the mode asks of its engine: a note for the report, a backward to watch."""
 
-    def note(self, text: str) -> None:
-        """Give a note to the running guards (once per text)."""
+    def note(self, text: str) -> None: ...
 
-    def watch_backward(self, node: Any) -> None:
-        """Watch the backward of ``node`` (a mask index's gradient syncs there)."""
+    def watch_backward(self, node: Any) -> None: ...
 
 
 # While dynamo traces a compiled function it runs this mode's Python too: the
@@ -99,23 +89,11 @@ def _is_param(t: Tensor) -> bool:
     return cls is Parameter or (cls is not Tensor and isinstance(t, Parameter))
 
 
-def _is_mask(index: Any) -> bool:
-    return isinstance(index, Tensor) and index.dtype in _MASK_DTYPES
-
-
-def _masks(index: Any) -> list[Tensor]:
-    if _is_mask(index):
-        return [index]
-    if isinstance(index, (tuple, list)):
-        return [i for i in index if _is_mask(i)]
-    return []
-
-
 class _Mark(weakref.ref):  # type: ignore[type-arg]
     """A tensor's side, and the weak reference whose callback forgets it.
 
-    One object per marked tensor (a tuple, a weak reference and a closure
-    before): every op on device tensors marks its outputs.
+    One object per mark (not a tuple, a reference and a closure): every op on
+    device tensors makes one.
     """
 
     __slots__ = ("dev", "key")
@@ -167,12 +145,9 @@ class AuditMode(TorchFunctionMode):
         self.marks[key] = m
 
     def mark_out(self, out: Any, dev: bool) -> None:
-        if isinstance(out, Tensor):
-            self.mark(out, dev)
-        elif isinstance(out, (tuple, list)):
-            for o in out:
-                if isinstance(o, Tensor):
-                    self.mark(o, dev)
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, Tensor):
+                self.mark(o, dev)
 
     def any_dev(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         get = self.marks.get
@@ -190,21 +165,17 @@ class AuditMode(TorchFunctionMode):
         return False
 
     def propagate(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Mark ``out`` as a device tensor if an input is one, or ``device=`` says so."""
         if out is None:
             return
-        if kwargs and "device" in kwargs:
-            self.factory(kwargs, out)
+        if not kwargs or "device" not in kwargs:
+            if self.any_dev(args, kwargs):
+                self.mark_out(out, True)
             return
-        if self.any_dev(args, kwargs):
-            self.mark_out(out, True)
-
-    def factory(self, kwargs: dict[str, Any], out: Any) -> None:
         dev = self.training(kwargs["device"])
-        if dev is None:
-            return
         if dev:
             self.mark_out(out, True)
-        elif isinstance(out, Tensor) and id(out) in self.marks:
+        elif dev is not None and isinstance(out, Tensor) and id(out) in self.marks:
             self.mark(out, False)
 
     def training(self, device: Any) -> bool | None:
@@ -215,13 +186,9 @@ class AuditMode(TorchFunctionMode):
             typ = device.type
         elif isinstance(device, str):
             typ = device.split(":", 1)[0]
-        elif isinstance(device, int) and not isinstance(device, bool):
-            return True
         else:
-            return None
-        if typ != "cpu":
-            return True
-        return not self.literal_cpu()
+            return True if isinstance(device, int) and not isinstance(device, bool) else None
+        return typ != "cpu" or not self.literal_cpu()
 
     def literal_cpu(self) -> bool:
         """Whether the call that asked for the "cpu" device names it literally."""
@@ -316,12 +283,8 @@ class AuditMode(TorchFunctionMode):
     # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "") -> None:
         """Record a sync of ``kind`` at the caller's place (the first frame not ours)."""
-        self.record_at(sys._getframe(1), kind, detail)
-
-    def record_at(self, frame: FrameType | None, kind: str, detail: str = "") -> None:
-        """Record a sync of ``kind`` at ``frame``'s place (the first frame not ours)."""
         try:
-            sync = observe(sync_frame(frame), kind, detail)
+            sync = observe(sync_frame(sys._getframe(1)), kind, detail)
         except Exception as exc:
             fault(exc)
             return
@@ -357,11 +320,10 @@ class AuditMode(TorchFunctionMode):
     def retarget(self, src: Tensor, dev: bool) -> Tensor:
         """A move that is a no-op on CPU: give the caller a tensor of its own.
 
-        On a GPU, ``x.cpu()`` is a new host tensor while ``x`` stays on the
-        device; on CPU it is ``x`` itself. An alias (a view of all of ``x``)
-        keeps both verdicts apart without copying. A parameter, or a leaf that
-        requires grad, keeps its identity (``module.to()`` and optimizers rely
-        on it) and changes sides instead.
+        On a GPU ``x.cpu()`` is a new tensor; on CPU it is ``x``. An alias (a
+        view of all of ``x``) keeps both verdicts apart without copying. A
+        parameter or a leaf that requires grad keeps its identity (``module.to()``
+        and optimizers rely on it) and changes sides instead.
         """
         if _is_param(src) or (src.requires_grad and src.is_leaf):
             self.mark(src, dev)
@@ -392,10 +354,8 @@ def _call_text(frame: FrameType) -> str:
 def sync_frame(frame: FrameType | None) -> FrameType | None:
     """The innermost frame from ``frame`` outward that is not barrierguard's own.
 
-    The audit's rules and patches run in frames of their own, new at every
-    call; the walk of ``detect.stack`` keeps the frame it is given only when
-    it is the sync's place, so that a read repeated at the same instruction
-    of a live frame is found again without a walk.
+    ``detect.stack`` keeps the frame it is given only when it is the sync's
+    place: a read repeated there is found again without a walk.
     """
     cache = _classifier._cache
     while frame is not None:

@@ -27,7 +27,6 @@ from barrierguard.detect.audit_provenance import (
     AuditMode,
     Rule,
     Tensor,
-    _masks,
     sync_frame,
 )
 from barrierguard.detect.audit_provenance import fault as _fault
@@ -38,6 +37,12 @@ from barrierguard.detect.patch import Patches
 from barrierguard.detect.stack import observe
 
 __all__ = ["build_rules", "install_patches", "tagged_ops"]
+
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+Verdict = tuple[str, str] | None  # a sync's kind and detail, or none
+Judge = Callable[[AuditMode, Any, Args, Kwargs, Any], Verdict]
+Probe = Callable[[Args, Kwargs], Any]
 
 
 @functools.cache
@@ -78,10 +83,10 @@ def _reader(
     when: Callable[[], bool] | None = None,
     hit: Callable[[], None] | None = None,
 ) -> Rule:
-    """A rule that records ``kind`` when the call's tensor is a device tensor
-    (and ``when()``, if given, says the call counts); ``hit()`` is told."""
+    """A rule that records ``kind`` when the call's tensor is a device tensor and
+    ``when()``, if given, says the call counts; ``hit()`` is told."""
 
-    def rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
         out = func(*args, **kwargs)
         if when is not None and not when():
             return out
@@ -107,46 +112,53 @@ def _reader(
     return rule
 
 
-def _dynamic(kind: str, which: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> Rule:
-    """A rule for an op that syncs when ``which(args, kwargs)`` is a device tensor."""
+def _judged(judge: Judge) -> Rule:
+    """A rule that runs the op, then records what ``judge(mode, func, args, kwargs, out)`` finds."""
 
-    def rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
         out = func(*args, **kwargs)
         try:
-            mode.propagate(args, kwargs, out)
-            probe = which(args, kwargs)
-            if isinstance(probe, (tuple, list)):
-                hit = any(isinstance(p, Tensor) and mode.is_dev(p) for p in probe)
-            else:
-                hit = isinstance(probe, Tensor) and mode.is_dev(probe)
+            verdict = judge(mode, func, args, kwargs, out)
         except Exception as exc:
             _fault(exc)
             return out
-        if hit:
-            mode.record(kind)
+        if verdict is not None:
+            mode.record(*verdict)
         return out
 
     return rule
 
 
-def _first(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _dynamic(kind: str, which: Probe) -> Rule:
+    """A rule for an op that syncs when ``which(args, kwargs)`` holds a device tensor."""
+
+    def judge(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> Verdict:
+        mode.propagate(args, kwargs, out)
+        probe = which(args, kwargs)
+        probes = probe if isinstance(probe, (tuple, list)) else (probe,)
+        return (kind, "") if any(isinstance(p, Tensor) and mode.is_dev(p) for p in probes) else None
+
+    return _judged(judge)
+
+
+def _first(args: Args, kwargs: Kwargs) -> Any:
     return args[0] if args else kwargs.get("input")
 
 
-def _all(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _all(args: Args, kwargs: Kwargs) -> Any:
     return (*args, *kwargs.values())
 
 
-def _where_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _where_one(args: Args, kwargs: Kwargs) -> Any:
     return args[0] if len(args) == 1 and not kwargs else None
 
 
-def _one_hot(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _one_hot(args: Args, kwargs: Kwargs) -> Any:
     classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
     return _first(args, kwargs) if classes == -1 else None
 
 
-def _repeats_fn(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _repeats_fn(args: Args, kwargs: Kwargs) -> Any:
     # torch.repeat_interleave(input, repeats, ...) or torch.repeat_interleave(repeats)
     if kwargs.get("output_size") is not None:
         return None
@@ -155,26 +167,22 @@ def _repeats_fn(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return kwargs.get("repeats", args[0] if args else None)
 
 
-def _repeats_method(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _repeats_method(args: Args, kwargs: Kwargs) -> Any:
     if kwargs.get("output_size") is not None:
         return None
     return args[1] if len(args) >= 2 else kwargs.get("repeats")
 
 
-def _to_rule(method: str) -> Rule:
-    def rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _to_rule(target_of: Callable[[AuditMode, Args, Kwargs], bool | None]) -> Rule:
+    """A rule for ``.to()``/``.cpu()``/``.cuda()``; ``target_of`` says which side it moves to."""
+
+    def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
         out = func(*args, **kwargs)
         try:
             src = args[0]
             if not isinstance(src, Tensor):
                 return out
-            target: bool | None
-            if method == "cpu":
-                target = False
-            elif method == "cuda":
-                target = True
-            else:
-                target = _to_target(mode, args, kwargs)
+            target = target_of(mode, args, kwargs)
             nonblocking = _nonblocking(args[1:], kwargs) or (
                 bool(target) and _gpu_nonblocking_caller(sys._getframe(1))
             )
@@ -190,22 +198,10 @@ def _to_rule(method: str) -> Rule:
 # but not when it is the CPU (Lightning's _BLOCKING_DEVICE_TYPES): the audit
 # judges the copy the GPU run would make. Paths as the framework table names
 # them (the standalone lightning_fabric package reads as lightning/fabric).
-_GPU_NONBLOCKING = frozenset({"lightning/fabric/utilities/apply_func.py:batch_to"})
-
-
+_GPU_NONBLOCKING = {"lightning/fabric/utilities/apply_func.py": frozenset({"batch_to"})}
 # Per source file, the functions of _GPU_NONBLOCKING in it (mostly none): a
 # frame costs one lookup by file name, whose hash Python caches.
 _gpu_functions: dict[str, frozenset[str]] = {}
-
-
-def _gpu_nonblocking_functions(filename: str) -> frozenset[str]:
-    path = package_path(filename)
-    names = frozenset(
-        entry.rsplit(":", 1)[1] for entry in _GPU_NONBLOCKING if entry.rsplit(":", 1)[0] == path
-    )
-    if len(_gpu_functions) < 100_000:
-        _gpu_functions[filename] = names
-    return names
 
 
 def _gpu_nonblocking_caller(frame: FrameType | None, depth: int = 4) -> bool:
@@ -215,7 +211,9 @@ def _gpu_nonblocking_caller(frame: FrameType | None, depth: int = 4) -> bool:
         filename = code.co_filename
         names = get(filename)
         if names is None:
-            names = _gpu_nonblocking_functions(filename)
+            names = _GPU_NONBLOCKING.get(package_path(filename) or "", frozenset())
+            if len(_gpu_functions) < 100_000:
+                _gpu_functions[filename] = names
         if names and code.co_name in names:
             return True
         frame = frame.f_back
@@ -223,7 +221,7 @@ def _gpu_nonblocking_caller(frame: FrameType | None, depth: int = 4) -> bool:
     return False
 
 
-def _to_target(mode: AuditMode, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool | None:
+def _to_target(mode: AuditMode, args: Args, kwargs: Kwargs) -> bool | None:
     device = kwargs.get("device")
     if device is None:
         other = kwargs.get("other")
@@ -232,64 +230,46 @@ def _to_target(mode: AuditMode, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         for a in args[1:]:
             if isinstance(a, Tensor):
                 return mode.is_dev(a)
-            if isinstance(a, (str, torch.device)) or (
-                isinstance(a, int) and not isinstance(a, bool)
-            ):
+            if isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
                 device = a
                 break
     return mode.training(device)
 
 
-def _copy_rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    out = func(*args, **kwargs)
-    verdict: tuple[str, str] | None = None
-    try:
-        dst = args[0]
-        src = args[1] if len(args) > 1 else kwargs.get("src")
-        if isinstance(dst, Tensor) and isinstance(src, Tensor):
-            ddev, sdev = mode.is_dev(dst), mode.is_dev(src)
-            nonblocking = _nonblocking(args[2:], kwargs)
-            if ddev and not sdev:
-                verdict = mode.h2d(src, nonblocking)
-            elif sdev and not ddev:
-                if nonblocking:
-                    mode.engine.note(NOTE_PINNED_D2H)
-                else:
-                    verdict = ("copy", "d2h")
-    except Exception as exc:
-        _fault(exc)
-        return out
-    if verdict is not None:
-        mode.record(*verdict)
-    return out
+def _copy(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> Verdict:
+    dst = args[0]
+    src = args[1] if len(args) > 1 else kwargs.get("src")
+    if not (isinstance(dst, Tensor) and isinstance(src, Tensor)):
+        return None
+    ddev, sdev = mode.is_dev(dst), mode.is_dev(src)
+    if ddev == sdev:
+        return None
+    nonblocking = _nonblocking(args[2:], kwargs)
+    if ddev:
+        return mode.h2d(src, nonblocking)
+    if nonblocking:
+        mode.engine.note(NOTE_PINNED_D2H)
+        return None
+    return ("copy", "d2h")
 
 
-def _tensor_rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _tensor(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> Verdict:
     """``torch.tensor``/``as_tensor``/``Tensor.new_tensor``: host data onto the device."""
-    out = func(*args, **kwargs)
-    try:
-        if func is Tensor.new_tensor:
-            target = mode.training(kwargs.get("device"))
-            if target is None:
-                target = isinstance(args[0], Tensor) and mode.is_dev(args[0])
-            data = args[1] if len(args) > 1 else kwargs.get("data")
-        else:
-            target = mode.training(kwargs.get("device"))
-            data = args[0] if args else kwargs.get("data")
-        from_device = isinstance(data, Tensor) and mode.is_dev(data)
-        if target is None and from_device:
-            mode.mark_out(out, True)
-        if not target:
-            return out
+    target = mode.training(kwargs.get("device"))
+    if func is Tensor.new_tensor:
+        if target is None:
+            target = isinstance(args[0], Tensor) and mode.is_dev(args[0])
+        data = args[1] if len(args) > 1 else kwargs.get("data")
+    else:
+        data = args[0] if args else kwargs.get("data")
+    from_device = isinstance(data, Tensor) and mode.is_dev(data)
+    if target or (target is None and from_device):
         mode.mark_out(out, True)
-    except Exception as exc:
-        _fault(exc)
-        return out
     # An empty tensor copies nothing: on a GPU, torch.tensor([], device=...)
     # does not wait (a KV cache starts that way in every forward).
-    if not from_device and not (isinstance(out, Tensor) and out.numel() == 0):
-        mode.record("copy", "h2d")
-    return out
+    if not target or from_device or (isinstance(out, Tensor) and out.numel() == 0):
+        return None
+    return ("copy", "h2d")
 
 
 def _host_index(index: Any) -> bool:
@@ -297,13 +277,8 @@ def _host_index(index: Any) -> bool:
 
     Torch turns such an index into a host tensor and copies it to the indexed
     tensor's device with a blocking copy: ``x[[0, 2]]``, ``x[range(n), y]``.
-
-    Example:
-        >>> _host_index([0, 2]), _host_index((range(3), 1)), _host_index((0, 1))
-        (True, True, False)
     """
-    parts = index if isinstance(index, tuple) else (index,)
-    for part in parts:
+    for part in index if isinstance(index, tuple) else (index,):
         if isinstance(part, range):
             if len(part):
                 return True
@@ -315,7 +290,12 @@ def _host_index(index: Any) -> bool:
     return False
 
 
-def _index_verdict(mode: AuditMode, args: tuple[Any, ...]) -> tuple[str, str] | None:
+def _masks(index: Any) -> list[Tensor]:
+    parts = index if isinstance(index, (tuple, list)) else (index,)
+    return [i for i in parts if isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8)]
+
+
+def _index_verdict(mode: AuditMode, args: tuple[Any, ...]) -> Verdict:
     index = args[1]
     if any(mode.is_dev(m) for m in _masks(index)):
         return ("index", "")
@@ -324,43 +304,22 @@ def _index_verdict(mode: AuditMode, args: tuple[Any, ...]) -> tuple[str, str] | 
     return None
 
 
-def _getitem_rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    out = func(*args, **kwargs)
-    try:
-        mode.propagate(args, kwargs, out)
-        verdict = _index_verdict(mode, args) if len(args) > 1 else None
-        if verdict == ("index", "") and isinstance(out, Tensor) and out.grad_fn is not None:
-            mode.engine.watch_backward(out.grad_fn)
-    except Exception as exc:
-        _fault(exc)
-        return out
-    if verdict is not None:
-        mode.record(*verdict)
-    return out
+def _getitem(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> Verdict:
+    mode.propagate(args, kwargs, out)
+    verdict = _index_verdict(mode, args) if len(args) > 1 else None
+    if verdict == ("index", "") and isinstance(out, Tensor) and out.grad_fn is not None:
+        mode.engine.watch_backward(out.grad_fn)
+    return verdict
 
 
-def _setitem_rule(mode: AuditMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    out = func(*args, **kwargs)
-    verdict: tuple[str, str] | None = None
-    try:
-        if len(args) >= 3:
-            dst, value = args[0], args[2]
-            verdict = _index_verdict(mode, args)
-            if verdict is not None:
-                pass
-            elif (
-                isinstance(dst, Tensor)
-                and isinstance(value, Tensor)
-                and mode.is_dev(value)
-                and not mode.is_dev(dst)
-            ):
-                verdict = ("copy", "d2h")
-    except Exception as exc:
-        _fault(exc)
-        return out
-    if verdict is not None:
-        mode.record(*verdict)
-    return out
+def _setitem(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> Verdict:
+    if len(args) < 3:
+        return None
+    dst, value = args[0], args[2]
+    verdict = _index_verdict(mode, args)
+    if verdict is not None or not (isinstance(dst, Tensor) and isinstance(value, Tensor)):
+        return verdict
+    return ("copy", "d2h") if mode.is_dev(value) and not mode.is_dev(dst) else None
 
 
 _READS: dict[str, str] = {
@@ -379,35 +338,30 @@ _READS: dict[str, str] = {
     "__format__": "format",
 }
 
-# Kinds for tagged ops by name; tagged ops not listed here are "dynamic_shape".
-_TAGGED_KINDS: dict[str, str] = {
-    "nonzero": "nonzero",
-    "argwhere": "nonzero",
-    "masked_select": "masked_select",
-    "unique_consecutive": "unique",
-    "_unique": "unique",
-    "_unique2": "unique",
-    "unique_dim": "unique",
-    "unique_dim_consecutive": "unique",
-    "allclose": "compare",
-    "equal": "compare",
+# Ops with a kind of their own (tagged ops not listed are "dynamic_shape"), and for
+# those audited whatever this torch tags, the input whose side decides.
+_NAMED_OPS: dict[str, tuple[str, Probe | None]] = {
+    "nonzero": ("nonzero", _first),
+    "argwhere": ("nonzero", _first),
+    "masked_select": ("masked_select", _all),
+    "unique": ("unique", _first),
+    "unique_consecutive": ("unique", _first),
+    "_unique": ("unique", None),
+    "_unique2": ("unique", None),
+    "unique_dim": ("unique", None),
+    "unique_dim_consecutive": ("unique", None),
+    "allclose": ("compare", _all),
+    "equal": ("compare", _all),
 }
-
 # Tagged ops whose torch-level entry points have a rule of their own (or read).
 _HANDLED = frozenset({"item", "_local_scalar_dense", "repeat_interleave", "one_hot", "index"})
 
 
 def _functions(name: str) -> list[Any]:
-    found = []
-    for space in (torch, Tensor, torch.nn.functional):
-        fn = getattr(space, name, None)
-        if fn is not None:
-            found.append(fn)
+    found = [getattr(space, name, None) for space in (torch, Tensor, torch.nn.functional)]
     if name.startswith("linalg_"):
-        fn = getattr(torch.linalg, name[len("linalg_") :], None)
-        if fn is not None:
-            found.append(fn)
-    return found
+        found.append(getattr(torch.linalg, name[len("linalg_") :], None))
+    return [fn for fn in found if fn is not None]
 
 
 def build_rules() -> dict[Any, Rule]:
@@ -417,50 +371,35 @@ def build_rules() -> dict[Any, Rule]:
         if name in vars(Tensor) or name in vars(torch._C.TensorBase):
             rules[getattr(Tensor, name)] = _reader(kind)
     for name, tag in tagged_ops().items():
-        if name in _HANDLED:
-            continue
-        kind = _TAGGED_KINDS.get(name, "dynamic_shape")
-        which = _all if tag == "data_dependent_output" else _first
-        for fn in _functions(name):
-            rules[fn] = _dynamic(kind, which)
-    for fn in _functions("unique"):
-        rules[fn] = _dynamic("unique", _first)
-    for fn in _functions("unique_consecutive"):
-        rules[fn] = _dynamic("unique", _first)
-    for name, kind, which in (
-        ("nonzero", "nonzero", _first),
-        ("argwhere", "nonzero", _first),
-        ("masked_select", "masked_select", _all),
-        ("allclose", "compare", _all),
-        ("equal", "compare", _all),
-    ):
-        for fn in _functions(name):
-            rules[fn] = _dynamic(kind, which)
+        if name not in _HANDLED:
+            which: Probe = _all if tag == "data_dependent_output" else _first
+            rule = _dynamic(_NAMED_OPS.get(name, ("dynamic_shape", None))[0], which)
+            rules.update(dict.fromkeys(_functions(name), rule))
+    for name, (kind, probe) in _NAMED_OPS.items():
+        if probe is not None:
+            rules.update(dict.fromkeys(_functions(name), _dynamic(kind, probe)))
     rules[torch.where] = _dynamic("nonzero", _where_one)
     rules[torch.repeat_interleave] = _dynamic("repeat_interleave", _repeats_fn)
     rules[Tensor.repeat_interleave] = _dynamic("repeat_interleave", _repeats_method)
     rules[torch.nn.functional.one_hot] = _dynamic("one_hot", _one_hot)
-    for method in ("to", "cpu", "cuda"):
-        rules[getattr(Tensor, method)] = _to_rule(method)
-    rules[Tensor.copy_] = _copy_rule
+    rules[Tensor.to] = _to_rule(_to_target)
+    rules[Tensor.cpu] = _to_rule(lambda mode, args, kwargs: False)
+    rules[Tensor.cuda] = _to_rule(lambda mode, args, kwargs: True)
+    rules[Tensor.copy_] = _judged(_copy)
     for fn in (torch.tensor, torch.as_tensor, Tensor.new_tensor):
-        rules[fn] = _tensor_rule
-    rules[Tensor.__getitem__] = _getitem_rule
-    rules[Tensor.__setitem__] = _setitem_rule
+        rules[fn] = _judged(_tensor)
+    rules[Tensor.__getitem__] = _judged(_getitem)
+    rules[Tensor.__setitem__] = _judged(_setitem)
     return rules
 
 
-# -- checkpoints and cuDNN RNNs: calls the mode does not see whole ----------------
-Record = Callable[[str | None, str], None]
+# -- checkpoints: calls the mode does not see whole -------------------------------
+Record = Callable[[str, str], None]
 
 
 class _Checkpoints:
-    """What ``torch.save`` wrote from the device, for ``torch.load`` to read back.
-
-    A GPU run's ``torch.save`` copies every device tensor to the host (one
-    blocking copy each); a ``torch.load`` without ``map_location`` puts them
-    back where they were saved, onto the device.
-    """
+    """The files ``torch.save`` wrote device tensors to (one blocking copy each on a
+    GPU), which a ``torch.load`` without ``map_location`` puts back on the device."""
 
     def __init__(self) -> None:
         self.saving = 0
@@ -471,56 +410,44 @@ class _Checkpoints:
     def saw_device_tensor(self) -> None:
         self.device_tensors += 1
 
+    def _seen(self, f: Any) -> tuple[Any, set[str] | weakref.WeakSet[Any]]:
+        """The key of file ``f`` (its absolute path, or the object itself), and its set."""
+        if isinstance(f, (str, os.PathLike)):
+            return os.path.abspath(os.fspath(f)), self.paths
+        name = getattr(f, "name", None)
+        if isinstance(name, str) and not name.startswith("<"):
+            return os.path.abspath(name), self.paths
+        return f, self.buffers
+
     def remember(self, f: Any) -> None:
-        key = _file_key(f)
-        if isinstance(key, str):
-            self.paths.add(key)
-        elif key is not None:
-            with contextlib.suppress(TypeError):
-                self.buffers.add(key)
+        key, seen = self._seen(f)
+        with contextlib.suppress(TypeError):  # an object without weak references
+            seen.add(key)
 
     def holds_device_tensors(self, f: Any) -> bool:
-        key = _file_key(f)
-        if isinstance(key, str):
-            return key in self.paths
+        key, seen = self._seen(f)
         try:
-            return key is not None and key in self.buffers
+            return key in seen
         except TypeError:
             return False
 
 
-def _file_key(f: Any) -> Any:
-    """A file's path, absolute, or the file object itself (a ``BytesIO``)."""
-    if isinstance(f, (str, os.PathLike)):
-        return os.path.abspath(os.fspath(f))
-    name = getattr(f, "name", None)
-    if isinstance(name, str) and not name.startswith("<"):
-        return os.path.abspath(name)
-    return f
-
-
 def _mark_loaded(mode: AuditMode, obj: Any, dev: bool, depth: int = 0) -> bool:
-    """Mark every tensor in what ``torch.load`` returned as on the device (``dev``)
-    or the host; whether there was one."""
-    if depth > 20:
-        return False
+    """Mark the tensors of what ``torch.load`` returned as on ``dev``'s side; any there?"""
     if isinstance(obj, Tensor):
         mode.mark(obj, dev)
         return True
     if isinstance(obj, torch.nn.Module):
-        found = False
-        for t in (*obj.parameters(), *obj.buffers()):
+        tensors = (*obj.parameters(), *obj.buffers())
+        for t in tensors:
             mode.mark(t, dev)
-            found = True
-        return found
+        return bool(tensors)
     if isinstance(obj, dict):
         obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        found = False
-        for item in obj:
-            found = _mark_loaded(mode, item, dev, depth + 1) or found
-        return found
-    return False
+    if not isinstance(obj, (list, tuple)) or depth >= 20:
+        return False
+    found = [_mark_loaded(mode, item, dev, depth + 1) for item in obj]
+    return any(found)
 
 
 def _load_target(mode: AuditMode, state: _Checkpoints, f: Any, where: Any) -> bool:
@@ -544,15 +471,12 @@ def install_patches(
 
     Args:
         patches: Where the patches go (undone when the engine uninstalls).
-        mode: The running mode; a rule for ``Tensor.untyped_storage`` is added
-            to its table (``torch.save`` reads each tensor's storage once).
-        record: Records a sync at the caller's line: ``record(kind, detail)``,
-            the kind read from the user's call when ``None``.
-        aside: A context in which the mode is off the stack (``torch.load``'s
-            own calls say nothing about the GPU run).
+        mode: The running mode; it gets a rule for ``Tensor.untyped_storage``
+            (``torch.save`` reads each tensor's storage once).
+        record: Records a sync at the caller's line: ``record(kind, detail)``.
+        aside: A context with the mode off the stack (for ``torch.load``'s own calls).
     """
     state = _Checkpoints()
-
     mode.rules[Tensor.untyped_storage] = _reader(
         "copy", "d2h", when=lambda: state.saving > 0, hit=state.saw_device_tensor
     )
@@ -577,8 +501,6 @@ def install_patches(
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
         if not mode.active:
             return orig_load(f, *args, **kwargs)
-        # torch.load's own calls (device= of the saved location) say nothing
-        # about the GPU run: the mode steps aside, and the result is marked.
         with aside():
             out = orig_load(f, *args, **kwargs)
         try:

@@ -1,15 +1,12 @@
 """What torch.compile says about the watched code: its graph breaks and CUDA-graph skips.
 
 dynamo logs every graph break on its ``graph_breaks`` artifact logger
-(``TORCH_LOGS=graph_breaks`` prints them): ``Graph break in user code at
-FILE:LINE``, ``Graph Break Reason: ...``, a ``gbNNNN`` page and the user's
-stack. inductor logs ``skipping cudagraphs due to ...`` (with the stack of the
-node that forced it) on its ``cudagraphs`` artifact logger. A
+(``TORCH_LOGS=graph_breaks`` prints them), inductor its ``skipping cudagraphs
+due to ...`` on ``cudagraphs``, each with the user's stack. A
 :class:`CompileListener` puts a handler on those loggers while a guard runs
-(also on the ones a lazily imported torch module creates then, through
-``torch._logging.getArtifactLogger``), turns each record into a
-:class:`CompileEvent` at the user's line, and restores every logger on stop:
-what ``TORCH_LOGS`` would have printed is still printed, nothing more.
+(also on those made meanwhile, through ``torch._logging.getArtifactLogger``),
+turns each record into a :class:`CompileEvent` at the user's line, and restores
+every logger on stop: what ``TORCH_LOGS`` would have printed is still printed.
 """
 
 from __future__ import annotations
@@ -80,10 +77,8 @@ def _user_frame(text: str) -> tuple[str, int, str] | None:
 
 
 def _flag(text: str) -> str:
-    for flag in ("capture_scalar_outputs", "capture_dynamic_output_shape_ops"):
-        if flag in text:
-            return flag
-    return ""
+    flags = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
+    return next((flag for flag in flags if flag in text), "")
 
 
 def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEvent | None:
@@ -125,10 +120,8 @@ def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEve
         user = classify_file(where[0])[0] == USER
     gb = _GB.search(text)
     return CompileEvent(
-        what="graph_break",
-        file=where[0],
-        line=where[1],
-        function=where[2],
+        "graph_break",
+        *where,
         reason=reason or "graph break",
         detail=" ".join(detail),
         gb=gb.group(1) if gb else "",
@@ -153,25 +146,17 @@ def parse_cudagraph_skip(text: str) -> CompileEvent | None:
     reason = first.split("skipping cudagraphs due to", 1)[-1].strip()
     reason = reason.split(". Found from", 1)[0].strip() or first.strip()
     where = _user_frame(text)
-    return CompileEvent(
-        what="cudagraph_skip",
-        file=where[0] if where else "",
-        line=where[1] if where else 0,
-        function=where[2] if where else "",
-        reason=reason,
-        user=where is not None,
-    )
+    return CompileEvent("cudagraph_skip", *(where or ("", 0, "")), reason, user=where is not None)
 
 
 _PARTITION_OP = re.compile(r"^\s*op\d+: reason=(?P<reason>.+?)(?:, ir=|$)")
 
 
 def _cudagraphs_on() -> bool:
-    """Whether the compile logging now runs with inductor's CUDA graphs on.
+    """Whether inductor's CUDA graphs are on for the compile that logs now.
 
-    Inductor logs its partitions whether or not CUDA graphs are used; only
-    under ``mode="reduce-overhead"`` (``triton.cudagraphs``, patched in for
-    the compile that logs) is an op outside them a cost.
+    Inductor logs its partitions either way; only under ``mode="reduce-overhead"``
+    (``triton.cudagraphs``) is an op outside them a cost.
     """
     config = sys.modules.get("torch._inductor.config")
     return bool(getattr(getattr(config, "triton", None), "cudagraphs", False))
@@ -180,10 +165,9 @@ def _cudagraphs_on() -> bool:
 class PartitionReader:
     """CUDA-graph partitions that inductor could not graph, from consecutive records.
 
-    Where inductor splits a graph into partitions (torch 2.9 and later) instead
-    of skipping CUDA graphs for all of it, it logs each op of a partition that
-    cannot be graphed (``op3: reason=DeviceCopy ops, ...``), then the op's stack
-    one frame per record. The innermost frame of the user's own code places it.
+    Inductor (torch 2.9 and later) logs each op it cannot graph (``op3:
+    reason=DeviceCopy ops, ...``), then its stack one frame per record; the
+    innermost frame of the user's own code places it.
 
     Example:
         >>> r = PartitionReader()
@@ -217,26 +201,17 @@ class PartitionReader:
         if where is None:
             return None
         self.first, self._placed = not self._placed, True
-        return CompileEvent(
-            what="cudagraph_skip",
-            file=where[0],
-            line=where[1],
-            function=where[2],
-            reason=f"not in a CUDA graph: {self._reason}",
-        )
+        return CompileEvent("cudagraph_skip", *where, f"not in a CUDA graph: {self._reason}")
 
 
 def not_a_dynamo_frame(code: CodeType) -> None:
     """Keep dynamo from compiling ``code`` when it runs as a frame of its own.
 
-    Inside a compiled function, the calls that a graph break leaves to eager
-    mode enter barrierguard's hooks (the audit's ``__torch_function__``, the
-    CUDA engine's timed ``item``) as new frames, which dynamo would compile
-    (and the hook would step aside in them): skipped, with the frames they
-    call, the hooks see those calls as in eager code. Tracing that inlines a
-    hook into a user's graph is not affected (the hooks step aside there).
-    Without this hook of torch's (another version), compiled code is watched
-    as dynamo leaves it.
+    The calls that a graph break leaves to eager mode enter barrierguard's hooks
+    (the audit's ``__torch_function__``, the CUDA engine's timed ``item``) as new
+    frames, which dynamo would compile (and the hook step aside in them): skipped,
+    the hooks see those calls as eager code. Tracing that inlines a hook into a
+    graph is not affected. Without this hook of torch's, nothing changes.
     """
     try:
         from torch._C._dynamo import eval_frame
@@ -260,14 +235,12 @@ class _Handler(logging.Handler):
             listener._take(record)
         except Exception as exc:  # never lose a compile to our parsing
             listener.faults.append(f"{type(exc).__name__}: {exc}")
-        logger = logging.getLogger(record.name)
         saved = listener._saved.get(record.name)
+        parent = logging.getLogger(record.name).parent
         # The logger was lowered to DEBUG for us, with its propagation off: pass on
         # exactly what it would have passed on to torch's handlers before.
-        if saved is not None and saved[1] and record.levelno >= saved[2]:
-            parent = logger.parent
-            if parent is not None:
-                parent.callHandlers(record)
+        if saved is not None and saved[1] and record.levelno >= saved[2] and parent is not None:
+            parent.callHandlers(record)
 
 
 _listening_lock = threading.Lock()
@@ -293,7 +266,7 @@ class CompileListener:
         self._handler = _Handler(self)
         # logger name -> (level, propagate, effective level) before we touched it
         self._saved: dict[str, tuple[int, bool, int]] = {}
-        self._patched: tuple[Any, Any] | None = None
+        self._patched: Any = None  # torch._logging, while its getArtifactLogger is ours
         self._partitions = PartitionReader()
         # The partition event placed last: an inner frame of the same op replaces it.
         self._placed: CompileEvent | None = None
@@ -333,13 +306,12 @@ class CompileListener:
 
                 tl.getArtifactLogger = get_artifact_logger  # type: ignore[attr-defined]
             _listening.append(self)
-        self._patched = (tl, None)
+        self._patched = tl
 
     def stop(self) -> None:
         """Detach from every logger and restore its level and propagation."""
-        if self._patched is not None:
-            module, _ = self._patched
-            self._patched = None
+        module, self._patched = self._patched, None
+        if module is not None:
             with _listening_lock:
                 if self in _listening:
                     _listening.remove(self)
@@ -355,31 +327,29 @@ class CompileListener:
     def _attach(self, logger: logging.Logger) -> None:
         if logger.name in self._saved:
             return
-        self._saved[logger.name] = (logger.level, logger.propagate, logger.getEffectiveLevel())
-        if logger.getEffectiveLevel() > logging.DEBUG:
-            # Lowered for our handler only; _Handler passes on what torch printed before.
+        level = logger.getEffectiveLevel()
+        # Already enabled (TORCH_LOGS=graph_breaks): it prints as before, _Handler
+        # passes nothing on. Else lowered for our handler only, and _Handler passes
+        # on what torch printed before.
+        enabled = level <= logging.DEBUG
+        self._saved[logger.name] = (logger.level, logger.propagate, 10**6 if enabled else level)
+        if not enabled:
             logger.setLevel(logging.DEBUG)
             logger.propagate = False
-        else:
-            # Already enabled (TORCH_LOGS=graph_breaks): it prints as before.
-            self._saved[logger.name] = (logger.level, logger.propagate, 10**6)
         logger.addHandler(self._handler)
 
     # -- records --------------------------------------------------------------
     def _take(self, record: logging.LogRecord) -> None:
-        artifact = record.name.rsplit(".__", 1)[-1]
         text = record.getMessage()
-        if artifact == "graph_breaks":
-            exc = record.exc_info[1] if record.exc_info else None
-            event = parse_graph_break(text, exc)
+        if record.name.rsplit(".__", 1)[-1] == "graph_breaks":
+            event = parse_graph_break(text, record.exc_info[1] if record.exc_info else None)
         else:
             event = parse_cudagraph_skip(text)
             if event is None and _cudagraphs_on():
                 placed = self._partitions.feed(text)
                 if placed is not None:
                     with self._lock:
-                        last = self._placed
-                        if not self._partitions.first and self.events and self.events[-1] is last:
+                        if not self._partitions.first and self._placed is not None:
                             self.events.pop()  # the same op, placed at an inner frame
                         self.events.append(placed)
                         self._placed = placed

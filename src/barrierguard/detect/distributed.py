@@ -1,27 +1,15 @@
 """The calls of ``torch.distributed`` that block the host, recorded at the user's line.
 
-CUDA sync-debug mode does not see them (they wait in the process group, not in a
-CUDA call), and in a data-parallel job they cost more than a local sync: every
-rank waits there for the slowest one. Both engines install the same wrappers
-over ``torch.distributed`` (the names in ``torch.distributed`` and in
-``torch.distributed.distributed_c10d``, since user code may use either) and
-over ``Work.wait``; the engine says which tensors are host tensors and how a
-call is recorded. A call is recorded, as kind ``collective`` with the call in
-its detail, when it blocks the host:
-
-* always: ``barrier``, ``monitored_barrier`` and the ``*_object`` calls (they
-  pickle, copy through a tensor, and return with the objects);
-* a collective or point-to-point call (``all_reduce``, ``all_gather``, ...,
-  ``send``, ``recv``) on host tensors, without ``async_op=True``: gloo runs it
-  on the host and returns when every rank has arrived. On device tensors NCCL
-  enqueues it on the stream and the host goes on: not a barrier;
-* ``Work.wait()`` of a host collective started with ``async_op=True``, of
-  ``isend``/``irecv`` on host tensors, or of ``barrier(async_op=True)``. An
-  NCCL work's ``wait()`` only orders the stream.
-
-Calls inside a wrapped call (``all_gather_object`` calls ``all_gather``) pass
-straight through; syncs inside a recorded call are part of it, not sites of
-their own (:func:`quiet` tells the CUDA engine so).
+CUDA sync-debug mode does not see them (they wait in the process group, not in a CUDA
+call), and every rank waits there for the slowest one. Both engines install the same
+wrappers over ``torch.distributed``, ``distributed_c10d`` (user code may use either) and
+``Work.wait``; the engine says which tensors are host tensors and how a call is recorded.
+A call is recorded, as kind ``collective`` with the call in its detail, when it blocks the
+host (docs/distributed.md): the barriers and ``*_object`` calls always; a collective or
+point-to-point call on host tensors without ``async_op=True`` (gloo runs it on the host; on
+device tensors NCCL enqueues it on the stream); the ``wait()`` of such a call started with
+``async_op=True``. Calls inside a wrapped call (``all_gather_object`` calls ``all_gather``)
+pass straight through; syncs inside a recorded call are part of it (:func:`quiet`).
 """
 
 from __future__ import annotations
@@ -37,21 +25,13 @@ from typing import Any
 
 import torch
 
+from barrierguard.detect.kinds import BARRIER_CALLS, OBJECT_CALLS
 from barrierguard.detect.patch import Patches
 
 __all__ = ["ALWAYS_BLOCKING", "TENSOR_CALLS", "WORK_CALLS", "install", "quiet"]
 
 # Calls that block the host whatever their tensors.
-ALWAYS_BLOCKING = (
-    "barrier",
-    "monitored_barrier",
-    "all_gather_object",
-    "gather_object",
-    "broadcast_object_list",
-    "scatter_object_list",
-    "send_object_list",
-    "recv_object_list",
-)
+ALWAYS_BLOCKING = (*BARRIER_CALLS, *OBJECT_CALLS)
 # Collectives and point-to-point calls: a host barrier on host tensors only.
 TENSOR_CALLS = (
     "all_reduce",
@@ -75,11 +55,8 @@ WORK_CALLS = ("isend", "irecv", "batch_isend_irecv")
 
 
 class _State(threading.local):
-    """Per thread: how many wrapped calls it is inside, and whether one is recorded.
-
-    Class-level defaults, so that a thread that never entered one reads them
-    without an ``AttributeError`` (the CUDA engine asks on every sync).
-    """
+    """Per thread: how many wrapped calls it is inside, and whether one is recorded
+    (class-level defaults: a thread that never entered one reads them, at every sync)."""
 
     depth = 0
     quiet = False
@@ -87,6 +64,12 @@ class _State(threading.local):
 
 _tls = _State()
 _clock = time.perf_counter
+# Folded to True by dynamo while it traces (torch 2.1 has neither).
+_compiling: Callable[[], bool] = (
+    getattr(torch.compiler, "is_dynamo_compiling", None)
+    or getattr(torch.compiler, "is_compiling", None)
+    or (lambda: False)
+)
 
 
 def quiet() -> bool:
@@ -94,30 +77,14 @@ def quiet() -> bool:
     return _tls.quiet
 
 
-def _depth() -> int:
-    """How many wrapped distributed calls this thread is inside."""
-    return _tls.depth
-
-
-def _compiling() -> bool:
-    check = getattr(torch.compiler, "is_dynamo_compiling", None) or getattr(
-        torch.compiler, "is_compiling", None
-    )
-    return bool(check()) if check is not None else False
-
-
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors of a call: arguments, lists of them, and ``P2POp.tensor``."""
     found: list[torch.Tensor] = []
     for a in (*args, *kwargs.values()):
-        items = a if isinstance(a, (list, tuple)) else (a,)
-        for item in items:
-            if isinstance(item, torch.Tensor):
-                found.append(item)
-            else:
-                inner = getattr(item, "tensor", None)
-                if isinstance(inner, torch.Tensor):
-                    found.append(inner)
+        for item in a if isinstance(a, (list, tuple)) else (a,):
+            inner = item if isinstance(item, torch.Tensor) else getattr(item, "tensor", None)
+            if isinstance(inner, torch.Tensor):
+                found.append(inner)
     return found
 
 
@@ -132,9 +99,7 @@ def _position(fn: Callable[..., Any], name: str) -> int | None:
 def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, pos: int | None) -> Any:
     if name in kwargs:
         return kwargs[name]
-    if pos is not None and pos < len(args):
-        return args[pos]
-    return None
+    return args[pos] if pos is not None and pos < len(args) else None
 
 
 def _backend(dist: Any, group: Any) -> str:
@@ -142,100 +107,6 @@ def _backend(dist: Any, group: Any) -> str:
         return str(dist.get_backend(group))
     except Exception:  # an uninitialized or foreign group: name the side instead
         return "cpu"
-
-
-class _Installer:
-    """Builds the wrappers for one engine; see :func:`install`."""
-
-    def __init__(
-        self,
-        dist: Any,
-        host: Callable[[torch.Tensor], bool],
-        record: Callable[[str, float], None],
-        hush: Callable[[], contextlib.AbstractContextManager[Any]],
-    ) -> None:
-        self.dist = dist
-        self.host = host
-        self.record = record
-        self.hush = hush
-        # Works of host calls started with async_op=True, and what their wait() is.
-        self.works: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-
-    @contextlib.contextmanager
-    def _inside(self, recorded: bool) -> Iterator[None]:
-        tls = _tls
-        tls.depth += 1
-        was = tls.quiet
-        if recorded:
-            tls.quiet = True
-        try:
-            if recorded:
-                with self.hush():
-                    yield
-            else:
-                yield
-        finally:
-            tls.depth -= 1
-            tls.quiet = was
-
-    def _on_host(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        tensors = _tensors(args, kwargs)
-        return bool(tensors) and all(self.host(t) for t in tensors)
-
-    def wrap(self, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
-        always = name in ALWAYS_BLOCKING
-        works_only = name in WORK_CALLS
-        async_pos = _position(orig, "async_op")
-        group_pos = _position(orig, "group")
-        record, works, dist = self.record, self.works, self.dist
-
-        @functools.wraps(orig)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if _depth() > 0 or _compiling():
-                return orig(*args, **kwargs)
-            is_async = bool(_argument(args, kwargs, "async_op", async_pos))
-            on_host = always or self._on_host(args, kwargs)
-            blocks = on_host and not is_async and not works_only
-            t0 = _clock()
-            with self._inside(blocks):
-                out = orig(*args, **kwargs)
-            stall = _clock() - t0
-            if blocks:
-                if always:
-                    record(name, stall)
-                else:
-                    group = _argument(args, kwargs, "group", group_pos)
-                    record(f"{name} ({_backend(dist, group)})", stall)
-            elif on_host and out is not None:
-                what = name
-                if not always:
-                    group = _argument(args, kwargs, "group", group_pos)
-                    what = f"{name}, {_backend(dist, group)}"
-                for work in out if isinstance(out, list) else (out,):
-                    with contextlib.suppress(TypeError):
-                        works[work] = f"wait ({what})"
-            return out
-
-        return wrapper
-
-    def wrap_wait(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        record, works = self.record, self.works
-
-        @functools.wraps(orig)
-        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                detail = works.pop(work, None)
-            except TypeError:
-                detail = None
-            if detail is None or _depth() > 0:
-                return orig(work, *args, **kwargs)
-            t0 = _clock()
-            with self._inside(True):
-                out = orig(work, *args, **kwargs)
-            record(detail, _clock() - t0)
-            return out
-
-        return wait
 
 
 def install(
@@ -249,28 +120,90 @@ def install(
 
     Args:
         patches: Where the patches go (the engine undoes them on uninstall).
-        host: Whether a tensor is a host tensor (on the CPU: gloo runs its
-            collective on the host); collectives on other tensors are not
-            recorded.
-        record: Records one blocking call, ``record(detail, stall seconds)``,
-            called from the wrapper (so the user's frame is its caller's caller).
-        hush: A context entered around a recorded call, so that the engine does
-            not record what happens inside it.
+        host: Whether a tensor is a host tensor (gloo runs its collective on the host).
+        record: Records one blocking call, ``record(detail, stall seconds)``, from
+            the wrapper (the user's frame is its caller's caller).
+        hush: A context around a recorded call: the engine records nothing inside.
     """
     if not torch.distributed.is_available():
         return
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    maker = _Installer(dist, host, record, hush)
+    # Works of host calls started with async_op=True, and what their wait() is.
+    works: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    @contextlib.contextmanager
+    def inside(recorded: bool) -> Iterator[None]:
+        tls = _tls
+        was = tls.quiet
+        tls.depth += 1
+        tls.quiet = was or recorded
+        try:
+            with hush() if recorded else contextlib.nullcontext():
+                yield
+        finally:
+            tls.depth -= 1
+            tls.quiet = was
+
+    def wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        always = name in ALWAYS_BLOCKING
+        works_only = name in WORK_CALLS
+        async_pos = _position(orig, "async_op")
+        group_pos = _position(orig, "group")
+
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _tls.depth > 0 or _compiling():
+                return orig(*args, **kwargs)
+            is_async = bool(_argument(args, kwargs, "async_op", async_pos))
+            tensors = () if always else _tensors(args, kwargs)
+            on_host = always or (bool(tensors) and all(host(t) for t in tensors))
+            blocks = on_host and not is_async and not works_only
+            t0 = _clock()
+            with inside(blocks):
+                out = orig(*args, **kwargs)
+            stall = _clock() - t0
+            if not blocks and (not on_host or out is None):
+                return out
+            group = None if always else _argument(args, kwargs, "group", group_pos)
+            backend = None if always else _backend(dist, group)
+            if blocks:
+                record(name if backend is None else f"{name} ({backend})", stall)
+                return out
+            what = name if backend is None else f"{name}, {backend}"
+            for work in out if isinstance(out, list) else (out,):
+                with contextlib.suppress(TypeError):
+                    works[work] = f"wait ({what})"
+            return out
+
+        return wrapper
+
     for name in (*ALWAYS_BLOCKING, *TENSOR_CALLS, *WORK_CALLS):
         orig = getattr(c10d, name, None)
         if orig is None:
             continue
-        wrapped = maker.wrap(name, orig)
+        wrapped = wrap(name, orig)
         patches.set(c10d, name, wrapped)
         if getattr(dist, name, None) is orig:
             patches.set(dist, name, wrapped)
-    work = getattr(c10d, "Work", None)
-    if work is not None and callable(getattr(work, "wait", None)):
-        patches.set(work, "wait", maker.wrap_wait(work.wait))
+    work_class = getattr(c10d, "Work", None)
+    if work_class is None or not callable(getattr(work_class, "wait", None)):
+        return
+    orig_wait = work_class.wait
+
+    @functools.wraps(orig_wait)
+    def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            detail = works.pop(work, None)
+        except TypeError:
+            detail = None
+        if detail is None or _tls.depth > 0:
+            return orig_wait(work, *args, **kwargs)
+        t0 = _clock()
+        with inside(True):
+            out = orig_wait(work, *args, **kwargs)
+        record(detail, _clock() - t0)
+        return out
+
+    patches.set(work_class, "wait", wait)

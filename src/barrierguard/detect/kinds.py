@@ -9,9 +9,9 @@ __all__ = ["CODES", "KINDS", "Kind", "code_for", "fix_for", "kind_for_call"]
 
 @dataclass(frozen=True)
 class Kind:
-    """One kind of synchronization: its name, what causes it, and how to avoid it."""
+    """One kind of synchronization: its rule code, what causes it, and how to avoid it."""
 
-    name: str
+    code: str
     what: str
     fix: str
     blocking: bool = True
@@ -23,146 +23,159 @@ _ITEM_FIX = (
 )
 
 KINDS: dict[str, Kind] = {
-    k.name: k
-    for k in (
-        Kind("item", "tensor.item() reads one device value on the host", _ITEM_FIX),
-        Kind("tolist", "tensor.tolist() copies the tensor to the host", _ITEM_FIX),
-        Kind(
-            "numpy",
-            "tensor.numpy() needs the values on the host",
-            "keep the tensor on the device; convert once after the loop",
-        ),
-        Kind(
-            "copy",
-            "a blocking copy between host and device",
-            "d2h: keep the tensor on the device, or copy with .to('cpu', non_blocking=True) "
-            "into pinned memory and read it after an event; h2d: pin the source "
-            "(DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with non_blocking=True",
-        ),
-        Kind(
-            "print",
-            "printing or repr() of a device tensor copies it to the host",
-            "print less often, or log through barrierguard.MetricBuffer and print after the loop",
-        ),
-        Kind(
-            "format",
-            "formatting a device tensor (f-string, str.format) copies it to the host",
-            "format after the loop, or keep it in a barrierguard.MetricBuffer",
-        ),
-        Kind(
-            "bool",
-            "Python control flow on a device value (if t:, while t:, and/or/not, assert t)",
-            "decide on the device with torch.where or masked_fill, or check once per epoch",
-        ),
-        Kind("int", "int(t) or t.__index__() reads a device value", "keep it a tensor"),
-        Kind("float", "float(t) reads a device value", "keep it a tensor"),
-        Kind("complex", "complex(t) reads a device value", "keep it a tensor"),
-        Kind(
-            "index",
-            "boolean-mask indexing or assignment needs the number of selected elements; "
-            "a Python list or range as an index is copied to the device with a blocking copy",
-            "use torch.where(mask, x, 0) or x.masked_fill(~mask, 0) to keep the shape fixed",
-        ),
-        Kind(
-            "nonzero",
-            "nonzero/argwhere/one-argument where: the output size depends on device values",
-            "pass the size when it is known (torch.nonzero_static(x, size=n)) or use "
-            "fixed-shape ops (torch.where(c, x, y), masked_fill)",
-        ),
-        Kind(
-            "masked_select",
-            "masked_select: the output size depends on device values",
-            "multiply by the mask or use torch.where(mask, x, 0) and reduce",
-        ),
-        Kind(
-            "unique",
-            "torch.unique: the output size depends on device values",
-            "use torch.bincount(x, minlength=n) or a one-hot sum with a fixed size",
-        ),
-        Kind(
-            "repeat_interleave",
-            "repeat_interleave with tensor repeats needs the output size",
-            "pass output_size= (the sum of repeats, if the host knows it)",
-        ),
-        Kind(
-            "one_hot",
-            "one_hot without num_classes reads the largest value",
-            "pass num_classes=",
-        ),
-        Kind(
-            "compare",
-            "torch.allclose/torch.equal return a Python bool",
-            "compare on the device (torch.isclose(a, b).all()) and read the flag after the loop",
-        ),
-        Kind(
-            "dynamic_shape",
-            "an op whose output shape or value depends on device data",
-            "use a fixed-shape alternative, or move it out of the loop",
-        ),
-        Kind(
-            "synchronize",
-            "an explicit synchronize drains the device queue",
-            "remove it from the loop; to time, record torch.cuda.Event(enable_timing=True) "
-            "and read elapsed_time after the loop",
-        ),
-        Kind(
-            "backward",
-            "a synchronizing op inside the backward pass (replayed when backward() returns)",
-            "find the forward op whose gradient needs host values (mask indexing, nonzero, "
-            "unique) and replace it with a fixed-shape op",
-        ),
-        Kind(
-            "async_d2h",
-            "a non_blocking copy to the host returns before the data has arrived",
-            "not a barrier but a race: record a torch.cuda.Event after the copy and call "
-            "event.synchronize() before reading it, or read it one step later",
-            blocking=False,
-        ),
-        Kind(
-            "collective",
-            "a torch.distributed call that blocks the host until every rank has arrived "
-            "(barrier, an *_object call, a collective on CPU tensors, wait() on one)",
-            "keep collectives on device tensors (NCCL runs them on the stream, the host goes "
-            "on) and out of the per-step path; every rank waits for the slowest one here",
-        ),
-        Kind(
-            "call",
-            "a call that synchronized; barrierguard could not name the operation",
-            "look at the call on this line for a host read of a device value",
-        ),
-    )
+    "item": Kind("BG101", "tensor.item() reads one device value on the host", _ITEM_FIX),
+    "tolist": Kind("BG102", "tensor.tolist() copies the tensor to the host", _ITEM_FIX),
+    "numpy": Kind(
+        "BG103",
+        "tensor.numpy() needs the values on the host",
+        "keep the tensor on the device; convert once after the loop",
+    ),
+    "copy": Kind(
+        "BG201",
+        "a blocking copy between host and device",
+        "d2h: keep the tensor on the device, or copy with .to('cpu', non_blocking=True) "
+        "into pinned memory and read it after an event; h2d: pin the source "
+        "(DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with non_blocking=True",
+    ),
+    "print": Kind(
+        "BG111",
+        "printing or repr() of a device tensor copies it to the host",
+        "print less often, or log through barrierguard.MetricBuffer and print after the loop",
+    ),
+    "format": Kind(
+        "BG112",
+        "formatting a device tensor (f-string, str.format) copies it to the host",
+        "format after the loop, or keep it in a barrierguard.MetricBuffer",
+    ),
+    "bool": Kind(
+        "BG107",
+        "Python control flow on a device value (if t:, while t:, and/or/not, assert t)",
+        "decide on the device with torch.where or masked_fill, or check once per epoch",
+    ),
+    "int": Kind("BG104", "int(t) or t.__index__() reads a device value", "keep it a tensor"),
+    "float": Kind("BG105", "float(t) reads a device value", "keep it a tensor"),
+    "complex": Kind("BG106", "complex(t) reads a device value", "keep it a tensor"),
+    "index": Kind(
+        "BG301",
+        "boolean-mask indexing or assignment needs the number of selected elements; "
+        "a Python list or range as an index is copied to the device with a blocking copy",
+        "use torch.where(mask, x, 0) or x.masked_fill(~mask, 0) to keep the shape fixed",
+    ),
+    "nonzero": Kind(
+        "BG302",
+        "nonzero/argwhere/one-argument where: the output size depends on device values",
+        "pass the size when it is known (torch.nonzero_static(x, size=n)) or use "
+        "fixed-shape ops (torch.where(c, x, y), masked_fill)",
+    ),
+    "masked_select": Kind(
+        "BG303",
+        "masked_select: the output size depends on device values",
+        "multiply by the mask or use torch.where(mask, x, 0) and reduce",
+    ),
+    "unique": Kind(
+        "BG304",
+        "torch.unique: the output size depends on device values",
+        "use torch.bincount(x, minlength=n) or a one-hot sum with a fixed size",
+    ),
+    "repeat_interleave": Kind(
+        "BG305",
+        "repeat_interleave with tensor repeats needs the output size",
+        "pass output_size= (the sum of repeats, if the host knows it)",
+    ),
+    "one_hot": Kind(
+        "BG306",
+        "one_hot without num_classes reads the largest value",
+        "pass num_classes=",
+    ),
+    "compare": Kind(
+        "BG108",
+        "torch.allclose/torch.equal return a Python bool",
+        "compare on the device (torch.isclose(a, b).all()) and read the flag after the loop",
+    ),
+    "dynamic_shape": Kind(
+        "BG307",
+        "an op whose output shape or value depends on device data",
+        "use a fixed-shape alternative, or move it out of the loop",
+    ),
+    "synchronize": Kind(
+        "BG401",
+        "an explicit synchronize drains the device queue",
+        "remove it from the loop; to time, record torch.cuda.Event(enable_timing=True) "
+        "and read elapsed_time after the loop",
+    ),
+    "backward": Kind(
+        "BG501",
+        "a synchronizing op inside the backward pass (replayed when backward() returns)",
+        "find the forward op whose gradient needs host values (mask indexing, nonzero, "
+        "unique) and replace it with a fixed-shape op",
+    ),
+    "async_d2h": Kind(
+        "BG202",
+        "a non_blocking copy to the host returns before the data has arrived",
+        "not a barrier but a race: record a torch.cuda.Event after the copy and call "
+        "event.synchronize() before reading it, or read it one step later",
+        blocking=False,
+    ),
+    "collective": Kind(
+        "BG402",
+        "a torch.distributed call that blocks the host until every rank has arrived "
+        "(barrier, an *_object call, a collective on CPU tensors, wait() on one)",
+        "keep collectives on device tensors (NCCL runs them on the stream, the host goes "
+        "on) and out of the per-step path; every rank waits for the slowest one here",
+    ),
+    "call": Kind(
+        "BG901",
+        "a call that synchronized; barrierguard could not name the operation",
+        "look at the call on this line for a host read of a device value",
+    ),
 }
 
-# The stable rule code of each kind, as linters number their rules: reports,
-# CI annotations and SARIF name a site by it, and an allow rule may use it
+# The stable rule code of each kind (``Kind.code``), as linters number their rules:
+# reports, CI annotations and SARIF name a site by it, and an allow rule may use it
 # (docs/rules.md). A code is never reused for another kind.
 #   BG1xx: a device value read on the host    BG2xx: a copy between host and device
 #   BG3xx: an output size that needs device data    BG4xx: explicit waits, collectives
 #   BG5xx: inside backward    BG9xx: not named
-CODES: dict[str, str] = {
-    "item": "BG101",
-    "tolist": "BG102",
-    "numpy": "BG103",
-    "int": "BG104",
-    "float": "BG105",
-    "complex": "BG106",
-    "bool": "BG107",
-    "compare": "BG108",
-    "print": "BG111",
-    "format": "BG112",
-    "copy": "BG201",
-    "async_d2h": "BG202",
-    "index": "BG301",
-    "nonzero": "BG302",
-    "masked_select": "BG303",
-    "unique": "BG304",
-    "repeat_interleave": "BG305",
-    "one_hot": "BG306",
-    "dynamic_shape": "BG307",
-    "synchronize": "BG401",
-    "collective": "BG402",
-    "backward": "BG501",
-    "call": "BG901",
+CODES: dict[str, str] = {name: kind.code for name, kind in KINDS.items()}
+_KIND_OF_CODE = {code: kind for kind, code in CODES.items()}
+
+# The torch.distributed calls that always block the host (detect/distributed.py).
+BARRIER_CALLS = ("barrier", "monitored_barrier")
+OBJECT_CALLS = (
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+)
+
+# Attribute or function names seen at the call site, by the kind they mean.
+_CALL_NAMES: dict[str, str] = {
+    name: kind
+    for kind, names in (
+        ("item", ("item",)),
+        ("tolist", ("tolist",)),
+        ("numpy", ("numpy",)),
+        ("copy", ("cpu", "to", "cuda", "copy_", "tensor", "as_tensor", "pin_memory")),
+        ("print", ("print", "repr", "str")),
+        ("format", ("format",)),
+        ("bool", ("bool", "any", "all")),
+        ("int", ("int", "len", "range")),
+        ("float", ("float",)),
+        ("complex", ("complex",)),
+        ("nonzero", ("nonzero", "argwhere", "where")),
+        ("masked_select", ("masked_select",)),
+        ("unique", ("unique", "unique_consecutive")),
+        ("repeat_interleave", ("repeat_interleave",)),
+        ("one_hot", ("one_hot",)),
+        ("compare", ("allclose", "equal")),
+        ("synchronize", ("synchronize",)),
+        ("copy", ("save", "load", "load_state_dict")),
+        ("backward", ("backward", "grad")),
+        ("collective", (*BARRIER_CALLS, *OBJECT_CALLS)),
+    )
+    for name in names
 }
 
 
@@ -186,59 +199,6 @@ def kind_named(name: str) -> str | None:
     return name if name in KINDS else _KIND_OF_CODE.get(name.upper())
 
 
-_KIND_OF_CODE = {code: kind for kind, code in CODES.items()}
-
-# Attribute or function names seen at the call site, mapped to a kind.
-_CALL_NAMES: dict[str, str] = {
-    "item": "item",
-    "tolist": "tolist",
-    "numpy": "numpy",
-    "cpu": "copy",
-    "to": "copy",
-    "cuda": "copy",
-    "copy_": "copy",
-    "tensor": "copy",
-    "as_tensor": "copy",
-    "pin_memory": "copy",
-    "print": "print",
-    "repr": "print",
-    "str": "print",
-    "format": "format",
-    "bool": "bool",
-    "any": "bool",
-    "all": "bool",
-    "int": "int",
-    "len": "int",
-    "range": "int",
-    "float": "float",
-    "complex": "complex",
-    "nonzero": "nonzero",
-    "argwhere": "nonzero",
-    "where": "nonzero",
-    "masked_select": "masked_select",
-    "unique": "unique",
-    "unique_consecutive": "unique",
-    "repeat_interleave": "repeat_interleave",
-    "one_hot": "one_hot",
-    "allclose": "compare",
-    "equal": "compare",
-    "synchronize": "synchronize",
-    "save": "copy",
-    "load": "copy",
-    "load_state_dict": "copy",
-    "backward": "backward",
-    "grad": "backward",
-    "barrier": "collective",
-    "monitored_barrier": "collective",
-    "all_gather_object": "collective",
-    "gather_object": "collective",
-    "broadcast_object_list": "collective",
-    "scatter_object_list": "collective",
-    "send_object_list": "collective",
-    "recv_object_list": "collective",
-}
-
-
 def kind_for_call(name: str) -> str:
     """The kind of a synchronizing call named ``name`` at the call site.
 
@@ -259,33 +219,24 @@ _COPY_FIXES = {
         "pinned memory and read it after an event"
     ),
 }
-
-
 _INDEX_LIST_FIX = (
     "build the index on the device once (torch.arange(n, device=x.device), or a tensor "
     "made before the loop) and index with that tensor"
 )
-
-_BARRIER_FIX = (
-    "take it out of the training loop: the gradient all-reduce already keeps the ranks in "
-    "step; where ranks must wait for rank 0's work (a checkpoint, evaluation), do that work "
-    "on every rank or after the loop, or give it a timeout outside the hot path"
-)
-_OBJECT_FIX = (
-    "an *_object call pickles, copies through a tensor and blocks every rank: send fixed-size "
-    "device tensors instead (dist.all_gather_into_tensor, dist.broadcast), or exchange the "
-    "objects once, before or after the loop"
-)
 # The fix of a ``collective`` site, by the call its detail names.
 _COLLECTIVE_FIXES = {
-    "barrier": _BARRIER_FIX,
-    "monitored_barrier": _BARRIER_FIX,
-    "all_gather_object": _OBJECT_FIX,
-    "gather_object": _OBJECT_FIX,
-    "broadcast_object_list": _OBJECT_FIX,
-    "scatter_object_list": _OBJECT_FIX,
-    "send_object_list": _OBJECT_FIX,
-    "recv_object_list": _OBJECT_FIX,
+    **dict.fromkeys(
+        BARRIER_CALLS,
+        "take it out of the training loop: the gradient all-reduce already keeps the ranks "
+        "in step; where ranks must wait for rank 0's work (a checkpoint, evaluation), do that "
+        "work on every rank or after the loop, or give it a timeout outside the hot path",
+    ),
+    **dict.fromkeys(
+        OBJECT_CALLS,
+        "an *_object call pickles, copies through a tensor and blocks every rank: send "
+        "fixed-size device tensors instead (dist.all_gather_into_tensor, dist.broadcast), or "
+        "exchange the objects once, before or after the loop",
+    ),
     "wait": (
         "wait later: start the collective with async_op=True a step early and wait() just "
         "before its result is read, or keep its tensors on the GPU (an NCCL work's wait() "
@@ -313,14 +264,11 @@ def fix_for(kind: str, detail: str = "") -> str:
         >>> fix_for("collective", "all_reduce (gloo)").startswith("a collective on CPU")
         True
     """
-    if kind == "copy":
-        direction = detail.split(" ", 1)[0]
-        if direction in _COPY_FIXES:
-            return _COPY_FIXES[direction]
+    first = detail.split(" ", 1)[0]
+    if kind == "copy" and first in _COPY_FIXES:
+        return _COPY_FIXES[first]
     if kind == "index" and detail == "list":
         return _INDEX_LIST_FIX
     if kind == "collective" and detail:
-        call = detail.split(" ", 1)[0]
-        return _COLLECTIVE_FIXES.get(call, _HOST_TENSOR_FIX)
-    known = KINDS.get(kind)
-    return known.fix if known is not None else KINDS["call"].fix
+        return _COLLECTIVE_FIXES.get(first, _HOST_TENSOR_FIX)
+    return KINDS.get(kind, KINDS["call"]).fix

@@ -44,9 +44,6 @@ class Patches:
             else:
                 setattr(owner, name, old)
 
-    def __len__(self) -> int:
-        return len(self._stack)
-
 
 def drop_filter(entry: Any, home: list[Any] | None = None) -> None:
     """Remove one entry of ``warnings.filters`` (if still there), as a context exit would.
@@ -54,13 +51,6 @@ def drop_filter(entry: Any, home: list[Any] | None = None) -> None:
     ``home`` is the list the entry was added to: a ``warnings.catch_warnings()``
     entered since works on a copy and puts ``home`` back at its exit, so the
     entry must leave both.
-
-    Example:
-        >>> import warnings
-        >>> warnings.filterwarnings("ignore", message="x-test")
-        >>> drop_filter(warnings.filters[0]); any(f[1] and f[1].pattern == "x-test"
-        ...     for f in warnings.filters)
-        False
     """
     current = cast("list[Any]", warnings.filters)
     for filters in (current,) if home is None or home is current else (current, home):
