@@ -303,10 +303,7 @@ class Finding:
 
 
 def compare(
-    baseline: Baseline,
-    report: Report,
-    root: str | None = None,
-    tolerance: float = 0.0,
+    baseline: Baseline, report: Report, root: str | None = None, tolerance: float = 0.0
 ) -> list[Finding]:
     """What ``report`` adds over ``baseline``: new sites, more lines, more syncs per step.
 

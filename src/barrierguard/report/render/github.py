@@ -45,9 +45,7 @@ def level_of(site: Site, report: Report, failing: Collection[SiteKey]) -> str | 
 
 
 def judged(
-    report: Report,
-    failing: Collection[SiteKey] | None,
-    messages: Mapping[SiteKey, str] | None,
+    report: Report, failing: Collection[SiteKey] | None, messages: Mapping[SiteKey, str] | None
 ) -> list[tuple[Site, str, str]]:
     """``(site, level, message)`` of each site with a level, costliest first;
     ``failing`` defaults to the sites a violation names, ``messages`` to the sites' own."""
