@@ -30,7 +30,6 @@ __all__ = ["main"]
 
 EXIT_POLICY = 3
 EXIT_USAGE = 2
-EXIT_REGRESSION = 1
 
 # How long rank 0 waits for the other ranks' files before saying which it found.
 RANK_FILES_WAIT_S = 10.0

@@ -204,22 +204,11 @@ def job_cost(
 ) -> float | None:
     """Estimated time per step that a rank-asymmetric site costs every other rank.
 
-    In a data-parallel job every rank waits for the slowest one at each
-    collective, so a sync that fires on some ranks only costs every rank: on a
-    rank where it fires it lengthens the step by its stall, less what the
-    overlap of host and device hid; the others wait about that long.
-
-    Args:
-        rank_stalls: ``(rank, stall in seconds over the measured steps)`` for
-            each rank the site fired on with a measured stall.
-        summaries: Every rank's summary, by rank.
-
-    Returns:
-        The largest over those ranks of the stall per measured step times the
-        share of stall that lengthened that rank's steps (all of it when its
-        timeline does not say), capped by the shortest median step of the
-        ranks that wait (:attr:`RankSummary.step_s`); ``None`` when no stall
-        was measured.
+    Every rank waits for the slowest at each collective: on a rank where the
+    site fires, it lengthens the step by its stall per measured step (``rank_stalls``:
+    ``(rank, stall)``) times the share of stall the overlap did not hide; the
+    cost is the largest over those ranks, capped by the shortest step of the
+    ranks that wait. ``None`` when no stall was measured.
     """
     costs = []
     for rank, stall in rank_stalls:
