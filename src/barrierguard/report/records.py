@@ -251,15 +251,8 @@ def _with_waits(report: Report) -> Report:
 
 def _gating_dict(site: Site) -> dict[str, Any]:
     """The report's ``gating`` entry: which site, on which ranks, at what cost."""
-    return {
-        "file": site.file,
-        "line": site.line,
-        "kind": site.kind,
-        "origin": site.origin,
-        "location": site.location,
-        "ranks": [r for r, _ in site.rank_counts],
-        "job_cost_s": site.job_cost_s,
-    }
+    named = {k: getattr(site, k) for k in ("file", "line", "kind", "origin", "location")}
+    return {**named, "ranks": [r for r, _ in site.rank_counts], "job_cost_s": site.job_cost_s}
 
 
 @dataclass(frozen=True)
