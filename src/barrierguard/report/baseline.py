@@ -196,14 +196,9 @@ class Baseline:
 
 
 def make_baseline(report: Report, root: str | None = None, source: str = "") -> Baseline:
-    """Today's sites of ``report`` as a baseline (blocking sites no rule allows).
-
-    Args:
-        report: The report to accept as the starting point.
-        root: Files under this directory are keyed by their relative path;
-            default: the current directory.
-        source: Where the report came from (kept in the file, for people).
-    """
+    """Today's sites of ``report`` as a baseline (blocking sites no rule allows); files
+    under ``root`` (default: the current directory) are keyed by their relative path,
+    ``source`` says where the report came from."""
     entries = sorted(_entries(report.sites, root).values(), key=lambda e: e.key)
     return Baseline(entries=tuple(entries), engine=report.engine, source=source)
 
@@ -263,12 +258,8 @@ def compare(
     line found by its place) and ``"gone"`` (sites of the baseline that are
     gone, listed last).
 
-    Args:
-        baseline: The accepted sites.
-        report: The run to check.
-        root: As for :func:`make_baseline`.
-        tolerance: How much a site's syncs per step may grow before it counts
-            as a regression.
+    ``tolerance`` is how much a site's syncs per step may grow before it counts
+    as a regression; ``root`` as for :func:`make_baseline`.
 
     Raises:
         BarrierGuardError: When ``tolerance`` is negative.

@@ -27,8 +27,7 @@ __all__ = ["AS_MAP", "OMIT_EMPTY", "OMIT_NONE", "Record", "from_json", "to_json"
 
 T = TypeVar("T")
 
-Omit = Callable[[Any, Any], bool]
-"""``omit(record, value)``: true when the key is left out of the JSON."""
+Omit = Callable[[Any, Any], bool]  # omit(record, value): leave the key out of the JSON
 
 OMIT_EMPTY: Mapping[str, Any] = {"omit": lambda _record, value: not value}
 OMIT_NONE: Mapping[str, Any] = {"omit": lambda _record, value: value is None}

@@ -25,14 +25,8 @@ def _umask() -> int:
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write ``data`` to ``path`` as indented JSON with a final newline, atomically.
-
-    The text goes to a temporary file in the same directory, which then
-    replaces ``path`` (``os.replace``): a reader, or a job killed meanwhile,
-    sees the old file or the new one, never half of one. A symbolic link is
-    written through to its target; a path that is not a regular file (a
-    directory, a device, a pipe) is refused with an ``OSError``.
-    """
+    """Write ``data`` to ``path`` as indented JSON with a final newline, atomically:
+    a reader, or a job killed meanwhile, sees the old file or the new one, never half."""
     write_text(path, json.dumps(data, indent=2) + "\n")
 
 

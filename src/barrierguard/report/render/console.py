@@ -137,15 +137,7 @@ def violation_groups(report: Report) -> dict[ViolationKey, list[Violation]]:
 
 
 def render(report: Report) -> str:
-    """Render ``report`` as the console table, sites ranked by cost.
-
-    Example:
-        >>> from barrierguard import Report
-        >>> print(render(Report(engine="none", detection=False, policy="record")))
-        ... # doctest: +ELLIPSIS
-        barrierguard report: engine none, policy record
-        ...
-    """
+    """Render ``report`` as the console table, sites ranked by cost."""
     engine = _ENGINE_WORDS.get(report.engine, report.engine) if report.detection else report.engine
     lines = [f"barrierguard report: engine {engine}, policy {report.policy}"]
     if not report.detection:

@@ -98,22 +98,8 @@ def render(
     failing: Collection[SiteKey] | None = None,
     messages: Mapping[SiteKey, str] | None = None,
 ) -> str:
-    """The annotations of ``report``'s sites, one line each, costliest first.
-
-    Args:
-        report: The report.
-        root: Paths are written relative to it (default: the current directory).
-        failing: The keys of the sites that fail; default: those a violation names.
-        messages: A message per site key, in place of the site's own.
-
-    Example:
-        >>> from barrierguard import Report, Site
-        >>> s = Site(file="t.py", line=3, function="f", code="x.item()", kind="item",
-        ...          origin="user", count=2, step_count=2, per_step=1.0, rule="BG101")
-        >>> r = Report(engine="audit", detection=True, policy="error", sites=(s,))
-        >>> render(r, failing={s.key}).split("::")[1]
-        'error file=t.py,line=3,title=barrierguard BG101 item'
-    """
+    """The annotations of ``report``'s sites, one line each, costliest first; paths
+    relative to ``root``, ``failing`` and ``messages`` as for :func:`judged`."""
     return "".join(
         annotation(
             level,

@@ -424,20 +424,8 @@ def _compile(report: Report) -> str:
 def render(report: Report) -> str:
     """Render ``report`` as one self-contained HTML page, the answer first.
 
-    The page reads from the top: the verdict (what breaks the policy, one line
-    per site with its fix, and the memory verdict), the audit engine's caveat,
-    the totals, the sites ranked by cost with their fixes, the charts, the
-    memory section, the ranks of a merged report, then the notes.
-
-    Args:
-        report: The report to show; without memory samples (``report.memory``)
-            the memory chart says "no memory samples".
-
-    Example:
-        >>> from barrierguard import Report
-        >>> page = render(Report(engine="none", detection=False, policy="record"))
-        >>> page.startswith("<!DOCTYPE html>") and "no memory samples" in page
-        True
+    The page reads from the top: the verdict, the audit engine's caveat, the
+    totals, the sites, the charts, memory, the ranks, the compile section, notes.
     """
     per = report.step_syncs / report.measured_steps if report.measured_steps else 0.0
     setup = sum(s.setup_count for s in report.sites if s.blocking)

@@ -62,23 +62,10 @@ def render(
     failing: Collection[SiteKey] | None = None,
     messages: Mapping[SiteKey, str] | None = None,
 ) -> str:
-    """``report`` as a SARIF 2.1.0 log (indented JSON).
-
-    Args:
-        report: The report.
-        rules: The code table, ``code -> (kind, what it is, fix)``; the log's
-            ``tool.driver.rules`` lists every code of it (default: the codes
-            of the report's sites, described by their kind).
-        root: As for :func:`barrierguard.report.render.github.render`.
-        failing: As there: the sites that fail (default: those a violation names).
-        messages: As there.
-
-    Example:
-        >>> from barrierguard import Report
-        >>> log = json.loads(render(Report(engine="audit", detection=True, policy="error")))
-        >>> log["version"], log["runs"][0]["results"]
-        ('2.1.0', [])
-    """
+    """``report`` as a SARIF 2.1.0 log (indented JSON), the other arguments as for
+    :func:`barrierguard.report.render.github.render`; ``rules`` is the code table,
+    ``code -> (kind, what it is, fix)``, all of it listed in ``tool.driver.rules``
+    (default: the codes of the report's sites, described by their kind)."""
     table = dict(rules or {})
     chosen = [(s, level, text) for s, level, text in judged(report, failing, messages) if s.rule]
     codes = list(dict.fromkeys([*table, *(site.rule for site, _, _ in chosen)]))
