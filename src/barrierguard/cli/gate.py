@@ -170,15 +170,12 @@ def expand(patterns: Sequence[str]) -> list[str]:
 
 
 def merge_files(paths: Sequence[str]) -> Report:
-    """The merged report of the per-rank report files ``paths`` (what ``merge`` writes).
-
-    Ranks come from the ``rank`` each report records (files of earlier
-    releases record none: then the order of ``paths`` gives the ranks).
+    """The merged report of the per-rank report files ``paths`` (what ``merge`` writes);
+    the ranks are those the reports record, else the order of ``paths``.
 
     Raises:
-        BarrierGuardError: For a file that is not a report, a report that is
-            already merged, or two files of the same rank; the message names
-            the files.
+        BarrierGuardError: For a file that is not a report, a merged report, or two
+            files of the same rank; the message names the files.
     """
     reports = []
     seen: dict[int, str] = {}
