@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from barrierguard import Report, Site
-from barrierguard.report.measures import Timeline
+from barrierguard.report.records import Timeline
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,13 @@ import pytest
 
 from _samples import site
 from barrierguard import Report, Site
-from barrierguard.report.rank_view import RankSummary, hidden_fraction, job_cost, rank_ranges
-from barrierguard.report.records import Timeline
+from barrierguard.report.records import (
+    RankSummary,
+    Timeline,
+    hidden_fraction,
+    job_cost,
+    rank_ranges,
+)
 
 
 def _site(line: int, steps: int, stall: float | None, kind: str = "item") -> Site:

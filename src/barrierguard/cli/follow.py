@@ -1,30 +1,19 @@
 """Every process of the job: ``barrierguard run`` follows the children that re-execute its target.
 
-Launchers such as Lightning's DDP subprocess launcher start the other ranks
-as new interpreters running the same script (``sys.executable script args``)
-or module (``sys.executable -m module args``). Like coverage.py's subprocess
-measurement, ``run`` passes its options on in the environment
-(``$BARRIERGUARD_FOLLOW``, JSON) and puts a directory holding a
-``sitecustomize.py`` first on ``$PYTHONPATH``; every Python child started
-while the script runs imports it at start-up, and :func:`start_child` decides:
-
-* a child that runs the same script (the same file), or the same module, or,
-  when the target is a launcher module (``torch.distributed.run``), the
-  script or module named in its arguments, is watched by a guard with the
-  same options, stopped at exit, its report saved to its rank's file
-  (``out.rank1.json``; ``out.pid<PID>.json`` when it never learned its rank);
-* any other child (``python -c``, multiprocessing's spawned workers, compile
-  workers, another script) is left alone, and so is a child whose
-  interpreter lacks barrierguard or ignores ``$PYTHONPATH`` (``-I``, ``-E``).
-
-Nothing here may break the child: a failure is one line on stderr.
-``run`` restores the environment when the script returns.
+As coverage.py measures subprocesses, ``run`` passes its options on in
+``$BARRIERGUARD_FOLLOW`` and puts the ``_bootstrap`` directory (a
+``sitecustomize.py``) first on ``$PYTHONPATH``; a Python child that runs the
+same script or module (or, under a launcher module, the one named in its
+arguments) is watched with the same options and saves its rank's report at
+exit. Any other child is left alone, and nothing here may break a child
+(docs/distributed.md).
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import sys
 import time
@@ -34,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from barrierguard._errors import MemoryGrowthError, SyncError
+from barrierguard.report.records import Report
 from barrierguard.session import rank_reports
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import GUARD_OPTIONS
@@ -46,6 +36,7 @@ __all__ = [
     "bootstrap_dir",
     "child_path",
     "following",
+    "save",
     "settings",
     "start_child",
     "wait_for_ranks",
@@ -66,13 +57,7 @@ def bootstrap_dir() -> str:
 def settings(
     options: dict[str, Any], script: str | None, module: str | None, args: Sequence[str]
 ) -> dict[str, Any]:
-    """What a child needs to know: the guard's options, the target, and ``out``.
-
-    Example:
-        >>> s = settings({"policy": "warn"}, "/w/train.py", None, ["--lr", "1"])
-        >>> (s["script"], s["module"], s["launched"])
-        ('/w/train.py', None, [])
-    """
+    """What a child needs to know: the guard's options, the target, and ``out``."""
     launched: list[str] = []
     if module in LAUNCHERS:
         # The launcher's own arguments name what its children run: scripts
@@ -124,16 +109,7 @@ def _target(argv: Sequence[str], orig_argv: Sequence[str]) -> tuple[str | None, 
 
 
 def follows(data: dict[str, Any], argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
-    """Whether a child running ``argv`` is a process of the job ``data`` describes.
-
-    Example:
-        >>> follows({"script": None, "module": "pkg.train", "launched": []},
-        ...         ["-m", "--lr"], ["python", "-m", "pkg.train", "--lr"])
-        True
-        >>> follows({"script": None, "module": "pkg.train", "launched": []},
-        ...         ["-c"], ["python", "-c", "from multiprocessing.spawn import spawn_main"])
-        False
-    """
+    """Whether a child running ``argv`` is a process of the job ``data`` describes."""
     script, module = _target(argv, orig_argv)
     if script is not None:
         return script == data.get("script") or script in data.get("launched", ())
@@ -146,8 +122,7 @@ class RankProbe:
     """A step listener that remembers the rank and the world size once it sees them.
 
     Launchers may tear the process group down (and Lightning deletes
-    ``$WORLD_SIZE``) before the process exits: what was seen during the
-    steps names the rank's file.
+    ``$WORLD_SIZE``) before the process exits.
     """
 
     def __init__(self) -> None:
@@ -164,14 +139,7 @@ class RankProbe:
 
 
 def child_path(out: str, rank: int | None, world: int) -> str:
-    """The file a followed child writes: its rank's, else one named by its pid.
-
-    Example:
-        >>> child_path("r.json", 1, 2)
-        'r.rank1.json'
-        >>> child_path("r.json", None, 1).startswith("r.pid")
-        True
-    """
+    """The file a followed child writes: its rank's, else one named by its pid."""
     if rank is not None:
         return rank_reports.rank_path(out, rank=rank, world=max(world, 2))
     stem, suffix = os.path.splitext(out.replace(rank_reports.RANK_PLACEHOLDER, "pid"))
@@ -194,6 +162,13 @@ def start_child() -> Guard | None:
     return guard
 
 
+def _mtime(path: str) -> float:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return -math.inf
+
+
 def _finish_child(guard: Guard, probe: RankProbe, out: str | None) -> None:
     try:
         try:
@@ -212,31 +187,26 @@ def _finish_child(guard: Guard, probe: RankProbe, out: str | None) -> None:
             )
             return
         path = child_path(out, probe.rank, probe.world)
-        folder = os.path.dirname(path)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        report.save(path)
+        save(report, path)
         print(f"barrierguard: {who} report written to {path}", file=sys.stderr)
     except Exception as exc:  # the child's run is done: never fail its exit
         print(f"barrierguard: the report of pid {os.getpid()} was lost: {exc}", file=sys.stderr)
 
 
-def wait_for_ranks(out: str, world: int, since: float, timeout: float) -> dict[int, str]:
-    """The rank files of ``out`` written since ``since``, waiting up to ``timeout`` s for all.
+def save(report: Report, path: str) -> None:
+    """Save ``report`` to ``path``, making its folder first."""
+    if folder := os.path.dirname(path):
+        os.makedirs(folder, exist_ok=True)
+    report.save(path)
 
-    Returns ``{rank: path}`` of the files present (the other ranks may still be
-    finishing: followed children write theirs as they exit).
-    """
+
+def wait_for_ranks(out: str, world: int, since: float, timeout: float) -> dict[int, str]:
+    """``{rank: path}`` of the rank files of ``out`` written since ``since``, waiting up
+    to ``timeout`` s for all (followed children write theirs as they exit)."""
     deadline = time.monotonic() + timeout
     while True:
-        found: dict[int, str] = {}
-        for rank in range(world):
-            path = rank_reports.rank_path(out, rank=rank, world=world)
-            try:
-                if os.path.getmtime(path) >= since:
-                    found[rank] = path
-            except OSError:
-                continue
+        paths = {rank: rank_reports.rank_path(out, rank=rank, world=world) for rank in range(world)}
+        found = {rank: path for rank, path in paths.items() if _mtime(path) >= since}
         if len(found) == world or time.monotonic() >= deadline:
             return found
         time.sleep(0.2)

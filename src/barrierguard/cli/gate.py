@@ -1,5 +1,6 @@
-"""The CI gate's commands: ``baseline``, ``check``, ``report`` and ``diff``; and
-``merge``, which joins the per-rank reports of a distributed run.
+"""The CI gate's commands: ``baseline``, ``check``, ``report``, ``diff`` and ``merge``
+(the per-rank reports of a distributed run), and the formats CI reads (GitHub
+annotations, SARIF, HTML) that ``run`` writes too.
 
 Exit status: 0 ok, 1 a regression (a new site, more lines of a site, more
 syncs per step), 2 bad usage or a bad file (the message names the file).
@@ -9,18 +10,65 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.baseline import Baseline, Finding, compare, make_baseline
-from barrierguard.report.records import Report
+from barrierguard.report.records import Report, SiteKey
+from barrierguard.report.render import github, html, sarif
+from barrierguard.session.site_stats import rule_table
 
-__all__ = ["dispatch"]
+__all__ = ["CI_FORMATS", "FORMAT_HELP", "dispatch", "emit", "expand", "merge_files", "write"]
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
+
+CI_FORMATS = ("text", "github", "sarif")
+FORMAT_HELP = (
+    "text (the default), github (GitHub Actions annotations, one per site, at the user's "
+    "line), or sarif (a SARIF 2.1.0 log for code scanning)"
+)
+
+
+def write(path: str, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` and say so on stderr; an error names the file."""
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as err:
+        raise BarrierGuardError(f"{path}: {err.strerror or err}") from err
+    print(f"barrierguard: {what} written to {path}", file=sys.stderr)
+
+
+def emit(
+    report: Report,
+    fmt: str,
+    path: str | None = None,
+    failing: Collection[SiteKey] | None = None,
+    messages: Mapping[SiteKey, str] | None = None,
+) -> None:
+    """Write ``report`` as ``fmt`` (``github`` or ``sarif``) to ``path`` or stdout;
+    ``text`` writes nothing here (the console report goes to stderr)."""
+    if fmt == "text":
+        return
+    if fmt == "github":
+        text = github.render(report, failing=failing, messages=messages)
+    else:
+        text = sarif.render(report, rules=rule_table(), failing=failing, messages=messages)
+    if path is not None:
+        return write(path, text, f"{fmt} output")
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _render(report: Report, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(report.to_dict(), indent=2) + "\n"
+    return html.render(report) if fmt == "html" else str(report) + "\n"
 
 
 def _need_detection(report: Report, path: str) -> None:
@@ -32,9 +80,14 @@ def _need_detection(report: Report, path: str) -> None:
         )
 
 
+def _load(path: str) -> Report:
+    report = Report.load(path)
+    _need_detection(report, path)
+    return report
+
+
 def _print_findings(findings: list[Finding], label: str) -> int:
     bad = [f for f in findings if f.fails]
-    gone = [f for f in findings if f.change == "gone"]
     for f in findings:
         if not f.fails and f.change != "gone":
             print(f"barrierguard: info: {f.explain()}")
@@ -43,15 +96,14 @@ def _print_findings(findings: list[Finding], label: str) -> int:
     if bad:
         print(f"barrierguard: {label}: {len(bad)} regression(s)", file=sys.stderr)
         return EXIT_REGRESSION
-    note = f" ({len(gone)} baseline site(s) gone: the baseline can be tightened)" if gone else ""
+    gone = sum(f.change == "gone" for f in findings)
+    note = f" ({gone} baseline site(s) gone: the baseline can be tightened)" if gone else ""
     print(f"barrierguard: {label}: ok, nothing new{note}")
     return EXIT_OK
 
 
 def _baseline(ns: argparse.Namespace) -> int:
-    report = Report.load(ns.report)
-    _need_detection(report, ns.report)
-    baseline = make_baseline(report, root=ns.root, source=ns.report)
+    baseline = make_baseline(_load(ns.report), root=ns.root, source=ns.report)
     baseline.save(ns.out)
     print(f"barrierguard: baseline of {len(baseline.entries)} site(s) written to {ns.out}")
     return EXIT_OK
@@ -59,58 +111,34 @@ def _baseline(ns: argparse.Namespace) -> int:
 
 def _check(ns: argparse.Namespace) -> int:
     baseline = Baseline.load(ns.baseline)
-    report = Report.load(ns.report)
-    _need_detection(report, ns.report)
+    report = _load(ns.report)
     findings = compare(baseline, report, root=ns.root, tolerance=ns.tolerance)
     code = _print_findings(findings, f"check of {ns.report} against {ns.baseline}")
-    fmt = getattr(ns, "format", "text")
-    if fmt != "text":
-        from dataclasses import replace
-
-        from barrierguard.cli.output import emit
-
-        # Only the regressions are annotated, each with what the check says of it.
-        failed = [f for f in findings if f.fails and f.site is not None]
-        messages = {f.site.key: f.explain() for f in failed if f.site is not None}
-        sites = tuple({f.site.key: f.site for f in failed if f.site is not None}.values())
-        emit(
-            replace(report, policy="error", sites=sites),
-            fmt,
-            getattr(ns, "format_out", None),
-            failing=set(messages),
-            messages=messages,
-        )
+    # Only the regressions are annotated, each with what the check says of it.
+    failed = {f.site.key: f for f in findings if f.fails and f.site is not None}
+    messages = {key: f.explain() for key, f in failed.items()}
+    sites = tuple(f.site for f in failed.values() if f.site is not None)
+    emit(
+        replace(report, policy="error", sites=sites),
+        ns.format,
+        ns.format_out,
+        set(messages),
+        messages,
+    )
     return code
 
 
-def _render(report: Report, fmt: str) -> str:
-    if fmt == "json":
-        from barrierguard.report.render.json import render as render_json
-
-        return render_json(report)
-    if fmt == "html":
-        from barrierguard.report.render.html import render as render_html
-
-        return render_html(report)
-    return str(report) + "\n"
-
-
 def _report(ns: argparse.Namespace) -> int:
-    report = Report.load(ns.report)
-    text = _render(report, ns.format)
+    text = _render(Report.load(ns.report), ns.format)
     if ns.out:
-        with open(ns.out, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        print(f"barrierguard: {ns.format} report written to {ns.out}", file=sys.stderr)
+        write(ns.out, text, f"{ns.format} report")
     else:
         sys.stdout.write(text)
     return EXIT_OK
 
 
 def _diff(ns: argparse.Namespace) -> int:
-    a, b = Report.load(ns.a), Report.load(ns.b)
-    _need_detection(a, ns.a)
-    _need_detection(b, ns.b)
+    a, b = _load(ns.a), _load(ns.b)
     findings = compare(make_baseline(a, root=ns.root), b, root=ns.root)
     for f in findings:
         if f.change == "gone":
@@ -125,8 +153,7 @@ def _diff(ns: argparse.Namespace) -> int:
 
 
 def expand(patterns: Sequence[str]) -> list[str]:
-    """The files named: each argument as is, or its glob (quoted on the command line),
-    sorted; each file once.
+    """The files named, each once: an argument as is, or its (quoted) glob, sorted.
 
     Raises:
         BarrierGuardError: For a glob that matches no file.
@@ -134,8 +161,7 @@ def expand(patterns: Sequence[str]) -> list[str]:
     files: dict[str, None] = {}
     for pattern in patterns:
         if glob.has_magic(pattern) and not os.path.exists(pattern):
-            matches = sorted(glob.glob(pattern))
-            if not matches:
+            if not (matches := sorted(glob.glob(pattern))):
                 raise BarrierGuardError(f"{pattern}: no file matches")
             files.update(dict.fromkeys(matches))
         else:
@@ -144,15 +170,12 @@ def expand(patterns: Sequence[str]) -> list[str]:
 
 
 def merge_files(paths: Sequence[str]) -> Report:
-    """The merged report of the per-rank report files ``paths`` (what ``merge`` writes).
-
-    Ranks come from the ``rank`` each report records (files of earlier
-    releases record none: then the order of ``paths`` gives the ranks).
+    """The merged report of the per-rank report files ``paths`` (what ``merge`` writes);
+    the ranks are those the reports record, else the order of ``paths``.
 
     Raises:
-        BarrierGuardError: For a file that is not a report, a report that is
-            already merged, or two files of the same rank; the message names
-            the files.
+        BarrierGuardError: For a file that is not a report, a merged report, or two
+            files of the same rank; the message names the files.
     """
     reports = []
     seen: dict[int, str] = {}
@@ -189,17 +212,19 @@ def _merge(ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_COMMANDS = {
+    "baseline": _baseline,
+    "check": _check,
+    "report": _report,
+    "diff": _diff,
+    "merge": _merge,
+}
+
+
 def dispatch(ns: argparse.Namespace) -> int:
     """Run the gate command named by ``ns.command``; return the exit status."""
-    commands = {
-        "baseline": _baseline,
-        "check": _check,
-        "report": _report,
-        "diff": _diff,
-        "merge": _merge,
-    }
     try:
-        return commands[ns.command](ns)
+        return _COMMANDS[ns.command](ns)
     except OSError as err:
         name = err.filename if err.filename is not None else "?"
         raise BarrierGuardError(f"{name}: {err.strerror or err}") from err

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from barrierguard._errors import BarrierGuardError, SyncError
-from barrierguard.cli import follow
-from barrierguard.cli.output import CI_FORMATS, FORMAT_HELP, emit, write_html
+from barrierguard.cli import follow, gate
+from barrierguard.cli.gate import CI_FORMATS, FORMAT_HELP
+from barrierguard.report.render import html
 from barrierguard.session import rank_reports
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import ENGINES, POLICIES
@@ -29,7 +30,15 @@ __all__ = ["main"]
 
 EXIT_POLICY = 3
 EXIT_USAGE = 2
-EXIT_REGRESSION = 1
+
+# How long rank 0 waits for the other ranks' files before saying which it found.
+RANK_FILES_WAIT_S = 10.0
+
+_ROOT_HELP = (
+    "files under DIR are matched by their path relative to it, others by basename "
+    "(default: the current directory)"
+)
+_BASELINE = ".barrierguard-baseline.json"
 
 
 def _guard_options(p: argparse.ArgumentParser, default_policy: str = "warn") -> None:
@@ -64,7 +73,6 @@ def _guard_options(p: argparse.ArgumentParser, default_policy: str = "warn") -> 
     p.add_argument(
         "--max-syncs-per-step",
         type=int,
-        default=None,
         metavar="N",
         help="a budget: up to N not-allowed syncs per measured step pass, the N+1th breaks "
         "the policy (default: none pass)",
@@ -91,6 +99,10 @@ def _format_options(p: argparse.ArgumentParser, help: str) -> None:
         metavar="FILE",
         help="write the --format output (github, sarif) to FILE instead of stdout",
     )
+
+
+def _shown_format(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--format", choices=("text", "json", "html"), default="text", help=help)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,15 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--steps", type=int, default=30, metavar="N", help="training steps (default 30)"
     )
-    _gate_commands(sub)
-    return parser
 
-
-def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    root_help = (
-        "files under DIR are matched by their path relative to it, others by basename "
-        "(default: the current directory)"
-    )
     base = sub.add_parser(
         "baseline",
         help="save today's sites of a report as the baseline that check compares against",
@@ -144,11 +148,11 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     base.add_argument(
         "-o",
         "--out",
-        default=".barrierguard-baseline.json",
+        default=_BASELINE,
         metavar="FILE",
-        help="where to write the baseline (default .barrierguard-baseline.json)",
+        help=f"where to write the baseline (default {_BASELINE})",
     )
-    base.add_argument("--root", metavar="DIR", help=root_help)
+    base.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
     check = sub.add_parser(
         "check",
         help="fail (exit 1) when a report has a site the baseline lacks, or more syncs per step",
@@ -156,11 +160,11 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     check.add_argument("report", metavar="REPORT.json")
     check.add_argument(
         "--baseline",
-        default=".barrierguard-baseline.json",
+        default=_BASELINE,
         metavar="FILE",
-        help="the baseline to compare against (default .barrierguard-baseline.json)",
+        help=f"the baseline to compare against (default {_BASELINE})",
     )
-    check.add_argument("--root", metavar="DIR", help=root_help)
+    check.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
     check.add_argument(
         "--tolerance",
         type=float,
@@ -171,11 +175,8 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     _format_options(check, "also print each regression as: " + FORMAT_HELP)
     show = sub.add_parser("report", help="show a saved report as text, JSON or HTML")
     show.add_argument("report", metavar="REPORT.json")
-    show.add_argument(
-        "--format",
-        choices=("text", "json", "html"),
-        default="text",
-        help="text (the console report, the default), json, or html (one self-contained page)",
+    _shown_format(
+        show, "text (the console report, the default), json, or html (one self-contained page)"
     )
     show.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout")
     diff = sub.add_parser(
@@ -183,10 +184,9 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     diff.add_argument("a", metavar="A.json")
     diff.add_argument("b", metavar="B.json")
-    diff.add_argument("--root", metavar="DIR", help=root_help)
+    diff.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
     merge = sub.add_parser(
-        "merge",
-        help="merge the per-rank reports of a distributed run (offline, no collective)",
+        "merge", help="merge the per-rank reports of a distributed run (offline, no collective)"
     )
     merge.add_argument(
         "reports",
@@ -195,27 +195,14 @@ def _gate_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="the ranks' reports, or a quoted glob such as 'bg.rank*.json'",
     )
     merge.add_argument("-o", "--out", metavar="FILE", help="write the merged report as JSON")
-    merge.add_argument(
-        "--format",
-        choices=("text", "json", "html"),
-        default="text",
-        help="what goes to stdout (default text)",
-    )
+    _shown_format(merge, "what goes to stdout (default text)")
+    return parser
 
 
 def _options(ns: argparse.Namespace) -> dict[str, object]:
     """The guard options given on the command line (the followed children get them too)."""
     names = ("policy", "engine", "warmup_steps", "allow", "max_syncs_per_step")
     return {name: getattr(ns, name) for name in names}
-
-
-def _make_guard(ns: argparse.Namespace) -> Guard:
-    guard: Guard = watch(**_options(ns), capture_probe=getattr(ns, "capture_probe", False))
-    return guard
-
-
-# How long rank 0 waits for the other ranks' files before saying which it found.
-RANK_FILES_WAIT_S = 10.0
 
 
 def _finish(
@@ -235,28 +222,24 @@ def _finish(
             report = replace(report, rank=probe.rank)
     # Under torchrun every rank finishes here: rank 0 prints the report, the
     # others one line each (their files hold the rest).
-    if world <= 1 or not report.rank:
+    first = world <= 1 or not report.rank
+    if first:
         print(report, file=sys.stderr)
     if ns.out:
         path = rank_reports.rank_path(ns.out, rank=report.rank or 0, world=world)
         try:
-            folder = os.path.dirname(path)
-            if folder:
-                os.makedirs(folder, exist_ok=True)
-            report.save(path)
+            follow.save(report, path)
         except OSError as err:
             raise BarrierGuardError(f"{ns.out}: {err.strerror or err}") from err
         who = f"rank {report.rank} " if world > 1 and report.rank is not None else ""
         print(f"barrierguard: {who}report written to {_shown(path)}", file=sys.stderr)
         if world > 1 and not report.rank:
             _say_rank_files(ns.out, world, started)
-    if world <= 1 or not report.rank:
-        emit(report, ns.format, ns.format_out)
+    if first:
+        gate.emit(report, ns.format, ns.format_out)
         if ns.html:
-            write_html(report, ns.html)
-    if report.policy == "error" and not report.ok:
-        return EXIT_POLICY
-    return code
+            gate.write(ns.html, html.render(report), "HTML report")
+    return EXIT_POLICY if report.policy == "error" and not report.ok else code
 
 
 def _shown(path: str) -> str:
@@ -268,14 +251,13 @@ def _shown(path: str) -> str:
 def _say_rank_files(out: str, world: int, started: float) -> None:
     """Rank 0's line on the rank files: those written by now, and those missing."""
     found = follow.wait_for_ranks(out, world, since=started, timeout=RANK_FILES_WAIT_S)
-    missing = [r for r in range(world) if r not in found]
     text = (
         f"barrierguard: {len(found)} of {world} rank reports written "
         f"({', '.join(map(_shown, found.values())) or 'none'})"
     )
-    if missing:
+    if missing := [str(r) for r in range(world) if r not in found]:
         text += (
-            f"; none yet from rank {', '.join(map(str, missing))} (a rank still running, or "
+            f"; none yet from rank {', '.join(missing)} (a rank still running, or "
             "one that barrierguard did not follow: see docs/distributed.md)"
         )
     pattern = _shown(rank_reports.rank_path(out, rank="*", world=world))
@@ -283,10 +265,8 @@ def _say_rank_files(out: str, world: int, started: float) -> None:
 
 
 def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
     print(exc.code, file=sys.stderr)
     return 1
 
@@ -312,15 +292,14 @@ def _run(ns: argparse.Namespace) -> int:
         else:
             if not ns.target:
                 raise BarrierGuardError("run: expected a script (script.py [args]) or -m module")
-            script = ns.target[0]
-            if not os.path.isfile(script):
-                raise BarrierGuardError(f"run: can't open script {script!r}: no such file")
+            if not os.path.isfile(ns.target[0]):
+                raise BarrierGuardError(f"run: can't open script {ns.target[0]!r}: no such file")
             argv = list(ns.target)
             sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
         if ns.out:
             # The script may change directory: the report goes where it was asked for.
             ns.out = os.path.abspath(ns.out)
-        guard = _make_guard(ns)
+        guard: Guard = watch(**_options(ns), capture_probe=ns.capture_probe)
         probe = follow.RankProbe()
         guard.add_step_listener(probe)
         job = follow.settings(
@@ -377,7 +356,7 @@ def _demo(ns: argparse.Namespace) -> int:
         raise BarrierGuardError(f"demo --device {device!r}: expected auto, cpu or cuda")
     if ns.policy is None and not os.environ.get("BARRIERGUARD_POLICY"):
         ns.policy = "record"  # the demo's point is the report, not a warning per site
-    guard = _make_guard(ns)
+    guard: Guard = watch(**_options(ns))
     code = 0
     try:
         with guard:
@@ -393,8 +372,7 @@ def _split_module(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
     if not argv or argv[0] != "run":
         return argv
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    run = sub.choices["run"]
-    takes_value = {o for a in run._actions if a.nargs != 0 for o in a.option_strings}
+    takes_value = {o for a in sub.choices["run"]._actions if a.nargs != 0 for o in a.option_strings}
     i = 1
     while i < len(argv):
         token = argv[i]
@@ -421,9 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(ns)
         if ns.command == "demo":
             return _demo(ns)
-        from barrierguard.cli import gate as _gate_cli
-
-        return _gate_cli.dispatch(ns)
+        return gate.dispatch(ns)
     except BarrierGuardError as err:
         print(f"barrierguard: error: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,9 +1,4 @@
-"""Report: the plain records a session produces, their JSON, baselines, and renderers.
-
-Owns :class:`~barrierguard.Report` and its parts, the baseline ratchet, and the
-console, JSON and HTML renderers. Imports only barrierguard's leaf modules;
-renderers read records and never reach back into a session or a detector.
-"""
+"""Report: the plain records a session produces, their JSON, baselines, and renderers."""
 
 from __future__ import annotations
 

@@ -1,29 +1,8 @@
 """The ratchet: today's sites saved as a baseline, and a check that forbids new ones.
 
-A site is matched by *where it is in the code*, not by its line number, so that
-editing lines above it does not break the baseline. The match key is
-
-* the file, relative to a root directory (the current directory unless given)
-  when the file lies under it, else the file's basename;
-* the enclosing function;
-* the code text of the line, with comments dropped and runs of whitespace
-  collapsed;
-* the kind of synchronization.
-
-Two lines with the same key (``loss.item()`` twice in one function) share one
-entry: the baseline counts them, so a third identical line is still new.
-Only blocking sites that no allow rule admits take part; allowed sites and
-``async_d2h`` races never fail a check.
-
-A site whose code was edited without touching its sync (a layer added to the
-``model = nn.Sequential(...)`` line) is matched by its place instead: the
-baseline's entry of the same file, function and kind that no longer matches
-exactly, with similar code or within a few lines (a ``"matched"`` finding).
-
-The ratchet judges the loop: only sites with syncs in measured steps
-(``per_step > 0``) can regress. Sites that fire only in setup, warm-up or a
-phase counted apart (validation, checkpoints, after the loop) are listed when
-they change, as information, and never fail a check.
+A site is matched by where it is in the code (file, function, code, kind), not
+by its line number, and an edited line by its place; only sites in the loop can
+regress (docs/ci-gate.md).
 """
 
 from __future__ import annotations
@@ -66,24 +45,15 @@ Key = tuple[str, str, str, str]
 
 
 def normalize_code(code: str) -> str:
-    """The code text as matched: comments dropped, whitespace runs collapsed.
-
-    Example:
-        >>> normalize_code("loss.item()   # log it")
-        'loss.item()'
-        >>> normalize_code("x = d['#'] ")
-        "x = d['#']"
-    """
+    """The code text as matched: comments dropped, whitespace runs collapsed."""
     text = code.strip()
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(text + "\n").readline))
     except (tokenize.TokenError, IndentationError, SyntaxError):
         # A line cut from a multi-line statement need not tokenize on its own.
         return " ".join(text.split())
-    comment = [t for t in tokens if t.type == tokenize.COMMENT]
-    if comment:
-        text = text[: comment[0].start[1]]
-    return " ".join(text.split())
+    comments = [t.start[1] for t in tokens if t.type == tokenize.COMMENT]
+    return " ".join(text[: comments[0] if comments else None].split())
 
 
 def _relative(file: str, root: str) -> str:
@@ -141,9 +111,7 @@ class Entry(Record):
 
 def _entries(sites: Iterable[Site], root: str | None) -> dict[Key, Entry]:
     out: dict[Key, Entry] = {}
-    for site in sites:
-        if not _counts(site):
-            continue
+    for site in filter(_counts, sites):
         key = site_key(site, root)
         old = out.get(key) or Entry(*key, 0, 0.0, 0, site.line)
         lines, per_step, count = old.lines + 1, old.per_step + site.per_step, old.count + site.count
@@ -153,14 +121,7 @@ def _entries(sites: Iterable[Site], root: str | None) -> dict[Key, Entry]:
 
 @dataclass(frozen=True)
 class Baseline:
-    """Today's accepted sites, saved with :meth:`save` and read with :meth:`load`.
-
-    Example:
-        >>> from barrierguard import Report
-        >>> b = make_baseline(Report(engine="cuda", detection=True, policy="record"))
-        >>> Baseline.from_dict(b.to_dict()) == b
-        True
-    """
+    """Today's accepted sites, saved with :meth:`save` and read with :meth:`load`."""
 
     entries: tuple[Entry, ...] = ()
     engine: str = ""
@@ -191,26 +152,21 @@ class Baseline:
                 f"{source}: expected a JSON object (a barrierguard baseline), "
                 f"got {type(data).__name__}"
             )
-        schema = data.get("schema")
-        if schema != BASELINE_SCHEMA:
+        if (schema := data.get("schema")) != BASELINE_SCHEMA:
+            report = isinstance(schema, str) and schema.startswith("barrierguard.report/")
             hint = (
                 " (this is a report: make a baseline from it with "
                 "'barrierguard baseline REPORT.json -o BASELINE.json')"
-                if isinstance(schema, str) and schema.startswith("barrierguard.report/")
-                else ""
             )
             raise BarrierGuardError(
                 f"{source}: schema {schema!r} is not supported; this barrierguard reads "
-                f"{BASELINE_SCHEMA!r}{hint}"
+                f"{BASELINE_SCHEMA!r}{hint if report else ''}"
             )
-        sites = data.get("sites")
-        if not isinstance(sites, list):
+        if not isinstance(sites := data.get("sites"), list):
             raise BarrierGuardError(f"{source}: malformed baseline ('sites' must be a list)")
         entries = []
         for i, raw in enumerate(sites):
             try:
-                if not isinstance(raw, Mapping):
-                    raise TypeError(f"expected an object, got {type(raw).__name__}")
                 entries.append(Entry.from_dict(raw))
             except (KeyError, TypeError, ValueError) as err:
                 raise BarrierGuardError(
@@ -240,19 +196,9 @@ class Baseline:
 
 
 def make_baseline(report: Report, root: str | None = None, source: str = "") -> Baseline:
-    """Today's sites of ``report`` as a baseline (blocking sites no rule allows).
-
-    Args:
-        report: The report to accept as the starting point.
-        root: Files under this directory are keyed by their relative path;
-            default: the current directory.
-        source: Where the report came from (kept in the file, for people).
-
-    Example:
-        >>> from barrierguard import Report
-        >>> make_baseline(Report(engine="cuda", detection=True, policy="record")).entries
-        ()
-    """
+    """Today's sites of ``report`` as a baseline (blocking sites no rule allows); files
+    under ``root`` (default: the current directory) are keyed by their relative path,
+    ``source`` says where the report came from."""
     entries = sorted(_entries(report.sites, root).values(), key=lambda e: e.key)
     return Baseline(entries=tuple(entries), engine=report.engine, source=source)
 
@@ -303,10 +249,7 @@ class Finding:
 
 
 def compare(
-    baseline: Baseline,
-    report: Report,
-    root: str | None = None,
-    tolerance: float = 0.0,
+    baseline: Baseline, report: Report, root: str | None = None, tolerance: float = 0.0
 ) -> list[Finding]:
     """What ``report`` adds over ``baseline``: new sites, more lines, more syncs per step.
 
@@ -315,12 +258,8 @@ def compare(
     line found by its place) and ``"gone"`` (sites of the baseline that are
     gone, listed last).
 
-    Args:
-        baseline: The accepted sites.
-        report: The run to check.
-        root: As for :func:`make_baseline`.
-        tolerance: How much a site's syncs per step may grow before it counts
-            as a regression.
+    ``tolerance`` is how much a site's syncs per step may grow before it counts
+    as a regression; ``root`` as for :func:`make_baseline`.
 
     Raises:
         BarrierGuardError: When ``tolerance`` is negative.
@@ -329,9 +268,8 @@ def compare(
         raise BarrierGuardError(f"tolerance={tolerance!r} is not valid: expected a number >= 0")
     old = baseline.by_key()
     first_site: dict[Key, Site] = {}
-    for ranked in report.ranked():
-        if _counts(ranked):
-            first_site.setdefault(site_key(ranked, root), ranked)
+    for ranked in filter(_counts, report.ranked()):
+        first_site.setdefault(site_key(ranked, root), ranked)
     found: list[Finding] = []
     now = _entries(report.sites, root)
     unmatched = {key: entry for key, entry in old.items() if key not in now}
@@ -348,9 +286,7 @@ def compare(
             found.append(Finding("more", entry, before, site))
         elif entry.per_step > before.per_step + tolerance + _EPS:
             found.append(Finding("grew", entry, before, site))
-    for entry in unmatched.values():
-        found.append(Finding("gone", entry))
-    return found
+    return found + [Finding("gone", entry) for entry in unmatched.values()]
 
 
 def _by_place(entry: Entry, unmatched: dict[Key, Entry]) -> Entry | None:

@@ -1,11 +1,7 @@
 """The compile section of a report: graph breaks, CUDA-graph skips, the capture probe.
 
-:class:`CompileReport` holds what torch.compile said about the watched code
-(every graph break at its line, every CUDA-graph skip) and what the capture
-probe found, with a one-line readiness :attr:`~CompileReport.verdict`. The
-sites that are also graph breaks carry the break in their own fields
-(``Site.graph_break``); :func:`consequence` says it in words. ``records``
-re-exports them.
+A site that is also a graph break carries it in its own fields
+(``Site.graph_break``); :func:`consequence` says it in words.
 """
 
 from __future__ import annotations
@@ -18,18 +14,8 @@ from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, Record, to_json
 
 __all__ = ["CaptureProbe", "CompileReport", "CudagraphSkip", "GraphBreak", "consequence"]
 
-# What each dynamo flag does when set, said once for the renderers.
-FLAG_EFFECT = {
-    "capture_scalar_outputs": (
-        "torch._dynamo.config.capture_scalar_outputs = True keeps it in the graph, but the "
-        "sync still happens each time the compiled code runs"
-    ),
-    "capture_dynamic_output_shape_ops": (
-        "torch._dynamo.config.capture_dynamic_output_shape_ops = True keeps it in the graph, "
-        "but the sync still happens each time the compiled code runs"
-    ),
-}
-NO_FLAG = "no dynamo setting keeps it in the graph"
+# The dynamo settings that keep a sync in the graph (it still syncs at run time).
+_FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
 
 
 class _Located(Record):
@@ -51,10 +37,6 @@ class GraphBreak(_Located):
     ``count`` counts the times dynamo logged it (once per compilation of the
     frame); ``sync`` is True when the same line is also a sync site;
     ``user`` is False when dynamo's stack held no line of the user's own.
-
-    Example:
-        >>> GraphBreak(file="/w/t.py", line=3, reason="Data-dependent branching").location
-        't.py:3'
     """
 
     file: str
@@ -111,11 +93,6 @@ class CompileReport(Record):
     ``compile_syncs`` counts the syncs made while compiling (dynamo tracing,
     inductor compiling and autotuning on a cold cache), counted apart from the
     steps. ``notes`` say what could not be read (a hook this torch lacks).
-
-    Example:
-        >>> r = CompileReport(graph_breaks=(GraphBreak("/w/t.py", 3, "Data-dependent branching"),))
-        >>> r.verdict
-        'compile: 1 graph break in the watched code (t.py:3); capture probe not run'
     """
 
     graph_breaks: tuple[GraphBreak, ...] = ()
@@ -128,10 +105,9 @@ class CompileReport(Record):
     def verdict(self) -> str:
         """One line: graph breaks, CUDA-graph skips, and whether the step is capturable."""
         n = len(self.graph_breaks)
-        where = ", ".join(b.location for b in self.graph_breaks[:3])
-        more = ", ..." if n > 3 else ""
+        where = ", ".join(b.location for b in self.graph_breaks[:3]) + (", ..." if n > 3 else "")
         parts = [
-            f"{n} graph break{'s' if n != 1 else ''} in the watched code ({where}{more})"
+            f"{n} graph break{'s' if n != 1 else ''} in the watched code ({where})"
             if n
             else "no graph break in the watched code"
         ]
@@ -157,16 +133,17 @@ class CompileReport(Record):
 
 
 def consequence(graph_break: str, gb: str, flag: str, cudagraph_skip: str) -> str:
-    """A site's compile consequence in words (``""`` when it has none).
-
-    Example:
-        >>> consequence("Data-dependent branching", "gb0170", "", "")
-        'graph break [gb0170]: Data-dependent branching; no dynamo setting keeps it in the graph'
-    """
+    """A site's compile consequence in words (``""`` when it has none)."""
     parts = []
     if graph_break:
         tag = f" [{gb}]" if gb else ""
-        parts.append(f"graph break{tag}: {graph_break}; {FLAG_EFFECT.get(flag, NO_FLAG)}")
+        effect = (
+            f"torch._dynamo.config.{flag} = True keeps it in the graph, but the sync still "
+            "happens each time the compiled code runs"
+            if flag in _FLAGS
+            else "no dynamo setting keeps it in the graph"
+        )
+        parts.append(f"graph break{tag}: {graph_break}; {effect}")
     if cudagraph_skip:
         parts.append(f"CUDA graphs skipped: {cudagraph_skip}")
     return "; ".join(parts)

@@ -25,26 +25,13 @@ def _umask() -> int:
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write ``data`` to ``path`` as indented JSON with a final newline, atomically.
-
-    The text goes to a temporary file in the same directory, which then
-    replaces ``path`` (``os.replace``): a reader, or a job killed meanwhile,
-    sees the old file or the new one, never half of one. A symbolic link is
-    written through to its target; a path that is not a regular file (a
-    directory, a device, a pipe) is refused with an ``OSError``.
-    """
+    """Write ``data`` to ``path`` as indented JSON with a final newline, atomically:
+    a reader, or a job killed meanwhile, sees the old file or the new one, never half."""
     write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``.
-
-    Example:
-        >>> import os, tempfile
-        >>> d = tempfile.mkdtemp(); p = os.path.join(d, "a.txt")
-        >>> write_text(p, "x"); open(p).read(), os.listdir(d)
-        ('x', ['a.txt'])
-    """
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
     name = _target(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(name))
     try:
@@ -67,9 +54,8 @@ def _target(name: str) -> str:
     """The regular file that ``name`` writes: a symbolic link is written through.
 
     Raises:
-        OSError: When ``name`` is (or links to) something other than a regular
-            file (a directory, a device such as ``/dev/null``, a pipe), which an
-            atomic replace would swap for a regular file.
+        OSError: When ``name`` is (or links to) no regular file (a directory, a
+            device such as ``/dev/null``), which an atomic replace would swap.
     """
     target = os.path.realpath(name) if os.path.islink(name) else name
     try:
@@ -91,12 +77,6 @@ def read_json(path: str | os.PathLike[str], what: str) -> tuple[str, Any]:
     Raises:
         BarrierGuardError: When the file is missing or is not JSON; the message
             names the file and says it should be a ``what`` file.
-
-    Example:
-        >>> read_json("/nonexistent.json", "report")
-        Traceback (most recent call last):
-        ...
-        barrierguard._errors.BarrierGuardError: /nonexistent.json: no such report file
     """
     name = os.fspath(path)
     try:

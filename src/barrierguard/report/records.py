@@ -1,19 +1,21 @@
 """The report: plain, frozen records that round-trip through JSON.
 
-:class:`Report` and its JSON (docs/report-schema.md); the records it nests
-live in ``site_records`` (a site, a violation) and ``measures`` (memory, the
-timeline), and are re-exported here.
+:class:`Report` and its JSON (docs/report-schema.md), the memory and timeline
+sections, and the per-rank view of a merged report; a site and a violation live
+in ``site_records``, the compile section in ``compiled``; all are re-exported here.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, from_json, to_json
+from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, Record, from_json, to_json
 from barrierguard.report.compiled import (
     CaptureProbe,
     CompileReport,
@@ -22,8 +24,6 @@ from barrierguard.report.compiled import (
     consequence,
 )
 from barrierguard.report.jsonio import read_json, write_json, write_text
-from barrierguard.report.measures import MemoryReport, Timeline
-from barrierguard.report.rank_view import RankSummary, job_cost, rank_ranges, summarize_rank
 from barrierguard.report.site_records import Site, SiteKey, Violation, _merge_sites
 
 __all__ = [
@@ -40,13 +40,15 @@ __all__ = [
     "Timeline",
     "Violation",
     "consequence",
+    "hidden_fraction",
+    "job_cost",
     "rank_ranges",
 ]
 
 SCHEMA = "barrierguard.report/1"
 
 # The report's JSON begins with these keys; the other fields follow in their order.
-_FIRST_KEYS = (
+_FIRST_KEYS = [
     "schema",
     "engine",
     "detection",
@@ -57,11 +59,181 @@ _FIRST_KEYS = (
     "duration_s",
     "total_syncs",
     "step_syncs",
-)
+]
 
 # Renderers by name, filled by ``barrierguard.report`` when it is imported (the
 # renderers import these records, so the records must not import them).
 RENDERERS: dict[str, Callable[[Any], str]] = {}
+
+
+@dataclass(frozen=True)
+class MemoryReport(Record):
+    """Memory per step, and whether it kept growing: the report's ``memory`` section.
+
+    ``series[name][i]`` is the value in bytes sampled at the end of step
+    ``steps[i]`` (``None`` where that series could not be read then). Series:
+    ``host_rss`` (this process), ``workers_rss`` (child processes such as
+    DataLoader workers, when asked for), ``device_allocated`` and
+    ``device_reserved`` (torch's CUDA caching allocator), ``device_used`` (the
+    driver's view through NVML). ``slopes`` are robust growth rates in bytes per
+    step over the measured (post warm-up) samples; ``leak`` is the verdict.
+
+    Example:
+        >>> m = MemoryReport(steps=(1, 2), series={"host_rss": (10, 10)})
+        >>> MemoryReport.from_dict(m.to_dict()) == m
+        True
+    """
+
+    steps: tuple[int, ...] = ()
+    series: Mapping[str, tuple[int | None, ...]] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+    verdict_series: tuple[str, ...] = ()
+    slopes: Mapping[str, float] = field(default_factory=dict)
+    growth_began_at: Mapping[str, int | None] = field(default_factory=dict)
+    peak: Mapping[str, int] = field(default_factory=dict)
+    peak_step: Mapping[str, int] = field(default_factory=dict)
+    step_changes: Mapping[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    growing: tuple[str, ...] = ()
+    leak: bool = False
+    threshold: int = 0
+    warmup_steps: int = 0
+    reason: str = ""
+    pattern: str | None = None
+    fix: str = ""
+    evidence: str = ""
+    sampling: str = ""
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Timeline(Record):
+    """Per measured step on a GPU: host time, stall, device time, run-ahead, saving.
+
+    ``device_s[i]`` is ``None`` where the device time could not be measured
+    without a sync (the host was not ahead, so the device idled in between).
+    ``saving_s`` estimates what removing the syncs would save over the run;
+    ``summary`` says it in words.
+    """
+
+    steps: tuple[int, ...] = ()
+    host_s: tuple[float, ...] = ()
+    stall_s: tuple[float, ...] = ()
+    device_s: tuple[float | None, ...] = ()
+    ahead: tuple[int, ...] = ()
+    saving_s: float = 0.0
+    saving_fraction: float = 0.0
+    serialized: bool = False
+    summary: str = ""
+    sampling: str = ""
+
+
+@dataclass(frozen=True)
+class RankSummary(Record):
+    """One rank of a merged report: its steps, syncs, stall and step time.
+
+    ``host_step_s`` and ``device_step_s`` are medians over the steps its
+    timeline timed (a GPU run under the CUDA engine); ``None`` where nothing
+    was timed (the audit engine, or no device time could be read without a
+    sync). ``stall_fraction`` is how much of its stall lengthened its steps
+    (the timeline's saving over its stall, 1.0 when the overlap hid nothing).
+    ``wait_s`` is the estimated time per step this rank waits for the gating
+    site of the merged report (0 on the ranks where that site fires itself).
+    """
+
+    rank: int
+    steps: int
+    measured_steps: int
+    step_syncs: int
+    stall_per_step_s: float | None = None
+    host_step_s: float | None = None
+    device_step_s: float | None = None
+    timed_steps: int = 0
+    stall_fraction: float | None = None
+    wait_s: float | None = None
+
+    @property
+    def step_s(self) -> float | None:
+        """This rank's step time: the longer of its host and device medians.
+
+        A rank whose host runs ahead of its device has short host steps; its
+        device sets its pace, and the device time is then known.
+        """
+        known = [t for t in (self.host_step_s, self.device_step_s) if t is not None]
+        return max(known) if known else None
+
+    @property
+    def syncs_per_step(self) -> float:
+        """Blocking syncs per measured step on this rank."""
+        return self.step_syncs / self.measured_steps if self.measured_steps else 0.0
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def hidden_fraction(timeline: Timeline | None) -> float | None:
+    """The share of a rank's stall that lengthened its steps: saving over stall, at most 1."""
+    if timeline is None:
+        return None
+    stall = sum(timeline.stall_s)
+    if stall <= 0:
+        return None
+    return max(0.0, min(1.0, timeline.saving_s / stall))
+
+
+def _summary(rank: int, report: Report) -> RankSummary:
+    """The summary of one rank's report (its sites and its timeline)."""
+    measured, timeline = report.measured_steps, report.timeline
+    stalls = [s.stall_s for s in report.sites if s.blocking and s.stall_s is not None]
+    return RankSummary(
+        rank=rank,
+        steps=report.steps,
+        measured_steps=measured,
+        step_syncs=report.step_syncs,
+        stall_per_step_s=sum(stalls) / measured if stalls and measured else None,
+        host_step_s=_median(timeline.host_s) if timeline is not None else None,
+        device_step_s=_median(timeline.device_s) if timeline is not None else None,
+        timed_steps=len(timeline.host_s) if timeline is not None else 0,
+        stall_fraction=hidden_fraction(timeline),
+    )
+
+
+def job_cost(
+    rank_stalls: Sequence[tuple[int, float]], summaries: Mapping[int, RankSummary]
+) -> float | None:
+    """Estimated time per step that a rank-asymmetric site costs every other rank.
+
+    Every rank waits for the slowest at each collective: on a rank where the
+    site fires, it lengthens the step by its stall per measured step (``rank_stalls``:
+    ``(rank, stall)``) times the share of stall the overlap did not hide; the
+    cost is the largest over those ranks, capped by the shortest step of the
+    ranks that wait. ``None`` when no stall was measured.
+    """
+    costs = []
+    for rank, stall in rank_stalls:
+        summary = summaries.get(rank)
+        if summary is None or not summary.measured_steps:
+            continue
+        fraction = summary.stall_fraction if summary.stall_fraction is not None else 1.0
+        costs.append(stall / summary.measured_steps * fraction)
+    if not costs:
+        return None
+    cost = max(costs)
+    fired = {r for r, _ in rank_stalls}
+    waiting = [s.step_s for r, s in summaries.items() if r not in fired and s.step_s is not None]
+    return min(cost, min(waiting)) if waiting else cost
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """Ranks in few words: runs of consecutive ranks as ``a-b`` (``'0-3, 7, 9-10'``)."""
+    runs: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _with_waits(report: Report) -> Report:
@@ -79,15 +251,8 @@ def _with_waits(report: Report) -> Report:
 
 def _gating_dict(site: Site) -> dict[str, Any]:
     """The report's ``gating`` entry: which site, on which ranks, at what cost."""
-    return {
-        "file": site.file,
-        "line": site.line,
-        "kind": site.kind,
-        "origin": site.origin,
-        "location": site.location,
-        "ranks": [r for r, _ in site.rank_counts],
-        "job_cost_s": site.job_cost_s,
-    }
+    named = {k: getattr(site, k) for k in ("file", "line", "kind", "origin", "location")}
+    return {**named, "ranks": [r for r, _ in site.rank_counts], "job_cost_s": site.job_cost_s}
 
 
 @dataclass(frozen=True)
@@ -232,37 +397,23 @@ class Report:
         measured = sum(r.measured_steps for r in reports)
         world = len(reports)
         sites = [_merge_sites(group, measured, world) for group in merged.values()]
-        summaries = {
-            rank: summarize_rank(
-                rank,
-                steps=r.steps,
-                measured_steps=r.measured_steps,
-                sites=r.sites,
-                timeline=r.timeline,
-            )
-            for rank, r in zip(labels, reports, strict=True)
-        }
+        summaries = {rank: _summary(rank, r) for rank, r in zip(labels, reports, strict=True)}
         sites = [
             replace(s, job_cost_s=job_cost(s.rank_stalls, summaries)) if s.asymmetric else s
             for s in sites
         ]
-        first = reports[0]
-        per_step = [0] * max(len(r.syncs_per_step) for r in reports)
-        for r in reports:
-            for i, n in enumerate(r.syncs_per_step):
-                per_step[i] += n
-        notes = list(first.notes)
-        notes.append(
+        per_step = zip_longest(*(r.syncs_per_step for r in reports), fillvalue=0)
+        note = (
             f"merged from {len(reports)} ranks: counts are summed over ranks (per rank in each "
             "site's rank_counts), syncs_per_step is summed over ranks, steps and memory are "
             "rank 0's (every rank's report is under 'ranks')"
         )
         result = replace(
-            first,
+            reports[0],
             sites=tuple(sites),
             violations=tuple(v for r in reports for v in r.violations),
-            syncs_per_step=tuple(per_step),
-            notes=tuple(notes),
+            syncs_per_step=tuple(sum(column) for column in per_step),
+            notes=(*reports[0].notes, note),
             ranks=tuple(reports),
             rank=None,
             rank_summaries=tuple(summaries.values()),

@@ -1,13 +1,11 @@
-"""A site: one place in the code that synchronizes, and one policy violation.
-
-:class:`Site` and :class:`Violation` with their JSON, and how a site's
-records from several ranks merge into one. ``records`` re-exports them.
-"""
+"""A site (one place in the code that synchronizes), a policy violation, and how the
+records of one site add up."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,7 +39,7 @@ class Site(Record):
     the count and the stall per rank; ``asymmetric`` marks a site that fired on
     some ranks and not on others, and ``job_cost_s`` estimates what it costs
     every rank per measured step (the others wait for it at the next
-    collective; see ``barrierguard.report.rank_view``).
+    collective; see ``barrierguard.report.records.job_cost``).
 
     Inside compiled code, ``graph_break`` is dynamo's reason for breaking the
     graph at this line (``graph_break_id`` its ``gbNNNN`` page),
@@ -112,21 +110,14 @@ class Site(Record):
     def key(self) -> SiteKey:
         """What makes two records the same site: file, line, kind, origin, and the
         framework's file and line (``""`` and 0 outside a framework)."""
-        return (
-            self.file,
-            self.line,
-            self.kind,
-            self.origin,
-            self.framework_file or "",
-            self.framework_line or 0,
-        )
+        framework = (self.framework_file or "", self.framework_line or 0)
+        return (self.file, self.line, self.kind, self.origin, *framework)
 
 
-def _sum_pairs(groups: Sequence[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
-    total: dict[str, int] = {}
-    for pairs in groups:
-        for name, n in pairs:
-            total[name] = total.get(name, 0) + n
+def _sum_pairs(groups: Iterable[tuple[tuple[str, int], ...]]) -> tuple[tuple[str, int], ...]:
+    total: Counter[str] = Counter()
+    for name, n in (pair for pairs in groups for pair in pairs):
+        total[name] += n
     return tuple(total.items())
 
 
@@ -140,8 +131,8 @@ def add_sites(sites: Sequence[Site], **fields: Any) -> Site:
         "setup_count": sum(s.setup_count for s in sites),
         "step_count": sum(s.step_count for s in sites),
         "threads": tuple(dict.fromkeys(t for s in sites for t in s.threads)),
-        "phases": _sum_pairs([s.phases for s in sites]),
-        "mechanisms": _sum_pairs([s.mechanisms for s in sites]),
+        "phases": _sum_pairs(s.phases for s in sites),
+        "mechanisms": _sum_pairs(s.mechanisms for s in sites),
         "events": events if events > count else 0,
     }
     return replace(sites[0], **{**added, **fields})

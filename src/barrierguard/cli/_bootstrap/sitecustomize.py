@@ -1,11 +1,26 @@
 """Started by ``barrierguard run`` for its Python children (see ``barrierguard.cli.follow``).
 
-Imported at every child interpreter's start while ``$BARRIERGUARD_FOLLOW`` is
-set: runs the ``sitecustomize`` this one shadows, if there is one, then watches the
+Runs the ``sitecustomize`` this one shadows, if there is one, then watches the
 child when it re-executes the job's script or module. Never raises.
 """
 
 from __future__ import annotations
+
+
+def _chain() -> None:
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    try:
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+        if spec is not None and spec.loader is not None:
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    except Exception as exc:
+        print(f"barrierguard: the shadowed sitecustomize failed: {exc!r}", file=sys.stderr)
 
 
 def _follow() -> None:
@@ -22,24 +37,6 @@ def _follow() -> None:
         return  # another interpreter, without barrierguard: not followed
     except Exception as exc:
         print(f"barrierguard: this child is not watched: {exc!r}", file=sys.stderr)
-
-
-def _chain() -> None:
-    import importlib.machinery
-    import importlib.util
-    import os
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    try:
-        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
-        if spec is None or spec.loader is None:
-            return
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        print(f"barrierguard: the shadowed sitecustomize failed: {exc!r}", file=sys.stderr)
 
 
 _chain()

@@ -1,10 +1,7 @@
 """GitHub Actions annotations: one workflow command per site, at the user's line.
 
-``barrierguard run --format github`` (and ``check``, and the pytest plugin's
-``--barrierguard-format=github``) print these lines on stdout; a GitHub
-Actions job turns each into a mark on that line of the pull request. A site
-that fails the policy is an ``error``, another site in the measured steps a
-``warning``; setup syncs and allowed sites are not annotated.
+A site that fails the policy is an ``error``, another site in the measured
+steps a ``warning``; setup syncs and allowed sites are not annotated.
 """
 
 from __future__ import annotations
@@ -14,27 +11,19 @@ from collections.abc import Collection, Mapping
 
 from barrierguard.report.records import Report, Site, SiteKey
 
-__all__ = ["annotation", "failing_keys", "level_of", "relative", "render"]
+__all__ = ["annotation", "failing_keys", "judged", "level_of", "relative", "render"]
 
 
 def relative(path: str, root: str | None = None) -> str:
-    """``path`` relative to ``root`` (default: the current directory), with ``/``,
-    as GitHub names a file of the repository; a path outside ``root`` stays absolute.
-
-    Example:
-        >>> relative("/repo/src/train.py", "/repo")
-        'src/train.py'
-        >>> relative("/elsewhere/lib.py", "/repo")
-        '/elsewhere/lib.py'
-    """
-    base = os.path.abspath(root if root is not None else os.getcwd())
+    """``path`` relative to ``root`` (default: the current directory), with ``/``, as
+    GitHub names a file of the repository; a path outside ``root`` stays absolute."""
     full = os.path.abspath(path)
     try:
-        rel = os.path.relpath(full, base)
+        rel = os.path.relpath(full, os.path.abspath(root if root is not None else os.getcwd()))
     except ValueError:  # another drive on Windows
-        return full.replace(os.sep, "/")
+        rel = os.pardir
     if rel == os.pardir or rel.startswith(os.pardir + os.sep):
-        return full.replace(os.sep, "/")
+        rel = full
     return rel.replace(os.sep, "/")
 
 
@@ -53,6 +42,19 @@ def level_of(site: Site, report: Report, failing: Collection[SiteKey]) -> str | 
     if not site.step_count:
         return None
     return "note" if site.allowed else "warning"
+
+
+def judged(
+    report: Report, failing: Collection[SiteKey] | None, messages: Mapping[SiteKey, str] | None
+) -> list[tuple[Site, str, str]]:
+    """``(site, level, message)`` of each site with a level, costliest first;
+    ``failing`` defaults to the sites a violation names, ``messages`` to the sites' own."""
+    fails = failing_keys(report) if failing is None else failing
+    return [
+        (site, level, (messages or {}).get(site.key) or message_of(site))
+        for site in report.ranked()
+        if (level := level_of(site, report, fails)) is not None
+    ]
 
 
 def _escape_data(text: str) -> str:
@@ -79,9 +81,8 @@ def annotation(level: str, file: str, line: int, title: str, message: str) -> st
 def message_of(site: Site) -> str:
     """What an annotation or a SARIF result says about ``site``."""
     kind = site.kind + (f" ({site.detail})" if site.detail else "")
-    where = (
-        f" inside {site.origin.split(':', 1)[1]}" if site.origin.startswith("framework:") else ""
-    )
+    framework = site.origin.split(":", 1)[1] if site.origin.startswith("framework:") else ""
+    where = f" inside {framework}" if framework else ""
     count = (
         f"{site.step_count} in the measured steps ({site.per_step:.2f} per step)"
         if site.step_count
@@ -97,29 +98,17 @@ def render(
     failing: Collection[SiteKey] | None = None,
     messages: Mapping[SiteKey, str] | None = None,
 ) -> str:
-    """The annotations of ``report``'s sites, one line each, costliest first.
-
-    Args:
-        report: The report.
-        root: Paths are written relative to it (default: the current directory).
-        failing: The keys of the sites that fail; default: those a violation names.
-        messages: A message per site key, in place of the site's own.
-
-    Example:
-        >>> from barrierguard import Report, Site
-        >>> s = Site(file="t.py", line=3, function="f", code="x.item()", kind="item",
-        ...          origin="user", count=2, step_count=2, per_step=1.0, rule="BG101")
-        >>> r = Report(engine="audit", detection=True, policy="error", sites=(s,))
-        >>> render(r, failing={s.key}).split("::")[1]
-        'error file=t.py,line=3,title=barrierguard BG101 item'
-    """
-    fails = failing_keys(report) if failing is None else failing
-    lines = []
-    for site in report.ranked():
-        level = level_of(site, report, fails)
-        if level is None or level == "note":
-            continue
-        text = (messages or {}).get(site.key) or message_of(site)
-        title = f"barrierguard {site.rule or ''} {site.kind}".replace("  ", " ")
-        lines.append(annotation(level, relative(site.file, root), site.line, title, text))
-    return "".join(line + "\n" for line in lines)
+    """The annotations of ``report``'s sites, one line each, costliest first; paths
+    relative to ``root``, ``failing`` and ``messages`` as for :func:`judged`."""
+    return "".join(
+        annotation(
+            level,
+            relative(site.file, root),
+            site.line,
+            f"barrierguard {site.rule or ''} {site.kind}".replace("  ", " "),
+            text,
+        )
+        + "\n"
+        for site, level, text in judged(report, failing, messages)
+        if level != "note"
+    )

@@ -1,12 +1,12 @@
 """HTML rendering of a report: one self-contained file, no network.
 
 The page leads with the answer (what breaks the policy, one line per site, and
-the memory verdict), then holds a sortable table of the sites (code, kind, origin, counts, fix),
-the syncs of every step as an inline SVG bar chart, when the report carries
-memory samples, memory per step as an inline SVG line chart and, for a report
-merged over ranks, a table of the ranks with the gating site marked. Styles and the
-sorting script are inline; nothing is fetched. Opening the page with
-``#sort=COLUMN`` (or ``#sort=-COLUMN`` for descending) sorts on load.
+the memory verdict), then holds a sortable table of the sites, the syncs of
+every step and memory per step as inline SVG charts, and, for a report merged
+over ranks, a table of the ranks with the gating site marked. Its style and
+sorting script (``html.css`` and ``html.js`` beside this module) are inlined;
+opening the page with ``#sort=COLUMN`` (``#sort=-COLUMN``: descending) sorts on
+load.
 """
 
 from __future__ import annotations
@@ -15,111 +15,33 @@ import html
 import math
 import os
 from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
 
 from barrierguard.report.records import (
     MemoryReport,
     RankSummary,
     Report,
     Site,
+    Violation,
     rank_ranges,
 )
-from barrierguard.report.render.console import rank_cells, series_rows, violations_heading
+from barrierguard.report.render.console import (
+    ViolationKey,
+    kind_of,
+    leak_word,
+    rank_cells,
+    series_rows,
+    violation_groups,
+    violations_heading,
+    wait_share,
+)
 
 __all__ = ["render"]
 
 _PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#be185d")
-
-_CSS = """
-:root { --fg:#1f2937; --muted:#6b7280; --line:#e5e7eb; --bad:#b91c1c; --ok:#047857; }
-* { box-sizing: border-box; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--fg);
-       margin: 0; padding: 20px 28px; background: #fafafa; }
-h1 { font-size: 20px; margin: 0 0 4px; }
-h2 { font-size: 16px; margin: 24px 0 8px; }
-.meta { color: var(--muted); margin-bottom: 12px; }
-.badge { display: inline-block; padding: 2px 10px; border-radius: 10px; font-weight: 600;
-         color: #fff; margin-left: 8px; font-size: 12px; vertical-align: middle; }
-.badge.ok { background: var(--ok); } .badge.bad { background: var(--bad); }
-.badge.none { background: var(--muted); }
-.cards { display: flex; gap: 12px; flex-wrap: wrap; }
-.card { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 8px 14px; }
-.card b { display: block; font-size: 18px; }
-.charts { display: flex; gap: 16px; flex-wrap: wrap; }
-.chart { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 8px; }
-.chart h3 { font-size: 13px; margin: 0 0 4px; }
-.empty { color: var(--muted); font-style: italic; padding: 8px; }
-table { border-collapse: collapse; width: 100%; background: #fff; }
-th, td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: left;
-         vertical-align: top; }
-th { background: #f3f4f6; cursor: pointer; user-select: none; white-space: nowrap; }
-th[aria-sort=ascending]::after { content: " \\25B2"; }
-th[aria-sort=descending]::after { content: " \\25BC"; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-code { font: 12px/1.4 ui-monospace, "SFMono-Regular", Menlo, monospace; background: #f3f4f6;
-       padding: 1px 4px; border-radius: 3px; white-space: pre-wrap; word-break: break-word; }
-.fix { color: #374151; font-size: 12px; max-width: 420px; }
-.small { color: var(--muted); font-size: 12px; }
-tr.allowed td { color: var(--muted); }
-tr.gating td { background: #fef3c7; }
-.gate { background: #fffbeb; border: 1px solid #f59e0b; border-radius: 6px; padding: 8px 12px;
-        margin: 8px 0; }
-ul { margin: 4px 0; padding-left: 20px; }
-.verdict { background: #fff; border: 1px solid var(--line); border-left: 5px solid var(--ok);
-           border-radius: 6px; padding: 10px 14px; margin: 10px 0; }
-.verdict.bad { border-left-color: var(--bad); } .verdict.warn { border-left-color: #d97706; }
-.verdict.none { border-left-color: var(--muted); }
-.verdict p { margin: 0 0 6px; font-size: 15px; }
-.verdict li { margin: 3px 0; }
-.caveat { background: #eff6ff; border: 1px solid #93c5fd; border-radius: 6px; padding: 6px 12px;
-          margin: 8px 0; font-size: 13px; }
-.badge.warn { background: #d97706; }
-.rule { font: 11px ui-monospace, Menlo, monospace; color: var(--muted); }
-svg text { font: 10px system-ui, sans-serif; fill: #4b5563; }
-"""
-
-# Sorting: numbers by data-sort, text by content; #sort=COL[/-COL] sorts on load.
-_JS = """
-(function () {
-  var table = document.getElementById("sites");
-  if (!table) { return; }
-  var heads = table.tHead.rows[0].cells;
-  function value(row, i) {
-    var cell = row.cells[i];
-    var v = cell.getAttribute("data-sort");
-    if (v !== null) { var n = parseFloat(v); return isNaN(n) ? v : n; }
-    return cell.textContent.toLowerCase();
-  }
-  function sortBy(i, descending) {
-    var body = table.tBodies[0];
-    var rows = Array.prototype.slice.call(body.rows);
-    rows.sort(function (a, b) {
-      var x = value(a, i), y = value(b, i);
-      var c = (typeof x === "number" && typeof y === "number") ? x - y
-        : String(x).localeCompare(String(y));
-      return descending ? -c : c;
-    });
-    rows.forEach(function (r) { body.appendChild(r); });
-    for (var j = 0; j < heads.length; j++) { heads[j].removeAttribute("aria-sort"); }
-    heads[i].setAttribute("aria-sort", descending ? "descending" : "ascending");
-    table.setAttribute("data-sorted-by", heads[i].getAttribute("data-key")
-      + (descending ? ":desc" : ":asc"));
-  }
-  Array.prototype.forEach.call(heads, function (th, i) {
-    th.addEventListener("click", function () {
-      var numeric = th.getAttribute("data-type") === "num";
-      var current = th.getAttribute("aria-sort");
-      var descending = current ? current === "ascending" : numeric;
-      sortBy(i, descending);
-    });
-  });
-  var m = /[#&]sort=(-?)([a-z_]+)/.exec(window.location.hash);
-  if (m) {
-    for (var i = 0; i < heads.length; i++) {
-      if (heads[i].getAttribute("data-key") === m[2]) { sortBy(i, m[1] === "-"); }
-    }
-  }
-})();
-"""
+# Both charts: width, height, and the padding above, right of and below the plot.
+_W, _H, _TOP, _RIGHT, _BOTTOM = 520, 180, 10, 10, 30
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("rank", "#", "num"),
@@ -155,44 +77,50 @@ def _nice_max(x: float) -> float:
     return float(10 ** (exp + 1))
 
 
-def _axes(w: int, h: int, pad: tuple[int, int, int, int], ymax_label: str, x_last: str) -> str:
-    left, top, right, bottom = pad
+@cache
+def _asset(name: str) -> str:
+    return (Path(__file__).parent / name).read_text(encoding="utf-8")
+
+
+def _svg(chart: str, label: str) -> str:
     return (
-        f'<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="#9ca3af"/>'
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="#9ca3af"/>'
-        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{_e(ymax_label)}</text>'
-        f'<text x="{left - 4}" y="{h - bottom}" text-anchor="end">0</text>'
-        f'<text x="{w - right}" y="{h - bottom + 13}" text-anchor="end">{_e(x_last)}</text>'
-        f'<text x="{left}" y="{h - bottom + 13}">0</text>'
+        f'<svg id="{chart}" xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" '
+        f'viewBox="0 0 {_W} {_H}" role="img" aria-label="{label}">'
+    )
+
+
+def _axes(left: int, ymax_label: str, x_last: str) -> str:
+    bottom = _H - _BOTTOM
+    return (
+        f'<line x1="{left}" y1="{bottom}" x2="{_W - _RIGHT}" y2="{bottom}" stroke="#9ca3af"/>'
+        f'<line x1="{left}" y1="{_TOP}" x2="{left}" y2="{bottom}" stroke="#9ca3af"/>'
+        f'<text x="{left - 4}" y="{_TOP + 8}" text-anchor="end">{_e(ymax_label)}</text>'
+        f'<text x="{left - 4}" y="{bottom}" text-anchor="end">0</text>'
+        f'<text x="{_W - _RIGHT}" y="{bottom + 13}" text-anchor="end">{_e(x_last)}</text>'
+        f'<text x="{left}" y="{bottom + 13}">0</text>'
     )
 
 
 def _syncs_chart(per_step: Sequence[int], warmup: int) -> str:
     if not per_step:
         return '<div class="empty" id="no-syncs-chart">no per-step series in this report</div>'
-    w, h = 520, 180
-    pad = (44, 10, 10, 30)
-    left, top, right, bottom = pad
+    left = 44
+    pw, ph = _W - left - _RIGHT, _H - _TOP - _BOTTOM
     ymax = _nice_max(float(max(per_step)))
-    pw, ph = w - left - right, h - top - bottom
     bw = pw / len(per_step)
-    parts = [
-        f'<svg id="syncs-chart" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-        f'viewBox="0 0 {w} {h}" role="img" aria-label="blocking syncs per step">'
-    ]
+    parts = [_svg("syncs-chart", "blocking syncs per step")]
     for i, n in enumerate(per_step):
         bh = ph * n / ymax
-        x = left + i * bw
         color = "#9ca3af" if i <= warmup else "#2563eb"
         label = "setup (before step 1)" if i == 0 else f"step {i}"
         parts.append(
-            f'<rect class="bar" x="{x:.2f}" y="{top + ph - bh:.2f}" width="{max(bw - 0.6, 0.6):.2f}" '
-            f'height="{bh:.2f}" fill="{color}" data-step="{i}" data-syncs="{n}">'
-            f"<title>{_e(label)}: {n} syncs</title></rect>"
+            f'<rect class="bar" x="{left + i * bw:.2f}" y="{_TOP + ph - bh:.2f}" '
+            f'width="{max(bw - 0.6, 0.6):.2f}" height="{bh:.2f}" fill="{color}" data-step="{i}" '
+            f'data-syncs="{n}"><title>{_e(label)}: {n} syncs</title></rect>'
         )
-    parts.append(_axes(w, h, pad, _fmt_num(ymax), f"step {len(per_step) - 1}"))
+    parts.append(_axes(left, _fmt_num(ymax), f"step {len(per_step) - 1}"))
     parts.append(
-        f'<text x="{left + pw / 2:.0f}" y="{h - 4}" text-anchor="middle">'
+        f'<text x="{left + pw / 2:.0f}" y="{_H - 4}" text-anchor="middle">'
         "step (grey: setup and warm-up)</text></svg>"
     )
     return "".join(parts)
@@ -208,7 +136,7 @@ def _memory_data(memory: MemoryReport | None) -> tuple[list[float], dict[str, li
             for name, values in memory.series.items()
             if len(values) == len(xs) and values
         }
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # a series with a sample that could not be read
         return None
     return (xs, out) if out else None
 
@@ -226,24 +154,19 @@ def _memory_chart(memory: MemoryReport | None) -> str:
     if parsed is None:
         return '<div class="empty" id="no-memory">no memory samples in this report</div>'
     xs, series = parsed
-    w, h = 520, 180
-    pad = (54, 10, 10, 30)
-    left, top, right, bottom = pad
-    pw, ph = w - left - right, h - top - bottom
+    left = 54
+    pw, ph = _W - left - _RIGHT, _H - _TOP - _BOTTOM
     peak = max(max(v) for v in series.values())
     size, unit = _bytes_unit(peak)
     ymax = _nice_max(peak / size) * size
     x0, x1 = min(xs), max(xs)
     span = (x1 - x0) or 1.0
-    parts = [
-        f'<svg id="memory-chart" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-        f'viewBox="0 0 {w} {h}" role="img" aria-label="memory per step">'
-    ]
+    parts = [_svg("memory-chart", "memory per step")]
     legend = []
     for n, (name, values) in enumerate(sorted(series.items())):
         color = _PALETTE[n % len(_PALETTE)]
         points = " ".join(
-            f"{left + pw * (x - x0) / span:.1f},{top + ph - ph * v / ymax:.1f}"
+            f"{left + pw * (x - x0) / span:.1f},{_TOP + ph - ph * v / ymax:.1f}"
             for x, v in zip(xs, values, strict=True)
         )
         parts.append(
@@ -254,15 +177,13 @@ def _memory_chart(memory: MemoryReport | None) -> str:
             f'<span style="color:{color}">&#9632;</span> {_e(name)} '
             f'<span class="small">(last {values[-1] / size:.3g} {unit})</span>'
         )
-    parts.append(_axes(w, h, pad, f"{ymax / size:.3g} {unit}", f"step {_fmt_num(x1)}"))
-    parts.append("</svg>")
+    parts.append(_axes(left, f"{ymax / size:.3g} {unit}", f"step {_fmt_num(x1)}"))
     leak = ' <span class="badge bad">leak suspected</span>' if memory and memory.leak else ""
-    return "".join(parts) + f'<div class="small">{" &nbsp; ".join(legend)}{leak}</div>'
+    return "".join(parts) + f'</svg><div class="small">{" &nbsp; ".join(legend)}{leak}</div>'
 
 
-def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
-    where = f"{os.path.basename(site.file)}:{site.line}"
-    kind = site.kind + (f"/{site.detail}" if site.detail else "")
+def _site_row(rank: int, site: Site, gate: Site | None) -> str:
+    where = _e(site.location)
     inside = ""
     if site.framework_file:
         inside = (
@@ -270,17 +191,14 @@ def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
             f"{_e(site.framework_line)} ({_e(site.framework_function)})</div>"
         )
     stall = site.stall_s * 1e3 if site.stall_s is not None else None
-    tags = []
-    if site.allowed:
-        tags.append("allowed")
+    tags = ["allowed"] if site.allowed else []
     if not site.blocking:
         tags.append("not a barrier")
     if site.asymmetric:
         tags.append(f"rank-asymmetric: rank {rank_ranges(r for r, _ in site.rank_counts)} only")
     if site is gate:
         tags.append("gating site")
-    after = dict(site.phases).get("after-loop")
-    if after:
+    if after := dict(site.phases).get("after-loop"):
         tags.append(f"after the loop: {after}")
     tag = f' <span class="small">[{_e(", ".join(tags))}]</span>' if tags else ""
     cls = ' class="allowed"' if site.allowed or not site.blocking else ""
@@ -289,9 +207,9 @@ def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
     return (
         f"<tr{cls}>"
         f'<td class="num" data-sort="{rank}">{rank}</td>'
-        f'<td title="{_e(site.file)}" data-sort="{_e(where)}">{_e(where)}{inside}</td>'
+        f'<td title="{_e(site.file)}" data-sort="{where}">{where}{inside}</td>'
         f"<td>{_e(site.function)}</td>"
-        f'<td>{_e(kind)} <span class="rule">{_e(site.rule)}</span>{tag}</td>'
+        f'<td>{_e(kind_of(site))} <span class="rule">{_e(site.rule)}</span>{tag}</td>'
         f"<td>{_e(site.origin)}</td>"
         f'<td class="num" data-sort="{site.count}">{site.count}</td>'
         f'<td class="num" data-sort="{site.step_count}">{site.step_count}</td>'
@@ -302,6 +220,10 @@ def _site_row(rank: int, site: Site, gate: Site | None = None) -> str:
         f'<div class="fix">fix: {_e(site.fix)}</div></td>'
         "</tr>"
     )
+
+
+def _heads(labels: Sequence[str]) -> str:
+    return "".join(f"<th>{_e(h)}</th>" for h in labels)
 
 
 def _sites_table(report: Report) -> str:
@@ -323,19 +245,24 @@ def _sites_table(report: Report) -> str:
 def _rank_row(s: RankSummary) -> str:
     waits = "-"
     if s.wait_s is not None:
-        waits = f"{s.wait_s * 1e3:.2f}"
-        if s.wait_s and s.step_s:
-            waits += f' <span class="small">({s.wait_s / s.step_s:.0%} of its step)</span>'
-    cells = rank_cells(s)
-    return (
-        f'<tr data-rank="{s.rank}">'
-        + "".join(f'<td class="num">{c}</td>' for c in cells)
-        + f'<td class="num">{waits}</td></tr>'
-    )
+        share = wait_share(s).strip()
+        waits = f"{s.wait_s * 1e3:.2f}" + (f' <span class="small">{share}</span>' if share else "")
+    cells = "".join(f'<td class="num">{c}</td>' for c in [*rank_cells(s), waits])
+    return f'<tr data-rank="{s.rank}">{cells}</tr>'
+
+
+_RANK_HEADS = (
+    "rank",
+    "steps",
+    "syncs per step",
+    "stall ms per step",
+    "median step ms (host)",
+    "median step ms (device)",
+    "waits ms per step for the gating site",
+)
 
 
 def _ranks(report: Report) -> str:
-    """The ranks of a merged report: one row each, and the gating site in words."""
     if not report.rank_summaries:
         return ""
     gate = report.gating_site
@@ -353,53 +280,35 @@ def _ranks(report: Report) -> str:
             f"Gating site: <code>{_e(gate.location)}</code> ({_e(gate.kind)}), rank-asymmetric: "
             f"it fires on rank {_e(fired)} only; {cost}. <code>{_e(gate.code)}</code>"
         )
-    heads = "".join(
-        f"<th>{_e(h)}</th>"
-        for h in (
-            "rank",
-            "steps",
-            "syncs per step",
-            "stall ms per step",
-            "median step ms (host)",
-            "median step ms (device)",
-            "waits ms per step for the gating site",
-        )
-    )
     rows = "".join(_rank_row(s) for s in report.rank_summaries)
     return (
         f"<h2>Ranks ({len(report.rank_summaries)})</h2>"
         f'<div class="gate" id="gating">{words}</div>'
-        f'<table id="ranks"><thead><tr>{heads}</tr></thead><tbody>{rows}</tbody></table>'
+        f'<table id="ranks"><thead><tr>{_heads(_RANK_HEADS)}</tr></thead><tbody>{rows}</tbody>'
+        "</table>"
     )
 
 
-def _grouped(report: Report) -> list[tuple[Site | None, int, int, str, tuple[str, int, str, str]]]:
-    """The violations grouped per site as in the console: (site, count, first step,
-    reason, key), the costliest site first (the order of the sites table)."""
+def _grouped(report: Report) -> list[tuple[ViolationKey, Site | None, list[Violation]]]:
+    """The violations per site, in the order of the sites table."""
     sites = {(x.file, x.line, x.kind, x.origin): x for x in report.sites}
-    groups: dict[tuple[str, int, str, str], list[int]] = {}
-    reasons: dict[tuple[str, int, str, str], str] = {}
-    for v in report.violations:
-        key = (v.file, v.line, v.kind, v.origin)
-        groups.setdefault(key, []).append(v.step)
-        reasons.setdefault(key, v.reason)
     order = {(x.file, x.line, x.kind, x.origin): i for i, x in enumerate(report.ranked())}
+    groups = violation_groups(report)
     keys = sorted(groups, key=lambda k: order.get(k, len(order)))
-    return [(sites.get(k), len(groups[k]), groups[k][0], reasons[k], k) for k in keys]
+    return [(k, sites.get(k), groups[k]) for k in keys]
 
 
-def _verdict_row(
-    site: Site | None, n: int, step: int, reason: str, key: tuple[str, int, str, str]
-) -> str:
+def _verdict_row(key: ViolationKey, site: Site | None, vs: list[Violation]) -> str:
     file, line, kind, origin = key
-    if site is not None and site.detail:
-        kind += f"/{site.detail}"
-    rule = f' <span class="rule">{_e(site.rule)}</span>' if site is not None and site.rule else ""
-    code = f" <code>{_e(site.code)}</code>" if site is not None and site.code else ""
-    fix = f'<div class="fix">fix: {_e(site.fix)}</div>' if site is not None and site.fix else ""
+    rule = code = fix = ""
+    if site is not None:
+        kind = kind_of(site)
+        rule = f' <span class="rule">{_e(site.rule)}</span>' if site.rule else ""
+        code = f" <code>{_e(site.code)}</code>" if site.code else ""
+        fix = f'<div class="fix">fix: {_e(site.fix)}</div>' if site.fix else ""
     return (
         f'<li class="verdict-site"><b>{_e(os.path.basename(file))}:{line}</b> {_e(kind)}{rule} '
-        f"({_e(origin)}): {n}x from step {step}, {_e(reason)}{code}{fix}</li>"
+        f"({_e(origin)}): {len(vs)}x from step {vs[0].step}, {_e(vs[0].reason)}{code}{fix}</li>"
     )
 
 
@@ -421,9 +330,8 @@ def _verdict(report: Report) -> str:
     more = f"<li>... and {len(groups) - 50} more sites</li>" if len(groups) > 50 else ""
     memory = report.memory
     mem = ""
-    if isinstance(memory, MemoryReport) and memory.reason:
-        word = "LEAK" if memory.leak else "no leak"
-        mem = f'<p id="memory-verdict">Memory: <b>{word}</b> - {_e(memory.reason)}</p>'
+    if memory is not None and memory.reason:
+        mem = f'<p id="memory-verdict">Memory: <b>{leak_word(memory)}</b> - {_e(memory.reason)}</p>'
     listed = f'<ul id="violations">{items}{more}</ul>' if items else ""
     return (
         f'<div class="verdict {cls}" id="verdict"><p id="verdict-line">{_e(head)}</p>'
@@ -431,9 +339,9 @@ def _verdict(report: Report) -> str:
     )
 
 
-def _memory_section(memory: object) -> str:
+def _memory_section(memory: MemoryReport | None) -> str:
     """The memory verdict and one row per series (the console's memory section)."""
-    if not isinstance(memory, MemoryReport) or not memory.series:
+    if memory is None or not memory.series:
         return ""
     rows = []
     for row in series_rows(memory):
@@ -448,10 +356,7 @@ def _memory_section(memory: object) -> str:
             f'<td class="num">{row.peak / 1e6:,.1f}</td><td class="num">{rate}</td>'
             f"<td>{_e(row.state)}</td></tr>"
         )
-    heads = "".join(
-        f"<th>{h}</th>" for h in ("series", "first MB", "last MB", "peak MB", "MB/step", "state")
-    )
-    word = "LEAK" if memory.leak else "no leak"
+    heads = _heads(("series", "first MB", "last MB", "peak MB", "MB/step", "state"))
     cause = ""
     if memory.pattern:
         cause = (
@@ -460,7 +365,7 @@ def _memory_section(memory: object) -> str:
         )
     notes = "".join(f"<li>{_e(n)}</li>" for n in memory.notes)
     return (
-        f"<h2>Memory</h2><p>verdict: <b>{word}</b> - {_e(memory.reason)}</p>{cause}"
+        f"<h2>Memory</h2><p>verdict: <b>{leak_word(memory)}</b> - {_e(memory.reason)}</p>{cause}"
         f'<table id="memory"><thead><tr>{heads}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
         + (f'<ul class="small">{notes}</ul>' if notes else "")
         + (f'<div class="small">sampling: {_e(memory.sampling)}</div>' if memory.sampling else "")
@@ -472,7 +377,7 @@ def _badge(report: Report) -> str:
         return '<span class="badge none" id="status">no detection</span>'
     if report.ok:
         return '<span class="badge ok" id="status">policy kept</span>'
-    n = len(_grouped(report))
+    n = len(violation_groups(report))
     sites = f"{n} site{'s' if n != 1 else ''}"
     if report.policy == "error":
         return f'<span class="badge bad" id="status">fails at {sites}</span>'
@@ -488,19 +393,18 @@ def _compile(report: Report) -> str:
     section = report.compile
     if section is None:
         return ""
-    items = [
+    items = "".join(
         f"<li>{_e(b.location)}{f' [{_e(b.gb)}]' if b.gb else ''}: {_e(b.reason)}</li>"
         for b in section.graph_breaks
         if not b.sync
-    ]
-    others = f"<h3>Graph breaks that are not syncs</h3><ul>{''.join(items)}</ul>" if items else ""
+    )
+    others = f"<h3>Graph breaks that are not syncs</h3><ul>{items}</ul>" if items else ""
     skips = "".join(
         f"<li>CUDA graphs skipped at {_e(s.location)}: {_e(s.reason)}</li>"
         for s in section.cudagraph_skips
     )
-    probe = section.probe
     probe_text = ""
-    if probe is not None:
+    if (probe := section.probe) is not None:
         where = f" at {_e(probe.location)} <code>{_e(probe.code)}</code>" if probe.file else ""
         probe_text = (
             f"<li>capture probe: {_e(probe.status)}{where}"
@@ -520,20 +424,8 @@ def _compile(report: Report) -> str:
 def render(report: Report) -> str:
     """Render ``report`` as one self-contained HTML page, the answer first.
 
-    The page reads from the top: the verdict (what breaks the policy, one line
-    per site with its fix, and the memory verdict), the audit engine's caveat,
-    the totals, the sites ranked by cost with their fixes, the charts, the
-    memory section, the ranks of a merged report, then the notes.
-
-    Args:
-        report: The report to show; without memory samples (``report.memory``)
-            the memory chart says "no memory samples".
-
-    Example:
-        >>> from barrierguard import Report
-        >>> page = render(Report(engine="none", detection=False, policy="record"))
-        >>> page.startswith("<!DOCTYPE html>") and "no memory samples" in page
-        True
+    The page reads from the top: the verdict, the audit engine's caveat, the
+    totals, the sites, the charts, memory, the ranks, the compile section, notes.
     """
     per = report.step_syncs / report.measured_steps if report.measured_steps else 0.0
     setup = sum(s.setup_count for s in report.sites if s.blocking)
@@ -557,7 +449,7 @@ def render(report: Report) -> str:
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>barrierguard report</title>
-<style>{_CSS}</style></head>
+<style>{_asset("html.css")}</style></head>
 <body>
 <h1>barrierguard report {_badge(report)}</h1>
 <div class="meta">engine {_e(report.engine)} &middot; policy {_e(report.policy)}
@@ -577,6 +469,6 @@ def render(report: Report) -> str:
 {_ranks(report)}
 {_compile(report)}
 {f'<h2>Notes</h2><ul id="notes">{notes}</ul>' if notes else ""}
-<script>{_JS}</script>
+<script>{_asset("html.js")}</script>
 </body></html>
 """

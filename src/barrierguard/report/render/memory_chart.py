@@ -1,8 +1,4 @@
-"""Memory per step as an SVG picture: one panel per series, no dependencies.
-
-The SVG is self-contained (no scripts, no external fonts), so it can be saved
-as a file or inlined into an HTML report as it is.
-"""
+"""Memory per step as a self-contained SVG picture: one panel per series."""
 
 from __future__ import annotations
 
@@ -12,12 +8,7 @@ from barrierguard.report.records import MemoryReport
 
 __all__ = ["render_svg"]
 
-_WIDTH = 720
-_PANEL = 130
-_LEFT = 86
-_RIGHT = 16
-_TOP = 34
-_GAP = 22
+_WIDTH, _PANEL, _LEFT, _RIGHT, _TOP, _GAP = 720, 130, 86, 16, 34, 22
 _COLORS = {
     "host_rss": "#1f77b4",
     "workers_rss": "#9467bd",
@@ -27,26 +18,19 @@ _COLORS = {
 }
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
-
-
 def _panel(memory: MemoryReport, name: str, top: float) -> list[str]:
     pts = [(s, v) for s, v in zip(memory.steps, memory.series[name], strict=False) if v is not None]
-    out: list[str] = []
     height = _PANEL - _GAP
     plot_w = _WIDTH - _LEFT - _RIGHT
     growing = name in memory.growing
     slope = memory.slopes.get(name)
-    title = f"{name}" + (f"  {slope / 1e6:+,.3f} MB/step" if slope is not None else "")
+    title = name + (f"  {slope / 1e6:+,.3f} MB/step" if slope is not None else "")
     title += "  GROWING" if growing else ""
-    out.append(
-        f'<text x="{_LEFT}" y="{top - 6:.1f}" font-size="12" fill="#222">{escape(title)}</text>'
-    )
-    out.append(
+    out = [
+        f'<text x="{_LEFT}" y="{top - 6:.1f}" font-size="12" fill="#222">{escape(title)}</text>',
         f'<rect x="{_LEFT}" y="{top:.1f}" width="{plot_w}" height="{height}" '
-        'fill="#fafafa" stroke="#ccc"/>'
-    )
+        'fill="#fafafa" stroke="#ccc"/>',
+    ]
     if not pts:
         out.append(
             f'<text x="{_LEFT + 8}" y="{top + height / 2:.1f}" font-size="11" '
@@ -54,8 +38,7 @@ def _panel(memory: MemoryReport, name: str, top: float) -> list[str]:
         )
         return out
     x0, x1 = memory.steps[0], max(memory.steps[-1], memory.steps[0] + 1)
-    lo = float(min(v for _, v in pts))
-    hi = float(max(v for _, v in pts))
+    lo, hi = float(min(v for _, v in pts)), float(max(v for _, v in pts))
     if hi - lo < 1e6:  # a flat series gets at least a 1 MB range, centred
         mid = (hi + lo) / 2
         lo, hi = mid - 5e5, mid + 5e5
@@ -68,21 +51,19 @@ def _panel(memory: MemoryReport, name: str, top: float) -> list[str]:
     def py(value: float) -> float:
         return top + height - (value - lo) / (hi - lo) * height
 
-    for value in (hi - pad, lo + pad):
-        out.append(
-            f'<text x="{_LEFT - 6}" y="{py(value) + 4:.1f}" font-size="10" fill="#555" '
-            f'text-anchor="end">{escape(_mb(value))}</text>'
-        )
+    out += [
+        f'<text x="{_LEFT - 6}" y="{py(value) + 4:.1f}" font-size="10" fill="#555" '
+        f'text-anchor="end">{escape(f"{value / 1e6:,.1f} MB")}</text>'
+        for value in (hi - pad, lo + pad)
+    ]
     began = memory.growth_began_at.get(name)
     if growing and began is not None:
-        out.append(
+        out += [
             f'<line x1="{px(began):.1f}" y1="{top:.1f}" x2="{px(began):.1f}" '
-            f'y2="{top + height:.1f}" stroke="#d62728" stroke-dasharray="4 3"/>'
-        )
-        out.append(
+            f'y2="{top + height:.1f}" stroke="#d62728" stroke-dasharray="4 3"/>',
             f'<text x="{px(began) + 4:.1f}" y="{top + 12:.1f}" font-size="10" '
-            f'fill="#d62728">growth from step {began}</text>'
-        )
+            f'fill="#d62728">growth from step {began}</text>',
+        ]
     color = _COLORS.get(name, "#333")
     path = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in pts)
     out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{path}"/>')
@@ -105,10 +86,8 @@ def render_svg(memory: MemoryReport) -> str:
     """
     names = list(memory.series)
     height = _TOP + max(1, len(names)) * _PANEL + 24
-    verdict = "LEAK" if memory.leak else "no leak"
-    head = f"memory per step - {verdict}"
-    if memory.pattern:
-        head += f" ({memory.pattern})"
+    head = f"memory per step - {'LEAK' if memory.leak else 'no leak'}"
+    head += f" ({memory.pattern})" if memory.pattern else ""
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
         f'viewBox="0 0 {_WIDTH} {height}" font-family="sans-serif">',
@@ -121,14 +100,11 @@ def render_svg(memory: MemoryReport) -> str:
     for i, name in enumerate(names):
         out.extend(_panel(memory, name, _TOP + 16 + i * _PANEL))
     if memory.steps:
-        bottom = height - 8
-        out.append(
-            f'<text x="{_LEFT}" y="{bottom}" font-size="10" fill="#555">step '
-            f"{memory.steps[0]}</text>"
-        )
-        out.append(
-            f'<text x="{_WIDTH - _RIGHT}" y="{bottom}" font-size="10" fill="#555" '
-            f'text-anchor="end">step {memory.steps[-1]}</text>'
-        )
+        out += [
+            f'<text x="{_LEFT}" y="{height - 8}" font-size="10" fill="#555">step '
+            f"{memory.steps[0]}</text>",
+            f'<text x="{_WIDTH - _RIGHT}" y="{height - 8}" font-size="10" fill="#555" '
+            f'text-anchor="end">step {memory.steps[-1]}</text>',
+        ]
     out.append("</svg>")
     return "\n".join(out) + "\n"

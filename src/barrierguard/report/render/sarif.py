@@ -1,9 +1,6 @@
 """SARIF 2.1.0 for code scanning: one result per site, its rule from the code table.
 
-``barrierguard run --format sarif`` (and ``check``, and the pytest plugin)
-write this; GitHub code scanning (``github/codeql-action/upload-sarif``) and
-other SARIF viewers show each result at the user's line. The level follows the
-policy's outcome as for the GitHub annotations (``github.level_of``); an
+The level follows the policy's outcome as for the GitHub annotations; an
 allowed site is a ``note`` with an in-source suppression.
 """
 
@@ -14,7 +11,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from barrierguard.report.records import Report, Site, SiteKey
-from barrierguard.report.render.github import failing_keys, level_of, message_of, relative
+from barrierguard.report.render.github import judged, relative
 
 __all__ = ["SARIF_SCHEMA", "render"]
 
@@ -38,19 +35,13 @@ def _result(site: Site, level: str, index: int, root: str | None, text: str) -> 
     region: dict[str, Any] = {"startLine": max(site.line, 1)}
     if site.code:
         region["snippet"] = {"text": site.code}
+    location = {"artifactLocation": {"uri": relative(site.file, root)}, "region": region}
     result: dict[str, Any] = {
         "ruleId": site.rule,
         "ruleIndex": index,
         "level": level,
         "message": {"text": text},
-        "locations": [
-            {
-                "physicalLocation": {
-                    "artifactLocation": {"uri": relative(site.file, root)},
-                    "region": region,
-                }
-            }
-        ],
+        "locations": [{"physicalLocation": location}],
         "properties": {
             "kind": site.kind,
             "origin": site.origin,
@@ -71,64 +62,28 @@ def render(
     failing: Collection[SiteKey] | None = None,
     messages: Mapping[SiteKey, str] | None = None,
 ) -> str:
-    """``report`` as a SARIF 2.1.0 log (indented JSON).
-
-    Args:
-        report: The report.
-        rules: The code table, ``code -> (kind, what it is, fix)``; the log's
-            ``tool.driver.rules`` lists every code of it (default: the codes
-            of the report's sites, described by their kind).
-        root: As for :func:`barrierguard.report.render.github.render`.
-        failing: As there: the sites that fail (default: those a violation names).
-        messages: As there.
-
-    Example:
-        >>> from barrierguard import Report
-        >>> log = json.loads(render(Report(engine="audit", detection=True, policy="error")))
-        >>> log["version"], log["runs"][0]["results"]
-        ('2.1.0', [])
-    """
-    fails = failing_keys(report) if failing is None else failing
+    """``report`` as a SARIF 2.1.0 log (indented JSON), the other arguments as for
+    :func:`barrierguard.report.render.github.render`; ``rules`` is the code table,
+    ``code -> (kind, what it is, fix)``, all of it listed in ``tool.driver.rules``
+    (default: the codes of the report's sites, described by their kind)."""
     table = dict(rules or {})
-    chosen = [
-        (site, level)
-        for site in report.ranked()
-        if site.rule and (level := level_of(site, report, fails)) is not None
-    ]
-    codes = list(table)
-    for site, _ in chosen:
-        if site.rule not in codes:
-            codes.append(site.rule)
+    chosen = [(s, level, text) for s, level, text in judged(report, failing, messages) if s.rule]
+    codes = list(dict.fromkeys([*table, *(site.rule for site, _, _ in chosen)]))
     index = {code: i for i, code in enumerate(codes)}
-    kinds = {site.rule: site.kind for site, _ in chosen}
-    log = {
-        "$schema": SARIF_SCHEMA,
-        "version": "2.1.0",
-        "runs": [
-            {
-                "tool": {
-                    "driver": {
-                        "name": "barrierguard",
-                        "version": report.environment.get("barrierguard", "0"),
-                        "rules": [_rule(c, kinds.get(c, c), table) for c in codes],
-                    }
-                },
-                "results": [
-                    _result(
-                        site,
-                        level,
-                        index[site.rule],
-                        root,
-                        (messages or {}).get(site.key) or message_of(site),
-                    )
-                    for site, level in chosen
-                ],
-                "properties": {
-                    "engine": report.engine,
-                    "policy": report.policy,
-                    "measuredSteps": report.measured_steps,
-                },
-            }
-        ],
+    kinds = {site.rule: site.kind for site, _, _ in chosen}
+    driver = {
+        "name": "barrierguard",
+        "version": report.environment.get("barrierguard", "0"),
+        "rules": [_rule(c, kinds.get(c, c), table) for c in codes],
     }
+    run = {
+        "tool": {"driver": driver},
+        "results": [_result(s, level, index[s.rule], root, text) for s, level, text in chosen],
+        "properties": {
+            "engine": report.engine,
+            "policy": report.policy,
+            "measuredSteps": report.measured_steps,
+        },
+    }
+    log = {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
     return json.dumps(log, indent=2) + "\n"
