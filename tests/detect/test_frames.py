@@ -11,6 +11,7 @@ import torch
 import barrierguard
 from barrierguard.cli import demo as _demo
 from barrierguard.detect import frames as _frames
+from barrierguard.detect import stack
 from barrierguard.metrics import buffer as _metrics
 
 
@@ -42,7 +43,8 @@ def test_known_frameworks_are_frameworks() -> None:
 
 
 def _probe() -> _frames.Location | None:
-    return _frames.locate(sys._getframe(1))
+    sync = stack.observe(sys._getframe(1))
+    return sync.loc if sync is not None else None
 
 
 def test_locate_names_the_caller_and_reads_the_call() -> None:

@@ -18,7 +18,7 @@ from types import CodeType, FrameType
 
 from barrierguard.detect.kinds import kind_for_call
 
-__all__ = ["Location", "absolute", "classify_file", "kind_at", "locate", "place"]
+__all__ = ["Location", "absolute", "classify_file", "kind_at", "place"]
 
 USER = 0
 TORCH = 1
@@ -159,7 +159,7 @@ def classify_file(filename: str) -> tuple[int, str]:
 class Location:
     """Where a synchronization happened, as seen on the Python stack.
 
-    Locations are interned (see :func:`locate`): a hot site reuses one object,
+    Locations are interned (see :func:`place`): a hot site reuses one object,
     whose ``key`` (file, line, kind, origin, framework file and line) names the
     site: two framework syncs behind one user line (``trainer.fit(model)``)
     are two sites.
@@ -362,45 +362,6 @@ def absolute(filename: str) -> str:
     if filename.startswith("<") or os.path.isabs(filename):
         return filename
     return os.path.abspath(filename)
-
-
-def locate(frame: FrameType | None, kind: str | None = None, detail: str = "") -> Location | None:
-    """Walk outward from ``frame`` to the user's line and the framework line.
-
-    Args:
-        frame: The innermost frame to consider (barrierguard's own frames are
-            skipped).
-        kind: The kind when the caller already knows it (an intercepted call);
-            otherwise it is read from the executing instruction.
-        detail: Extra detail for a known kind (a copy's direction).
-
-    Returns:
-        The location, or ``None`` when the stack holds no Python frame at all.
-    """
-    cache = _classifier._cache
-    classify = _classifier.classify
-    innermost: FrameType | None = None
-    framework: FrameType | None = None
-    framework_name = ""
-    user: FrameType | None = None
-    f = frame
-    while f is not None:
-        filename = f.f_code.co_filename
-        category, name = cache.get(filename) or classify(filename)
-        if category == OWN:
-            f = f.f_back
-            continue
-        if innermost is None:
-            innermost = f
-        if category == USER:
-            user = f
-            break
-        if category == FRAMEWORK and framework is None:
-            framework, framework_name = f, name
-        f = f.f_back
-    if innermost is None:
-        return None
-    return place(innermost, framework, framework_name, user, kind, detail)
 
 
 def place(
