@@ -245,18 +245,25 @@ def forget(live: bool = False) -> None:
     """
     global _phases_seen
     _phases_seen = (-1, False)
+    located, searched, last = _anchors.located, _anchors.searched, _anchors.last
+    if not (_held or located or searched or last):
+        return
     on_stack: set[int] = set()
-    if live and (_held or _anchors.located or _anchors.searched or _anchors.last):
+    if live:
+        # The held frames that are on the stack: the walk ends once all are met.
+        wanted = {id(route.outer[1]) for _, route in _held}  # type: ignore[index]
+        for frame in (searched, located and located[0], last and last[0]):
+            if frame is not None:
+                wanted.add(id(frame))
         f: FrameType | None = sys._getframe(1)
-        while f is not None:
-            on_stack.add(id(f))
+        while f is not None and len(on_stack) < len(wanted):
+            if id(f) in wanted:
+                on_stack.add(id(f))
             f = f.f_back
-    located = _anchors.located
     if located is None or id(located[0]) not in on_stack:
         _anchors.located = None
-    if id(_anchors.searched) not in on_stack:
+    if id(searched) not in on_stack:
         _anchors.searched = None
-    last = _anchors.last
     if last is None or id(last[0]) not in on_stack:
         _anchors.last = None
     kept = [(key, route) for key, route in _held if id(route.outer[1]) in on_stack]  # type: ignore[index]
