@@ -30,8 +30,12 @@ Reproduce:
 
     (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
     of the suite and keeps the printed tables in ``core.txt``.) The committed
-    ``h200/core.json`` and ``core.txt`` are a run at d12bf32 (with the
-    per-sync rows for user code and for a framework 20 frames deep);
+    ``h200/core.json`` and ``core.txt`` are a run at 1b55493, and
+    ``benchmarks/results/h200/core_caaf1d7.json`` and ``core_caaf1d7.txt`` one at
+    caaf1d7 on a faster host (both with the per-sync rows for user code and for a
+    framework 20 frames deep, the site confirmed by a step first);
+    ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
+    same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
     ``benchmarks/results/h200/core_2c45661.json`` and ``core_2c45661.txt``,
     are the same command at f0dd44e and 2c45661.

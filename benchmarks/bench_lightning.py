@@ -61,6 +61,12 @@ Reproduce:
             --out benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.json \
             | tee benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.txt
 
+    With routes and tallies on the per-sync path, at 1b55493::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
+            --out benchmarks/results/h200/lightning_blocks_mlp_1b55493.json \
+            | tee benchmarks/results/h200/lightning_blocks_mlp_1b55493.txt
+
     (The committed runs were started as ``--design blocks``, with ``--block-fits``
     for ``--fits``, when the script also had two older designs.) GPU: each
     transformer run takes 6-9 minutes, the MLP run 5.
