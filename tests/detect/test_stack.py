@@ -278,3 +278,29 @@ def test_a_step_boundary_keeps_what_holds_a_live_frame_only() -> None:
     assert [route.outer[1] for _, route in stack._held] == [sys._getframe()]  # type: ignore[index]
     stack.forget()
     assert not stack._held
+
+
+_CALL = _define(
+    "lightning/pytorch/trainer/call.py",
+    "def _call_callback_hooks(hook_name, inner):\n    return inner()\n",
+)
+
+
+def test_a_replayed_route_reads_the_hook_in_flight_again(walks: list[int]) -> None:
+    def sync(hook: str) -> stack.Sync | None:
+        # A hook called inside the fit loop, whose marker ends the search for a phase.
+        return _FIT["run"](  # type: ignore[no-any-return]
+            lambda: _CALL["_call_callback_hooks"](
+                hook, lambda: _ROUTED["through"](3, stack.observe)
+            )
+        )
+
+    hooks = ("on_train_batch_end", "on_validation_batch_end", "on_train_batch_end")
+    seen = [sync(hook) for hook in hooks]
+    assert [s.mechanism for s in seen if s is not None] == [
+        "prog_bar (on_train_batch_end)",
+        "prog_bar (on_validation_batch_end)",
+        "prog_bar (on_train_batch_end)",
+    ]
+    assert all(s is not None and s.phase == "train" for s in seen)
+    assert len(walks) == 1  # one route, its hook caller's frame read at each replay
