@@ -34,6 +34,8 @@ Reproduce:
     ``benchmarks/results/h200/core_caaf1d7.json`` and ``core_caaf1d7.txt`` one at
     caaf1d7 on a faster host (both with the per-sync rows for user code and for a
     framework 20 frames deep, the site confirmed by a step first);
+    ``benchmarks/results/h200/core_b8efdc4.json`` and ``core_b8efdc4.txt`` the same
+    code again on a third, slower host;
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
