@@ -155,15 +155,21 @@ def test_annotate_is_the_walk_without_the_location() -> None:
     assert got == ("prog_bar", "train")
 
 
-def test_a_loop_body_read_is_found_again_without_a_walk(monkeypatch: pytest.MonkeyPatch) -> None:
-    walks: list[int] = []
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per walk of the stack."""
+    counted: list[int] = []
     real = stack._walk
 
-    def counted(*args: Any) -> Any:
-        walks.append(1)
+    def walk(*args: Any) -> Any:
+        counted.append(1)
         return real(*args)
 
-    monkeypatch.setattr(stack, "_walk", counted)
+    monkeypatch.setattr(stack, "_walk", walk)
+    return counted
+
+
+def test_a_loop_body_read_is_found_again_without_a_walk(walks: list[int]) -> None:
     here = sys._getframe()
     found = []
     for _ in range(3):
@@ -199,19 +205,6 @@ _ROUTED = _define(
     "def around(depth, observe):\n"
     "    return through(depth, observe)\n",
 )
-
-
-@pytest.fixture
-def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    counted: list[int] = []
-    real = stack._walk
-
-    def walk(*args: Any) -> Any:
-        counted.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(stack, "_walk", walk)
-    return counted
 
 
 def test_a_route_seen_before_is_replayed_and_tells_user_lines_apart(walks: list[int]) -> None:
