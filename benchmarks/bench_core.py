@@ -36,6 +36,9 @@ Reproduce:
     framework 20 frames deep, the site confirmed by a step first);
     ``benchmarks/results/h200/core_b8efdc4.json`` and ``core_b8efdc4.txt`` the same
     code again on a third, slower host;
+    ``benchmarks/results/h200/core_steps1000_d1c8e44.json`` and ``core_steps1000_d1c8e44.txt``
+    are ``--steps 1000 --pairs 20 --sync-pairs 3 --calls 500`` at d1c8e44 (blocks ten
+    times longer);
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
