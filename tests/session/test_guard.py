@@ -251,3 +251,40 @@ def test_settled_sites_count_as_the_full_path_does(
     assert full.pop("settled") == 0
     assert settled == full
     assert max(s["count"] for s in settled["sites"]) > 1000  # type: ignore[index]
+
+
+def test_a_threads_tally_is_counted_by_that_thread_or_at_the_end(fake_cuda: FakeMode) -> None:
+    import queue
+    import threading
+
+    t = FakeTensor()
+    todo: queue.Queue[int] = queue.Queue()
+    done: queue.Queue[None] = queue.Queue()
+
+    def reader() -> None:
+        while (n := todo.get()) > 0:
+            for _ in range(n):
+                t.item()
+            done.put(None)
+
+    def read(n: int) -> None:
+        todo.put(n)
+        done.get(timeout=30)
+
+    worker = threading.Thread(target=reader, name="reader")
+    guard = barrierguard.watch(engine="cuda", policy="record", allow=["item"], memory=False)
+    with guard:
+        worker.start()
+        guard.step()
+        read(1)
+        guard.step()  # the site is confirmed in the loop (and allowed: it settles)
+        read(4)  # settles, is counted, then tallied twice... or more
+        tallied = sum(q.n for q in guard._quiet.values())
+        mid = guard.report.sites[0].count
+        todo.put(0)  # the reader ends
+        worker.join()
+    assert tallied > 0
+    # A report from another thread leaves the reader's tally alone (no race on it)...
+    assert mid == 5 - tallied
+    # ... and the end counts it.
+    assert guard.report.sites[0].count == 5

@@ -47,6 +47,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _MAX_VIOLATIONS = 1000
 # This thread's open allowed() blocks, read on the quiet path (see _Quiet).
 _allowing_tls = allowing._TLS
+_get_ident = threading.get_ident
 
 
 # Phases whose syncs are counted apart: outside the training steps' counts,
@@ -521,7 +522,7 @@ class Guard:
     def _end_loop(self, act: bool) -> None:
         """At stop: what is still held followed the loop's last step."""
         with self._lock:
-            self._fold()
+            self._fold(every=True)  # the engines are detached: no tally moves now
             self._open.finish(self._steps, self._per_step, self._step_stall)
             due = next(iter(self._due.values()), None)
             self._due.clear()
@@ -798,10 +799,15 @@ class Guard:
         if stats.allowed or not stats.blocking or len(self._violations) >= _MAX_VIOLATIONS:
             self._quiet.setdefault(stats.loc, _Quiet(stats))
 
-    def _fold(self) -> None:
-        """Count the settled sites' tallies (step boundaries, reports, the end)."""
+    def _fold(self, every: bool = False) -> None:
+        """Count the settled sites' tallies (step boundaries, reports; ``every`` at the end).
+
+        Only this thread's: another thread adds to its own tally without a lock,
+        and counts it itself at its next sync of the site that is not a repeat.
+        """
+        me = _get_ident()
         for quiet in self._quiet.values():
-            if quiet.n:
+            if quiet.n and (every or quiet.stats.last_ident == me):
                 self._fold_one(quiet)
 
     def _fold_one(self, quiet: _Quiet) -> None:
