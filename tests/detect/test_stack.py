@@ -103,13 +103,17 @@ def test_the_location_anchor_tells_user_lines_apart_past_a_phase_marker() -> Non
     assert stack._anchors.located is not None  # the second sync of a fit() met it
 
 
+@pytest.mark.parametrize("routed", [False, True])
 @pytest.mark.parametrize("depth", [1, 30, 90])
-def test_the_phase_of_a_sync_whose_marker_is_many_frames_out(depth: int) -> None:
+def test_the_phase_of_a_sync_whose_marker_is_many_frames_out(
+    depth: int, routed: bool, walks: list[int]
+) -> None:
     def probe() -> stack.Sync | None:
-        return stack.observe(sys._getframe(), "item")
+        # Routed: the caller says where the frame is, so a route is replayed.
+        return stack.observe(sys._getframe(), "item", "", 0 if routed else -1)
 
     loop = _EVAL["_EvaluationLoop"](_Stage())
-    for _ in range(2):
+    for _ in range(3):
         # The same user frames, under the training loop, the evaluation loop
         # and no loop at all, one after the other: each gets its own phase.
         in_train = _FIT["run"](lambda: _nested(depth, probe))
@@ -119,6 +123,10 @@ def test_the_phase_of_a_sync_whose_marker_is_many_frames_out(depth: int) -> None
         assert in_eval is not None and in_eval.phase == "validate"
         assert outside is not None and outside.phase is None
         assert in_train.loc.origin == "user" and in_train.mechanism is None
+    if routed:
+        # Both loops' routes replay (their markers decide); outside of any loop
+        # the search runs out at the root and holds a frame that is new each time.
+        assert len(walks) == 2 + 3
 
 
 def test_a_plain_loop_keeps_finding_a_mechanism_outward_of_the_user_frame() -> None:
@@ -234,26 +242,6 @@ def test_a_route_that_differs_at_a_probed_frame_is_walked_again(walks: list[int]
     assert len(walks) == 2
     assert first is again
     assert other is not None and first is not None and other.loc == first.loc
-
-
-@pytest.mark.parametrize("depth", [1, 30, 90])
-def test_replayed_routes_keep_the_phase_of_a_marker_many_frames_out(
-    depth: int, walks: list[int]
-) -> None:
-    def probe() -> stack.Sync | None:
-        return stack.observe(sys._getframe(), "item", "", 0)
-
-    loop = _EVAL["_EvaluationLoop"](_Stage())
-    for _ in range(3):
-        in_train = _FIT["run"](lambda: _nested(depth, probe))
-        in_eval = loop.run(lambda: _nested(depth, probe))
-        outside = _nested(depth, probe)
-        assert in_train is not None and in_train.phase == "train"
-        assert in_eval is not None and in_eval.phase == "validate"
-        assert outside is not None and outside.phase is None
-    # Both loops' routes replay (their markers decide); outside of any loop
-    # the search runs out at the root and holds a frame that is new each time.
-    assert len(walks) == 2 + 3
 
 
 def test_a_step_boundary_keeps_what_holds_a_live_frame_only() -> None:

@@ -166,20 +166,8 @@ def emit(engine_name: str, sync: Sync, stall: float | None = None, *, again: boo
     after every recorder has recorded.
     """
     ident = _get_ident()
-    recorders = _recorders.get(engine_name, ())
-    if len(recorders) == 1:
-        # The usual case, without the list of actions.
-        recorder = recorders[0]
-        try:
-            action = recorder.record(sync, ident, stall, again)
-        except Exception as exc:  # never lose the user's run to our own bug
-            recorder.fault(exc)
-            return
-        if action is not None:
-            action()
-        return
     actions: list[Callable[[], None]] | None = None
-    for recorder in recorders:
+    for recorder in _recorders.get(engine_name, ()):
         try:
             action = recorder.record(sync, ident, stall, again)
         except Exception as exc:  # never lose the user's run to our own bug

@@ -556,8 +556,7 @@ def _replay(route: _Route, frame: FrameType, base: int) -> Sync | None:
         outer = route.outer
         if outer is not None and getframe(base + outer[0]) is not outer[1]:
             return None
-        seen = _phases_seen  # _phases_possible(), without the call while nothing was imported
-        if route.phases != (seen[1] if seen[0] == len(sys.modules) else _phases_possible()):
+        if route.phases != _phases_possible():
             return None
         if route.sync is not None:
             return route.sync

@@ -818,14 +818,8 @@ class Guard:
         stall, timed = quiet.stall, quiet.timed
         quiet.n, quiet.stall, quiet.timed = 0, 0.0, 0
         stats = quiet.stats
-        stats.count += n
-        stats.events += n
-        if quiet.mechanism is not None:
-            stats.mechanisms[quiet.mechanism] += n
-        if quiet.phase is not None:
-            stats.phases[quiet.phase] += n
-            if quiet.phase in APART_PHASES:
-                return
+        if self._count_occurrence(stats, quiet.mechanism, quiet.phase, n):
+            return
         step = quiet.step
         if stats.blocking:
             self._per_step[step] += n
@@ -841,15 +835,17 @@ class Guard:
             self._violation_count += n
 
     @staticmethod
-    def _count_occurrence(stats: SiteStats, mechanism: str | None, phase: str | None) -> bool:
-        """Count one occurrence of ``stats``'s site; return whether its phase is counted apart."""
-        stats.count += 1
-        stats.events += 1
+    def _count_occurrence(
+        stats: SiteStats, mechanism: str | None, phase: str | None, n: int = 1
+    ) -> bool:
+        """Count ``n`` occurrences of ``stats``'s site; return whether its phase is counted apart."""
+        stats.count += n
+        stats.events += n
         if mechanism is not None:
-            stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + 1
+            stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + n
         if phase is None:
             return False
-        stats.phases[phase] = stats.phases.get(phase, 0) + 1
+        stats.phases[phase] = stats.phases.get(phase, 0) + n
         return phase in APART_PHASES
 
     def _count_quiet(
