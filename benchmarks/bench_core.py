@@ -36,6 +36,8 @@ Reproduce:
     framework 20 frames deep, the site confirmed by a step first);
     ``benchmarks/results/h200/core_b8efdc4.json`` and ``core_b8efdc4.txt`` the same
     code again on a third, slower host;
+    ``benchmarks/results/h200/core_c669137.json`` and ``core_c669137.txt`` at c669137
+    (the scalar read's walk through ``CudaEngine._emit``, one loop in ``hub.emit``);
     ``benchmarks/results/h200/core_steps1000_d1c8e44.json`` and ``core_steps1000_d1c8e44.txt``
     are ``--steps 1000 --pairs 20 --sync-pairs 3 --calls 500`` at d1c8e44 (blocks ten
     times longer);
