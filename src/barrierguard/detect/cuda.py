@@ -28,7 +28,7 @@ import torch
 from barrierguard.detect import distributed, hub, stack
 from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.patch import Patches, drop_filter
-from barrierguard.detect.stack import _anchors, observe
+from barrierguard.detect.stack import Sync, _anchors, observe
 
 __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 
@@ -387,9 +387,15 @@ class CudaEngine:
         # call into the walk (a loop that reads a value every step).
         last = _anchors.last
         if last is not None and frame is last[0] and frame.f_lasti == last[1] and last[2] is None:
-            hub.emit(self.name, last[4], stall)
+            sync: Sync | None = last[4]
         else:
-            self._emit(frame, None, "", stall, 3)
+            try:
+                sync = observe(frame, None, "", 2)
+            except Exception as exc:  # a fault of ours is reported, never raised
+                hub.fault(self.name, exc)
+                return
+        if sync is not None:
+            hub.emit(self.name, sync, stall)
 
     def _emit(
         self,

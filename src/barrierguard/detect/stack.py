@@ -168,6 +168,9 @@ class _Anchors:
     # The last observed frame, its instruction, the kind and detail asked for,
     # and the sync found (one tuple: a thread reads it whole).
     last: tuple[FrameType, int, str | None, str, Sync] | None = None
+    # The key of the last route replayed (its code, instruction, kind and
+    # detail) and its key's routes: the same key again costs no dictionary.
+    hot: tuple[CodeType, int, str | None, str, list[_Route]] | None = None
 
 
 _anchors = _Anchors()
@@ -233,8 +236,12 @@ class _Route:
 # Routes by the sync's (code id, instruction, kind, detail); a few per key.
 _routes: dict[tuple[int, int, str | None, str], list[_Route]] = {}
 _ROUTES_PER_KEY = 4
+_NO_ROUTES: list[_Route] = []  # never filled
 # Routes that hold a frame (``outer``): dropped with the anchors.
 _held: list[tuple[tuple[int, int, str | None, str], _Route]] = []
+# The depth (as forget's sys._getframe(depth)) at which each held frame, by
+# id, was on the stack at the last boundary.
+_depths: dict[int, int] = {}
 
 
 def forget(live: bool = False) -> None:
@@ -243,7 +250,7 @@ def forget(live: bool = False) -> None:
     With ``live`` (a step boundary), what holds a frame that is on the stack
     now (the training loop's, running on) is kept: it is no finished frame.
     """
-    global _phases_seen
+    global _phases_seen, _depths
     _phases_seen = (-1, False)
     located, searched, last = _anchors.located, _anchors.searched, _anchors.last
     if not (_held or located or searched or last):
@@ -255,11 +262,30 @@ def forget(live: bool = False) -> None:
         for frame in (searched, located and located[0], last and last[0]):
             if frame is not None:
                 wanted.add(id(frame))
-        f: FrameType | None = sys._getframe(1)
-        while f is not None and len(on_stack) < len(wanted):
-            if id(f) in wanted:
-                on_stack.add(id(f))
-            f = f.f_back
+        # First where each was at the last boundary: a loop's boundaries come
+        # from one place, and a probe makes no frame object on the way (a walk
+        # makes one for every fresh frame between, a dozen in an optimizer's step).
+        getframe = sys._getframe
+        for held, depth in _depths.items():
+            if held in wanted:
+                try:
+                    if id(getframe(depth)) == held:
+                        on_stack.add(held)
+                except ValueError:
+                    pass
+        depths = {held: _depths[held] for held in on_stack}
+        if len(on_stack) < len(wanted):
+            f: FrameType | None = getframe(1)
+            depth = 1
+            while f is not None and len(on_stack) < len(wanted):
+                if id(f) in wanted:
+                    on_stack.add(id(f))
+                    depths[id(f)] = depth
+                f = f.f_back
+                depth += 1
+        _depths = depths
+    else:
+        _depths = {}
     if located is None or id(located[0]) not in on_stack:
         _anchors.located = None
     if id(searched) not in on_stack:
@@ -556,7 +582,8 @@ def _replay(route: _Route, frame: FrameType, base: int) -> Sync | None:
         outer = route.outer
         if outer is not None and getframe(base + outer[0]) is not outer[1]:
             return None
-        if route.phases != _phases_possible():
+        seen = _phases_seen  # _phases_possible(), its cache read inline (a call a sync)
+        if route.phases != (seen[1] if seen[0] == len(sys.modules) else _phases_possible()):
             return None
         if route.sync is not None:
             return route.sync
@@ -608,16 +635,34 @@ def observe(
         # The same live frame at the same instruction: the frames outward of
         # it are the ones the walk saw, so the sync is the one it found.
         return last[4]
-    key = (id(frame.f_code), frame.f_lasti, kind, detail)
+    code = frame.f_code
+    lasti = frame.f_lasti
     sync: Sync | None = None
     kept = False
+    key: tuple[int, int, str | None, str] | None = None
     if depth >= 0:
+        # The routes of the last key replayed, without making the key again
+        # (a framework's sync met again and again from one loop).
+        hot = _anchors.hot
+        if (
+            hot is not None
+            and hot[0] is code
+            and hot[1] == lasti
+            and hot[2] == kind
+            and hot[3] == detail
+        ):
+            routes = hot[4]
+        else:
+            key = (id(code), lasti, kind, detail)
+            routes = _routes.get(key, _NO_ROUTES)
         # From _replay and _learn_route, one call further in, frame is
         # sys._getframe(depth + 2).
-        for route in _routes.get(key, ()):
+        for route in routes:
             sync = _replay(route, frame, depth + 2)
             if sync is not None:
                 kept = route.kept
+                if hot is None or routes is not hot[4]:
+                    _anchors.hot = (code, lasti, kind, detail, routes)
                 break
     if sync is None:
         trace = _Trace() if depth >= 0 else None
@@ -629,6 +674,8 @@ def observe(
         sync = Sync(loc, mechanism, phase)
         kept = frame is innermost and frame is user
         if trace is not None:
+            if key is None:
+                key = (id(code), lasti, kind, detail)
             _learn_route(key, depth + 2, frame, trace, found, sync)
     if kept and not frame.f_code.co_flags & _RESUMABLE:
         # Only a frame of the sync's own place is kept: one of barrierguard's

@@ -454,16 +454,21 @@ class Guard:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._probing:
             return  # a captured step runs no kernel: not a step of the training
-        self._optimizers.setdefault(id(optimizer), optimizer)
+        key = id(optimizer)
+        if key not in self._optimizers:
+            self._optimizers[key] = optimizer
         if self._manual:
             return
-        for _ in range(self._optimizer_steps.boundaries(id(optimizer))):
+        boundaries = self._optimizer_steps.boundaries(key)
+        while boundaries:
+            boundaries -= 1
             self._advance()
 
     def _advance(self) -> None:
         # Only the training thread advances steps, so no lock on this hot path:
         # the new step's counter exists before the step number that indexes it.
-        self._fold()
+        if self._quiet:
+            self._fold()
         self._per_step.append(0)
         self._step_stall.append(0.0)
         self._step_syncs = 0
