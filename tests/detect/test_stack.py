@@ -261,6 +261,37 @@ def test_a_step_boundary_keeps_what_holds_a_live_frame_only() -> None:
     assert not stack._held
 
 
+def test_a_step_boundary_finds_held_frames_where_the_last_one_did() -> None:
+    def probe() -> stack.Sync | None:
+        return stack.observe(sys._getframe(), "item", "", 0)
+
+    def boundary(depth: int) -> None:
+        # A boundary called from deeper each time: the depth remembered from
+        # the last one misses, and the walk finds the frame again.
+        if depth:
+            boundary(depth - 1)
+        else:
+            stack.forget(live=True)
+
+    probe()
+    probe()  # the route holds this test's frame
+    me = sys._getframe()
+    for depth in (0, 0, 3, 3, 0):
+        boundary(depth)
+        assert [route.outer[1] for _, route in stack._held] == [me]  # type: ignore[index]
+        assert stack._depths == {id(me): depth + 2}  # from forget: depth + 1 boundaries, then here
+
+    def finished() -> None:
+        probe()
+        probe()  # a route that holds this frame, which then returns
+
+    finished()
+    boundary(0)  # the finished frame is not where any held frame was, nor on the stack
+    assert [route.outer[1] for _, route in stack._held] == [me]  # type: ignore[index]
+    stack.forget()
+    assert not stack._held
+
+
 _CALL = _define(
     "lightning/pytorch/trainer/call.py",
     "def _call_callback_hooks(hook_name, inner):\n    return inner()\n",
