@@ -14,6 +14,15 @@ Design:
       rotating); the figure is the median of the per-round ratios to bare, with
       its IQR. Each guard is started before its block and stopped after it; its
       one-time ``start()+stop()`` is timed apart.
+    * Per step, by part (GPU only, ``--parts-steps``): where ``watch(memory=False)``'s
+      host time goes on that step, measured in place: each entry point the step
+      reaches (the optimizer hook and the step boundary in it, the ``.to()`` copy
+      wrapper, the timed wrappers the optimizer calls on host tensors) is wrapped
+      in a ``perf_counter`` meter, and so is the original call inside each
+      wrapper; a wrapper's cost is its time less its original's. Beside it, the
+      step's host CPU time (``thread_time``), bare and watched, in alternating
+      blocks: what the parts do not explain is the indirect cost (caches, the
+      Python calls' own frames).
     * Per sync (GPU only): loops of ``--calls`` ``.item()`` on an idle GPU, one
       in user code and one inside a framework's code ``--depth`` (20) frames
       deep (a function chain compiled as Lightning's logger-connector file),
@@ -82,6 +91,7 @@ from _common import (
     paired_rounds,
     paired_summary,
     quartiles,
+    sync,
     table,
     timed,
     write,
@@ -155,6 +165,127 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         "width": width,
         **paired_summary(rounds, names, steps),
     }
+
+
+def parts(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
+    """Host microseconds per step of each part of ``watch(memory=False)``, measured in place."""
+    import functools
+
+    from barrierguard.detect import cuda as cuda_engine
+    from barrierguard.session import guard as guard_module
+
+    clock = time.perf_counter
+    spent: dict[str, list[float]] = {}
+
+    def meter(name: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def metered(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                cell = spent.setdefault(name, [0.0, 0])
+                cell[0] += clock() - t0
+                cell[1] += 1
+
+        return metered
+
+    saved = [
+        (cuda_engine, "_timed_no_args"),
+        (cuda_engine, "_timed"),
+        (cuda_engine.CudaEngine, "_copy_wrapper"),
+        (guard_module.Guard, "_on_optimizer_step"),
+        (guard_module.Guard, "_advance"),
+    ]
+    originals = [(owner, name, getattr(owner, name)) for owner, name in saved]
+
+    def factory(make: Any) -> Any:
+        def wrapped(orig: Any, *rest: Any) -> Any:
+            label = getattr(orig, "__name__", "?")
+            return meter(f"wrapper {label}", make(meter(f"original {label}", orig), *rest))
+
+        return wrapped
+
+    cuda_engine._timed_no_args = factory(cuda_engine._timed_no_args)  # type: ignore[assignment]
+    cuda_engine._timed = factory(cuda_engine._timed)  # type: ignore[assignment]
+    copy = cuda_engine.CudaEngine._copy_wrapper
+    cuda_engine.CudaEngine._copy_wrapper = lambda self, orig, method: meter(  # type: ignore[method-assign]
+        f"wrapper {method}", copy(self, meter(f"original {method}", orig), method)
+    )
+    guard_module.Guard._on_optimizer_step = meter(  # type: ignore[method-assign]
+        "optimizer hook", guard_module.Guard._on_optimizer_step
+    )
+    guard_module.Guard._advance = meter("step boundary", guard_module.Guard._advance)  # type: ignore[method-assign]
+    try:
+        step = adam_mlp_step(device, layers, width)
+        for _ in range(20):
+            step()
+        guard = barrierguard.watch(policy="record", memory=False)
+        cpu: dict[str, list[float]] = {"bare": [], "watch": []}
+        for block in range(6):
+            for name in ("bare", "watch"):
+                if name == "watch":
+                    guard.start()
+                    if block == 0:
+                        spent.clear()
+                sync()
+                t0 = time.thread_time()
+                for _ in range(steps):
+                    step()
+                sync()
+                cpu[name].append((time.thread_time() - t0) / steps)
+                if name == "watch":
+                    guard.stop()
+        counted = guard.report.steps
+    finally:
+        for owner, name, orig in originals:
+            setattr(owner, name, orig)
+    us = {name: cell[0] / counted * 1e6 for name, cell in spent.items()}
+    calls = {name: cell[1] / counted for name, cell in spent.items()}
+    rows: dict[str, dict[str, float]] = {}
+    for name in us:
+        if name.startswith("wrapper "):
+            label = name[len("wrapper ") :]
+            own = us[name] - us.get(f"original {label}", 0.0)
+            rows[f"wrapper of {label}"] = {"us_per_step": own, "calls_per_step": calls[name]}
+    rows["optimizer hook (with the boundary)"] = {
+        "us_per_step": us.get("optimizer hook", 0.0),
+        "calls_per_step": calls.get("optimizer hook", 0.0),
+    }
+    rows["  of which the step boundary"] = {
+        "us_per_step": us.get("step boundary", 0.0),
+        "calls_per_step": calls.get("step boundary", 0.0),
+    }
+    bare, watched = median(cpu["bare"]), median(cpu["watch"])
+    named = sum(r["us_per_step"] for k, r in rows.items() if not k.startswith("  "))
+    return {
+        "steps": counted,
+        "layers": layers,
+        "parts": rows,
+        "named_us_per_step": named,
+        "thread_us_per_step": {"bare": bare * 1e6, "watch": watched * 1e6},
+        "added_thread_us_per_step": (watched - bare) * 1e6,
+    }
+
+
+def print_parts(pp: dict[str, Any]) -> None:
+    print(
+        f"\n## where watch(memory=False)'s host time goes on that step ({pp['steps']} watched steps)"
+    )
+    rows = [
+        [name, f"{r['calls_per_step']:.2f}", f"{r['us_per_step']:.2f}"]
+        for name, r in pp["parts"].items()
+    ]
+    rows.append(["named parts, in all", "", f"{pp['named_us_per_step']:.1f}"])
+    t = pp["thread_us_per_step"]
+    rows.append(
+        [
+            f"host CPU time added per step (bare {t['bare']:.0f} us)",
+            "",
+            f"{pp['added_thread_us_per_step']:.1f}",
+        ]
+    )
+    print(table(["part", "calls per step", "us per step"], rows))
 
 
 # A framework's code, 20 frames deep: `through` calls itself down to `metrics`,
@@ -331,6 +462,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--sync-pairs", type=int, default=15, help="paired rounds of the per-sync part")
     ap.add_argument("--depth", type=int, default=20, help="frames of the framework path")
+    ap.add_argument(
+        "--parts-steps",
+        type=int,
+        default=500,
+        help="steps per block of the by-part rounds (0: none)",
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
         "--sync-stand-in",
@@ -370,6 +507,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps; one start()+stop(): {ov['start_stop_us']:.0f} us"
     )
+    if args.device == "cuda" and args.parts_steps:
+        pp = parts(args.device, args.parts_steps, layers, args.width)
+        results["parts"] = pp
+        print_parts(pp)
     if args.device == "cuda" or args.sync_stand_in:
         x = _cuda_stand_in() if args.sync_stand_in else None
         if args.clock == "thread":
