@@ -50,6 +50,9 @@ Reproduce:
     ``benchmarks/results/h200/core_steps1000_d1c8e44.json`` and ``core_steps1000_d1c8e44.txt``
     are ``--steps 1000 --pairs 20 --sync-pairs 3 --calls 500`` at d1c8e44 (blocks ten
     times longer);
+    ``benchmarks/results/h200/core_0c93948.json`` and ``core_0c93948.txt`` at 0c93948
+    add the by-part table (a step boundary that probes where the loop's held
+    frames were, a framework sync's routes kept from one replay to the next);
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
