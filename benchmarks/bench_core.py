@@ -483,8 +483,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="wall",
         help="thread: this thread's CPU time (per-sync part; a loaded shared CPU machine)",
     )
+    ap.add_argument(
+        "--pin",
+        type=int,
+        help="run on this one CPU core: the host's scheduler moves the process less",
+    )
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    if args.pin is not None:
+        os.sched_setaffinity(0, {args.pin})
     results: dict[str, Any] = {"command": " ".join(sys.argv)}
     layers = args.layers or adam_mlp_layers(args.device, args.width, args.target_ms)
     ov = overhead(args.device, args.steps, args.pairs, layers, args.width)

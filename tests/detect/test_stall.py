@@ -49,6 +49,24 @@ def test_host_tensor_reads_are_not_timed(
     assert site.stall_count == 0
 
 
+@pytest.mark.parametrize(
+    ("first", "timed"), [(1.0, False), (3, False), (True, False), ([1.0], True), ((1,), True)]
+)
+def test_a_call_on_a_python_number_is_not_timed(
+    clock: FakeClock, first: object, timed: bool
+) -> None:
+    # torch.tensor(1.0) reads no device value (optimizers call it every step):
+    # the timed wrapper passes it on without the clock; a list may hold tensors.
+    seen: list[object] = []
+
+    def orig(*args: object, **kwargs: object) -> None:
+        seen.append(cuda_engine._tls.t0)
+
+    cuda_engine._timed(orig, lambda: False)(first, device="cpu")
+    assert (seen[0] is not None) is timed
+    assert cuda_engine._tls.t0 is None
+
+
 def test_nested_syncs_are_counted_once(
     fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -122,6 +122,9 @@ def _compiling_check() -> Callable[[], bool]:
     return check
 
 
+_HOST_NUMBERS = frozenset({int, float, bool, complex})
+
+
 def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[..., Any]:
     """``orig``, noting on this thread when the outermost timed call began."""
     tls = _tls
@@ -129,7 +132,9 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
 
     @functools.wraps(orig)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        if tls.t0 is not None or compiling():
+        # A Python number first (torch.tensor(1.0), which optimizers call every
+        # step) reads no device value.
+        if (args and type(args[0]) in _HOST_NUMBERS) or tls.t0 is not None or compiling():
             return orig(*args, **kwargs)
         tls.t0 = clock()
         try:
