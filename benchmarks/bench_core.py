@@ -53,6 +53,8 @@ Reproduce:
     ``benchmarks/results/h200/core_0c93948.json`` and ``core_0c93948.txt`` at 0c93948
     add the by-part table (a step boundary that probes where the loop's held
     frames were, a framework sync's routes kept from one replay to the next);
+    ``benchmarks/results/h200/core_340c4a3_pin2.json`` and ``core_340c4a3_pin2.txt``
+    are ``--pin 2`` at 340c4a3 on a slower host;
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
