@@ -19,10 +19,11 @@ Design:
       reaches (the optimizer hook and the step boundary in it, the ``.to()`` copy
       wrapper, the timed wrappers the optimizer calls on host tensors) is wrapped
       in a ``perf_counter`` meter, and so is the original call inside each
-      wrapper; a wrapper's cost is its time less its original's. Beside it, the
-      step's host CPU time (``thread_time``), bare and watched, in alternating
-      blocks: what the parts do not explain is the indirect cost (caches, the
-      Python calls' own frames).
+      wrapper; a wrapper's cost is its time less its original's and less one
+      meter's own cost (an empty metered call after each step measures it).
+      Beside it, the step's host CPU time (``thread_time``), bare and watched
+      without meters, in rotating blocks: what the parts do not explain is the
+      indirect cost (caches, the Python calls' own frames).
     * Per sync (GPU only): loops of ``--calls`` ``.item()`` on an idle GPU, one
       in user code and one inside a framework's code ``--depth`` (20) frames
       deep (a function chain compiled as Lightning's logger-connector file),
@@ -173,7 +174,14 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
 
 
 def parts(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
-    """Host microseconds per step of each part of ``watch(memory=False)``, measured in place."""
+    """Host microseconds per step of each part of ``watch(memory=False)``, measured in place.
+
+    Blocks of ``steps`` steps rotate: bare, watched, and watched with a meter
+    on each part (and on each wrapper's original call, and on an empty call
+    after each step: a meter's own cost there, taken off every row that
+    contains one). The step's host CPU time is compared between the bare and
+    the plain watched blocks, which carry no meter.
+    """
     import functools
 
     from barrierguard.detect import cuda as cuda_engine
@@ -195,15 +203,6 @@ def parts(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
 
         return metered
 
-    saved = [
-        (cuda_engine, "_timed_no_args"),
-        (cuda_engine, "_timed"),
-        (cuda_engine.CudaEngine, "_copy_wrapper"),
-        (guard_module.Guard, "_on_optimizer_step"),
-        (guard_module.Guard, "_advance"),
-    ]
-    originals = [(owner, name, getattr(owner, name)) for owner, name in saved]
-
     def factory(make: Any) -> Any:
         def wrapped(orig: Any, *rest: Any) -> Any:
             label = getattr(orig, "__name__", "?")
@@ -211,51 +210,75 @@ def parts(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
 
         return wrapped
 
-    cuda_engine._timed_no_args = factory(cuda_engine._timed_no_args)  # type: ignore[assignment]
-    cuda_engine._timed = factory(cuda_engine._timed)  # type: ignore[assignment]
     copy = cuda_engine.CudaEngine._copy_wrapper
-    cuda_engine.CudaEngine._copy_wrapper = lambda self, orig, method: meter(  # type: ignore[method-assign]
-        f"wrapper {method}", copy(self, meter(f"original {method}", orig), method)
-    )
-    guard_module.Guard._on_optimizer_step = meter(  # type: ignore[method-assign]
-        "optimizer hook", guard_module.Guard._on_optimizer_step
-    )
-    guard_module.Guard._advance = meter("step boundary", guard_module.Guard._advance)  # type: ignore[method-assign]
+    metered_parts: list[tuple[Any, str, Any]] = [
+        (cuda_engine, "_timed_no_args", factory(cuda_engine._timed_no_args)),
+        (cuda_engine, "_timed", factory(cuda_engine._timed)),
+        (
+            cuda_engine.CudaEngine,
+            "_copy_wrapper",
+            lambda self, orig, method: meter(
+                f"wrapper {method}", copy(self, meter(f"original {method}", orig), method)
+            ),
+        ),
+        (
+            guard_module.Guard,
+            "_on_optimizer_step",
+            meter("optimizer hook", guard_module.Guard._on_optimizer_step),
+        ),
+        (guard_module.Guard, "_advance", meter("step boundary", guard_module.Guard._advance)),
+    ]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in metered_parts]
+    empty = meter("empty", lambda: None)
+    step = adam_mlp_step(device, layers, width)
+    for _ in range(20):
+        step()
+    guards = {
+        "watch": barrierguard.watch(policy="record", memory=False),
+        "metered": barrierguard.watch(policy="record", memory=False),
+    }
+    cpu: dict[str, list[float]] = {"bare": [], "watch": []}
     try:
-        step = adam_mlp_step(device, layers, width)
-        for _ in range(20):
-            step()
-        guard = barrierguard.watch(policy="record", memory=False)
-        cpu: dict[str, list[float]] = {"bare": [], "watch": []}
         for block in range(6):
-            for name in ("bare", "watch"):
-                if name == "watch":
-                    guard.start()
-                    if block == 0:
-                        spent.clear()
+            for name in ("bare", "watch", "metered"):
+                if name == "metered":
+                    for owner, attr, value in metered_parts:
+                        setattr(owner, attr, value)
+                if name in guards:
+                    guards[name].start()
+                if name == "metered" and block == 0:
+                    spent.clear()
                 sync()
                 t0 = time.thread_time()
                 for _ in range(steps):
                     step()
+                    if name == "metered":
+                        empty()
                 sync()
-                cpu[name].append((time.thread_time() - t0) / steps)
-                if name == "watch":
-                    guard.stop()
-        counted = guard.report.steps
+                if name in cpu:
+                    cpu[name].append((time.thread_time() - t0) / steps)
+                if name in guards:
+                    guards[name].stop()
+                for owner, attr, orig in originals:
+                    setattr(owner, attr, orig)
     finally:
-        for owner, name, orig in originals:
-            setattr(owner, name, orig)
+        for owner, attr, orig in originals:
+            setattr(owner, attr, orig)
+    counted = guards["metered"].report.steps
+    per_meter = spent["empty"][0] / spent["empty"][1] * 1e6
     us = {name: cell[0] / counted * 1e6 for name, cell in spent.items()}
     calls = {name: cell[1] / counted for name, cell in spent.items()}
     rows: dict[str, dict[str, float]] = {}
     for name in us:
         if name.startswith("wrapper "):
             label = name[len("wrapper ") :]
-            own = us[name] - us.get(f"original {label}", 0.0)
+            # Less the original's time and the inner meter's own cost.
+            own = us[name] - us.get(f"original {label}", 0.0) - calls[name] * per_meter
             rows[f"wrapper of {label}"] = {"us_per_step": own, "calls_per_step": calls[name]}
+    hook_calls = calls.get("optimizer hook", 0.0)
     rows["optimizer hook (with the boundary)"] = {
-        "us_per_step": us.get("optimizer hook", 0.0),
-        "calls_per_step": calls.get("optimizer hook", 0.0),
+        "us_per_step": us.get("optimizer hook", 0.0) - calls.get("step boundary", 0.0) * per_meter,
+        "calls_per_step": hook_calls,
     }
     rows["  of which the step boundary"] = {
         "us_per_step": us.get("step boundary", 0.0),
@@ -266,6 +289,7 @@ def parts(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
     return {
         "steps": counted,
         "layers": layers,
+        "meter_us": per_meter,
         "parts": rows,
         "named_us_per_step": named,
         "thread_us_per_step": {"bare": bare * 1e6, "watch": watched * 1e6},
@@ -282,6 +306,7 @@ def print_parts(pp: dict[str, Any]) -> None:
         for name, r in pp["parts"].items()
     ]
     rows.append(["named parts, in all", "", f"{pp['named_us_per_step']:.1f}"])
+    rows.append(["(one meter's own cost, taken off each row)", "", f"{pp['meter_us']:.2f}"])
     t = pp["thread_us_per_step"]
     rows.append(
         [
