@@ -24,7 +24,6 @@ from barrierguard.detect.frames import USER, classify_file
 __all__ = [
     "CompileEvent",
     "CompileListener",
-    "PartitionReader",
     "not_a_dynamo_frame",
     "parse_cudagraph_skip",
     "parse_graph_break",
@@ -162,48 +161,6 @@ def _cudagraphs_on() -> bool:
     return bool(getattr(getattr(config, "triton", None), "cudagraphs", False))
 
 
-class PartitionReader:
-    """CUDA-graph partitions that inductor could not graph, from consecutive records.
-
-    Inductor (torch 2.9 and later) logs each op it cannot graph (``op3:
-    reason=DeviceCopy ops, ...``), then its stack one frame per record; the
-    innermost frame of the user's own code places it.
-
-    Example:
-        >>> r = PartitionReader()
-        >>> r.feed("    op3: reason=DeviceCopy ops, ir=DeviceCopy, fx=...") is None
-        True
-        >>> e = r.feed('         File "/w/train.py", line 30, in loss_fn')
-        >>> (e.line, e.reason)
-        (30, 'not in a CUDA graph: DeviceCopy ops')
-    """
-
-    def __init__(self) -> None:
-        self._reason: str | None = None
-        self._placed = False
-        # Whether the last event returned was its op's first (an inner frame of
-        # the same op comes later and places it better).
-        self.first = True
-
-    def feed(self, text: str) -> CompileEvent | None:
-        """Take one record's text; return an event when it places a pending op."""
-        m = _PARTITION_OP.match(text)
-        if m is not None:
-            self._reason = m.group("reason").strip()
-            self._placed = False
-            return None
-        if self._reason is None:
-            return None
-        if "Partition " in text or "graph partitions" in text:
-            self._reason = None  # the op's stack ended without a line of the user's
-            return None
-        where = _user_frame(text)
-        if where is None:
-            return None
-        self.first, self._placed = not self._placed, True
-        return CompileEvent("cudagraph_skip", *where, f"not in a CUDA graph: {self._reason}")
-
-
 def not_a_dynamo_frame(code: CodeType) -> None:
     """Keep dynamo from compiling ``code`` when it runs as a frame of its own.
 
@@ -222,34 +179,16 @@ def not_a_dynamo_frame(code: CodeType) -> None:
         pass
 
 
-class _Handler(logging.Handler):
-    """Records the listener's artifacts; hands on what the logger would have propagated."""
-
-    def __init__(self, listener: CompileListener) -> None:
-        super().__init__(logging.DEBUG)
-        self.listener = listener
-
-    def emit(self, record: logging.LogRecord) -> None:
-        listener = self.listener
-        try:
-            listener._take(record)
-        except Exception as exc:  # never lose a compile to our parsing
-            listener.faults.append(f"{type(exc).__name__}: {exc}")
-        saved = listener._saved.get(record.name)
-        parent = logging.getLogger(record.name).parent
-        # The logger was lowered to DEBUG for us, with its propagation off: pass on
-        # exactly what it would have passed on to torch's handlers before.
-        if saved is not None and saved[1] and record.levelno >= saved[2] and parent is not None:
-            parent.callHandlers(record)
-
-
 _listening_lock = threading.Lock()
 _listening: list[CompileListener] = []
 _patched_original: list[Any] = []
 
 
-class CompileListener:
+class CompileListener(logging.Handler):
     """Listens to dynamo's graph breaks and inductor's CUDA-graph skips while running.
+
+    It is the handler it puts on torch's loggers: ``logging`` calls :meth:`emit`
+    under the handler's lock, one record at a time.
 
     Example:
         >>> listener = CompileListener()
@@ -259,16 +198,17 @@ class CompileListener:
     """
 
     def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
         self.events: list[CompileEvent] = []
         self.faults: list[str] = []
         self.notes: list[str] = []
-        self._lock = threading.Lock()
-        self._handler = _Handler(self)
         # logger name -> (level, propagate, effective level) before we touched it
         self._saved: dict[str, tuple[int, bool, int]] = {}
         self._patched: Any = None  # torch._logging, while its getArtifactLogger is ours
-        self._partitions = PartitionReader()
-        # The partition event placed last: an inner frame of the same op replaces it.
+        # Inductor (torch 2.9 and later) logs each op it cannot put in a CUDA graph
+        # (``op3: reason=DeviceCopy ops, ...``), then its stack one frame per record:
+        # the op's reason, and its event placed at the innermost user frame so far.
+        self._reason: str | None = None
         self._placed: CompileEvent | None = None
 
     # -- lifecycle ------------------------------------------------------------
@@ -319,7 +259,7 @@ class CompileListener:
                     module.getArtifactLogger = _patched_original.pop()
         for name, (level, propagate, _) in self._saved.items():
             logger = logging.getLogger(name)
-            logger.removeHandler(self._handler)
+            logger.removeHandler(self)
             logger.setLevel(level)
             logger.propagate = propagate
         self._saved.clear()
@@ -336,9 +276,22 @@ class CompileListener:
         if not enabled:
             logger.setLevel(logging.DEBUG)
             logger.propagate = False
-        logger.addHandler(self._handler)
+        logger.addHandler(self)
 
     # -- records --------------------------------------------------------------
+    def emit(self, record: logging.LogRecord) -> None:
+        """Read ``record``; hand on what the logger would have propagated."""
+        try:
+            self._take(record)
+        except Exception as exc:  # never lose a compile to our parsing
+            self.faults.append(f"{type(exc).__name__}: {exc}")
+        saved = self._saved.get(record.name)
+        parent = logging.getLogger(record.name).parent
+        # The logger was lowered to DEBUG for us, with its propagation off: pass on
+        # exactly what it would have passed on to torch's handlers before.
+        if saved is not None and saved[1] and record.levelno >= saved[2] and parent is not None:
+            parent.callHandlers(record)
+
     def _take(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         if record.name.rsplit(".__", 1)[-1] == "graph_breaks":
@@ -346,15 +299,29 @@ class CompileListener:
         else:
             event = parse_cudagraph_skip(text)
             if event is None and _cudagraphs_on():
-                placed = self._partitions.feed(text)
-                if placed is not None:
-                    with self._lock:
-                        if not self._partitions.first and self._placed is not None:
-                            self.events.pop()  # the same op, placed at an inner frame
-                        self.events.append(placed)
-                        self._placed = placed
+                self._partition(text)
                 return
         if event is not None:
-            with self._lock:
-                self.events.append(event)
-                self._placed = None
+            self.events.append(event)
+            self._placed = None
+
+    def _partition(self, text: str) -> None:
+        """Place the pending op of a CUDA-graph partition at a frame of ``text``."""
+        m = _PARTITION_OP.match(text)
+        if m is not None:
+            self._reason, self._placed = m.group("reason").strip(), None
+            return
+        if self._reason is None:
+            return
+        if "Partition " in text or "graph partitions" in text:
+            self._reason = None  # the op's stack ended without a line of the user's
+            return
+        where = _user_frame(text)
+        if where is None:
+            return
+        if self._placed is not None:
+            self.events.pop()  # the same op, placed at an inner frame
+        self._placed = CompileEvent(
+            "cudagraph_skip", *where, f"not in a CUDA graph: {self._reason}"
+        )
+        self.events.append(self._placed)
