@@ -15,7 +15,7 @@ import sys
 import weakref
 from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -32,7 +32,7 @@ from barrierguard.detect.frames import (
 )
 from barrierguard.detect.stack import observe
 
-__all__ = ["NAME", "AuditMode", "EngineHooks", "Rule", "fault", "sync_frame"]
+__all__ = ["NAME", "AuditMode", "Rule", "sync_frame"]
 
 NAME = "audit"
 
@@ -65,14 +65,6 @@ Parameter = torch.nn.Parameter
 _current_node = torch._C._current_autograd_node
 
 Rule = Callable[["AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
-
-
-class EngineHooks(Protocol):
-    """What the mode asks of its engine: a note for the report, a backward to watch."""
-
-    def note(self, text: str) -> None: ...
-
-    def watch_backward(self, node: Any) -> None: ...
 
 
 # While dynamo traces a compiled function it runs this mode's Python too: the
@@ -108,10 +100,9 @@ _NO_KWARGS: dict[str, Any] = {}
 class AuditMode(TorchFunctionMode):
     """The mode: propagate provenance on every call, apply a rule where one exists."""
 
-    def __init__(self, engine: EngineHooks, rules: dict[Any, Rule]) -> None:
+    def __init__(self, rules: dict[Any, Rule]) -> None:
         super().__init__()
         not_a_dynamo_frame(type(self).__torch_function__.__code__)
-        self.engine = engine
         self.rules = rules
         self.active = True
         self.marks: dict[int, _Mark] = {}
@@ -245,7 +236,7 @@ class AuditMode(TorchFunctionMode):
                 try:
                     self.propagate(args, kwargs, out)
                 except Exception as exc:  # never lose the user's op to our bookkeeping
-                    fault(exc)
+                    hub.fault(NAME, exc)
             return out
         # The fast path, propagate() inlined: most ops take no keyword, one or
         # two tensors already marked, and return one tensor (f(*args) builds
@@ -277,16 +268,18 @@ class AuditMode(TorchFunctionMode):
             else:
                 self.mark_out(out, True)
         except Exception as exc:  # never lose the user's op to our bookkeeping
-            fault(exc)
+            hub.fault(NAME, exc)
         return out
 
     # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "") -> None:
         """Record a sync of ``kind`` at the caller's place (the first frame not ours)."""
+        if not self.active:  # stopped, or released by the thread that installed it
+            return
         try:
             sync = observe(sync_frame(sys._getframe(1)), kind, detail)
         except Exception as exc:
-            fault(exc)
+            hub.fault(NAME, exc)
             return
         if sync is not None:
             hub.emit(NAME, sync)
@@ -295,9 +288,13 @@ class AuditMode(TorchFunctionMode):
         if not nonblocking:
             return ("copy", "h2d")
         if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
-            self.engine.note(NOTE_PINNED_H2D)
+            hub.note(NAME, NOTE_PINNED_H2D)
             return ("copy", "h2d pageable non_blocking")
         return None
+
+    def watch_backward(self, node: Any) -> None:
+        """Report the backward of ``node`` (mask indexing's backward needs a size)."""
+        node.register_prehook(lambda grad_outputs: self.record("backward"))
 
     def moved(self, src: Tensor, out: Any, target: bool | None, nonblocking: bool) -> Any:
         """Judge a ``.to()``/``.cpu()``/``.cuda()`` and return the (maybe retargeted) result."""
@@ -364,8 +361,3 @@ def sync_frame(frame: FrameType | None) -> FrameType | None:
             return frame
         frame = frame.f_back
     return None
-
-
-def fault(exc: BaseException) -> None:
-    """Report a fault of the audit's own to its guards (never raised)."""
-    hub.fault(NAME, exc)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from barrierguard.detect import hub
 from barrierguard.detect.audit_provenance import (
     NAME,
     NOTE_PINNED_D2H,
@@ -29,10 +30,8 @@ from barrierguard.detect.audit_provenance import (
     Tensor,
     sync_frame,
 )
-from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.cuda import _nonblocking
 from barrierguard.detect.frameworks import package_path
-from barrierguard.detect.hub import emit
 from barrierguard.detect.patch import Patches
 from barrierguard.detect.stack import observe
 
@@ -77,19 +76,11 @@ def tagged_ops() -> dict[str, str]:
     return found
 
 
-def _reader(
-    kind: str,
-    detail: str = "",
-    when: Callable[[], bool] | None = None,
-    hit: Callable[[], None] | None = None,
-) -> Rule:
-    """A rule that records ``kind`` when the call's tensor is a device tensor and
-    ``when()``, if given, says the call counts; ``hit()`` is told."""
+def _reader(kind: str) -> Rule:
+    """A rule that records ``kind`` when the call's tensor is a device tensor."""
 
     def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
         out = func(*args, **kwargs)
-        if when is not None and not when():
-            return out
         try:
             t = args[0] if args else None
             if not isinstance(t, Tensor):
@@ -97,16 +88,14 @@ def _reader(
             m = mode.marks.get(id(t))
             if not (m.dev if m is not None else mode.is_dev(t)):
                 return out
-            if hit is not None:
-                hit()
             # The caller of the mode's __torch_function__, which called this
             # rule: sys._getframe makes no frame object for the frames it skips.
-            sync = observe(sync_frame(sys._getframe(2)), kind, detail)
+            sync = observe(sync_frame(sys._getframe(2)), kind, "")
         except Exception as exc:
-            _fault(exc)
+            hub.fault(NAME, exc)
             return out
         if sync is not None:
-            emit(NAME, sync)
+            hub.emit(NAME, sync)
         return out
 
     return rule
@@ -120,7 +109,7 @@ def _judged(judge: Judge) -> Rule:
         try:
             verdict = judge(mode, func, args, kwargs, out)
         except Exception as exc:
-            _fault(exc)
+            hub.fault(NAME, exc)
             return out
         if verdict is not None:
             mode.record(*verdict)
@@ -158,19 +147,14 @@ def _one_hot(args: Args, kwargs: Kwargs) -> Any:
     return _first(args, kwargs) if classes == -1 else None
 
 
-def _repeats_fn(args: Args, kwargs: Kwargs) -> Any:
-    # torch.repeat_interleave(input, repeats, ...) or torch.repeat_interleave(repeats)
+def _repeats(args: Args, kwargs: Kwargs) -> Any:
+    # repeat_interleave(input, repeats, ...), input.repeat_interleave(repeats, ...), or
+    # torch.repeat_interleave(repeats); the method always names its repeats.
     if kwargs.get("output_size") is not None:
         return None
     if len(args) >= 2:
         return args[1]
     return kwargs.get("repeats", args[0] if args else None)
-
-
-def _repeats_method(args: Args, kwargs: Kwargs) -> Any:
-    if kwargs.get("output_size") is not None:
-        return None
-    return args[1] if len(args) >= 2 else kwargs.get("repeats")
 
 
 def _to_rule(target_of: Callable[[AuditMode, Args, Kwargs], bool | None]) -> Rule:
@@ -187,7 +171,7 @@ def _to_rule(target_of: Callable[[AuditMode, Args, Kwargs], bool | None]) -> Rul
                 bool(target) and _gpu_nonblocking_caller(sys._getframe(1))
             )
         except Exception as exc:
-            _fault(exc)
+            hub.fault(NAME, exc)
             return out
         return mode.moved(src, out, target, nonblocking)
 
@@ -248,7 +232,7 @@ def _copy(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> V
     if ddev:
         return mode.h2d(src, nonblocking)
     if nonblocking:
-        mode.engine.note(NOTE_PINNED_D2H)
+        hub.note(NAME, NOTE_PINNED_D2H)
         return None
     return ("copy", "d2h")
 
@@ -308,7 +292,7 @@ def _getitem(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -
     mode.propagate(args, kwargs, out)
     verdict = _index_verdict(mode, args) if len(args) > 1 else None
     if verdict == ("index", "") and isinstance(out, Tensor) and out.grad_fn is not None:
-        mode.engine.watch_backward(out.grad_fn)
+        mode.watch_backward(out.grad_fn)
     return verdict
 
 
@@ -379,8 +363,8 @@ def build_rules() -> dict[Any, Rule]:
         if probe is not None:
             rules.update(dict.fromkeys(_functions(name), _dynamic(kind, probe)))
     rules[torch.where] = _dynamic("nonzero", _where_one)
-    rules[torch.repeat_interleave] = _dynamic("repeat_interleave", _repeats_fn)
-    rules[Tensor.repeat_interleave] = _dynamic("repeat_interleave", _repeats_method)
+    repeats = (torch.repeat_interleave, Tensor.repeat_interleave)
+    rules.update(dict.fromkeys(repeats, _dynamic("repeat_interleave", _repeats)))
     rules[torch.nn.functional.one_hot] = _dynamic("one_hot", _one_hot)
     rules[Tensor.to] = _to_rule(_to_target)
     rules[Tensor.cpu] = _to_rule(lambda mode, args, kwargs: False)
@@ -394,9 +378,6 @@ def build_rules() -> dict[Any, Rule]:
 
 
 # -- checkpoints: calls the mode does not see whole -------------------------------
-Record = Callable[[str, str], None]
-
-
 class _Checkpoints:
     """The files ``torch.save`` wrote device tensors to (one blocking copy each on a
     GPU), which a ``torch.load`` without ``map_location`` puts back on the device."""
@@ -406,9 +387,6 @@ class _Checkpoints:
         self.device_tensors = 0
         self.paths: set[str] = set()
         self.buffers: weakref.WeakSet[Any] = weakref.WeakSet()
-
-    def saw_device_tensor(self) -> None:
-        self.device_tensors += 1
 
     def _seen(self, f: Any) -> tuple[Any, set[str] | weakref.WeakSet[Any]]:
         """The key of file ``f`` (its absolute path, or the object itself), and its set."""
@@ -426,10 +404,9 @@ class _Checkpoints:
 
     def holds_device_tensors(self, f: Any) -> bool:
         key, seen = self._seen(f)
-        try:
+        with contextlib.suppress(TypeError):  # an object that cannot be hashed
             return key in seen
-        except TypeError:
-            return False
+        return False
 
 
 def _mark_loaded(mode: AuditMode, obj: Any, dev: bool, depth: int = 0) -> bool:
@@ -462,24 +439,25 @@ def _load_target(mode: AuditMode, state: _Checkpoints, f: Any, where: Any) -> bo
 
 
 def install_patches(
-    patches: Patches,
-    mode: AuditMode,
-    record: Record,
-    aside: Callable[[], AbstractContextManager[None]],
+    patches: Patches, mode: AuditMode, aside: Callable[[], AbstractContextManager[None]]
 ) -> None:
     """Audit ``torch.save`` and ``torch.load``.
 
     Args:
         patches: Where the patches go (undone when the engine uninstalls).
-        mode: The running mode; it gets a rule for ``Tensor.untyped_storage``
-            (``torch.save`` reads each tensor's storage once).
-        record: Records a sync at the caller's line: ``record(kind, detail)``.
+        mode: The running mode; it gets a rule for ``Tensor.untyped_storage``.
         aside: A context with the mode off the stack (for ``torch.load``'s own calls).
     """
     state = _Checkpoints()
-    mode.rules[Tensor.untyped_storage] = _reader(
-        "copy", "d2h", when=lambda: state.saving > 0, hit=state.saw_device_tensor
-    )
+
+    def storage(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> Verdict:
+        # torch.save reads each tensor's storage once: a device tensor's is a copy.
+        if not (state.saving and isinstance(args[0], Tensor) and mode.is_dev(args[0])):
+            return None
+        state.device_tensors += 1
+        return ("copy", "d2h")
+
+    mode.rules[Tensor.untyped_storage] = _judged(storage)
     orig_save = torch.save
     orig_load = torch.load
 
@@ -495,7 +473,7 @@ def install_patches(
                 try:
                     state.remember(f)
                 except Exception as exc:
-                    _fault(exc)
+                    hub.fault(NAME, exc)
 
     @functools.wraps(orig_load)
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
@@ -508,10 +486,10 @@ def install_patches(
             dev = _load_target(mode, state, f, where)
             hit = _mark_loaded(mode, out, dev) and dev
         except Exception as exc:
-            _fault(exc)
+            hub.fault(NAME, exc)
             return out
         if hit:
-            record("copy", "h2d")
+            mode.record("copy", "h2d")
         return out
 
     patches.set(torch, "save", save)
