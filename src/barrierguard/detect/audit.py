@@ -378,14 +378,18 @@ class WarningRelay:
         if self._filter is not None:
             drop_filter(self._filter, self._home)
             self._filter = None
-            self._home = []
 
     def _show(self, msg: Any) -> None:
         frame: FrameType | None = None
         name = msg.filename
         try:
             if os.path.basename(name).startswith("audit") and classify_file(name)[0] == OWN:
-                frame = home_frame(_located(sys._getframe(1), name, msg.lineno))
+                # The live frame the warning was located at, then the one it would name.
+                frame = sys._getframe(1)
+                where = (name, msg.lineno)
+                while frame is not None and (frame.f_code.co_filename, frame.f_lineno) != where:
+                    frame = frame.f_back
+                frame = home_frame(frame)
         except Exception:  # never lose a warning to our bookkeeping
             frame = None
         if frame is None:
@@ -404,12 +408,3 @@ class WarningRelay:
             module_globals=g,
             source=msg.source,
         )
-
-
-def _located(frame: FrameType | None, filename: str, lineno: int) -> FrameType | None:
-    """The live frame at ``filename:lineno`` (where the warning was located)."""
-    while frame is not None:
-        if frame.f_code.co_filename == filename and frame.f_lineno == lineno:
-            return frame
-        frame = frame.f_back
-    return None

@@ -157,25 +157,21 @@ def _repeats(args: Args, kwargs: Kwargs) -> Any:
     return kwargs.get("repeats", args[0] if args else None)
 
 
-def _to_rule(target_of: Callable[[AuditMode, Args, Kwargs], bool | None]) -> Rule:
-    """A rule for ``.to()``/``.cpu()``/``.cuda()``; ``target_of`` says which side it moves to."""
-
-    def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
-        out = func(*args, **kwargs)
-        try:
-            src = args[0]
-            if not isinstance(src, Tensor):
-                return out
-            target = target_of(mode, args, kwargs)
-            nonblocking = _nonblocking(args[1:], kwargs) or (
-                bool(target) and _gpu_nonblocking_caller(sys._getframe(1))
-            )
-        except Exception as exc:
-            hub.fault(NAME, exc)
+def _move(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    """The rule of ``.to()``, ``.cpu()`` and ``.cuda()``."""
+    out = func(*args, **kwargs)
+    try:
+        src = args[0]
+        if not isinstance(src, Tensor):
             return out
-        return mode.moved(src, out, target, nonblocking)
-
-    return rule
+        target = _to_target(mode, args, kwargs) if func is Tensor.to else func is Tensor.cuda
+        nonblocking = _nonblocking(args[1:], kwargs) or (
+            bool(target) and _gpu_nonblocking_caller(sys._getframe(1))
+        )
+    except Exception as exc:
+        hub.fault(NAME, exc)
+        return out
+    return mode.moved(src, out, target, nonblocking)
 
 
 # Framework functions that copy with non_blocking=True when the target is a GPU
@@ -274,14 +270,11 @@ def _host_index(index: Any) -> bool:
     return False
 
 
-def _masks(index: Any) -> list[Tensor]:
-    parts = index if isinstance(index, (tuple, list)) else (index,)
-    return [i for i in parts if isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8)]
-
-
 def _index_verdict(mode: AuditMode, args: tuple[Any, ...]) -> Verdict:
     index = args[1]
-    if any(mode.is_dev(m) for m in _masks(index)):
+    parts = index if isinstance(index, (tuple, list)) else (index,)
+    masks = (i for i in parts if isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8))
+    if any(mode.is_dev(m) for m in masks):
         return ("index", "")
     if isinstance(args[0], Tensor) and _host_index(index) and mode.is_dev(args[0]):
         return ("index", "list")
@@ -366,12 +359,11 @@ def build_rules() -> dict[Any, Rule]:
     repeats = (torch.repeat_interleave, Tensor.repeat_interleave)
     rules.update(dict.fromkeys(repeats, _dynamic("repeat_interleave", _repeats)))
     rules[torch.nn.functional.one_hot] = _dynamic("one_hot", _one_hot)
-    rules[Tensor.to] = _to_rule(_to_target)
-    rules[Tensor.cpu] = _to_rule(lambda mode, args, kwargs: False)
-    rules[Tensor.cuda] = _to_rule(lambda mode, args, kwargs: True)
+    rules.update(dict.fromkeys((Tensor.to, Tensor.cpu, Tensor.cuda), _move))
     rules[Tensor.copy_] = _judged(_copy)
-    for fn in (torch.tensor, torch.as_tensor, Tensor.new_tensor):
-        rules[fn] = _judged(_tensor)
+    rules.update(
+        dict.fromkeys((torch.tensor, torch.as_tensor, Tensor.new_tensor), _judged(_tensor))
+    )
     rules[Tensor.__getitem__] = _judged(_getitem)
     rules[Tensor.__setitem__] = _judged(_setitem)
     return rules

@@ -41,6 +41,8 @@ _WRAPPERS = (
     "Failed to handle graph break",
     "Graph break under ",
 )
+# The dynamo config flags a graph break's hint may name.
+_FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
 
 
 @dataclass(frozen=True)
@@ -75,11 +77,6 @@ def _user_frame(text: str) -> tuple[str, int, str] | None:
     return best
 
 
-def _flag(text: str) -> str:
-    flags = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
-    return next((flag for flag in flags if flag in text), "")
-
-
 def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEvent | None:
     """A graph break from the text of a ``graph_breaks`` log record.
 
@@ -98,11 +95,10 @@ def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEve
     elif exc is not None:
         body = str(exc)
     else:
-        body = head.split("\n", 1)[1] if "\n" in head else head
-    lines = [ln.strip() for ln in body.splitlines()]
+        body = head.split("\n", 1)[-1]
     reason = ""
     detail: list[str] = []
-    for ln in lines:
+    for ln in map(str.strip, body.splitlines()):
         if not ln or ln.startswith(_WRAPPERS):
             continue
         if not reason:
@@ -124,7 +120,7 @@ def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEve
         reason=reason or "graph break",
         detail=" ".join(detail),
         gb=gb.group(1) if gb else "",
-        flag=_flag(body),
+        flag=next((flag for flag in _FLAGS if flag in body), ""),
         user=user,
     )
 
@@ -149,16 +145,6 @@ def parse_cudagraph_skip(text: str) -> CompileEvent | None:
 
 
 _PARTITION_OP = re.compile(r"^\s*op\d+: reason=(?P<reason>.+?)(?:, ir=|$)")
-
-
-def _cudagraphs_on() -> bool:
-    """Whether inductor's CUDA graphs are on for the compile that logs now.
-
-    Inductor logs its partitions either way; only under ``mode="reduce-overhead"``
-    (``triton.cudagraphs``) is an op outside them a cost.
-    """
-    config = sys.modules.get("torch._inductor.config")
-    return bool(getattr(getattr(config, "triton", None), "cudagraphs", False))
 
 
 def not_a_dynamo_frame(code: CodeType) -> None:
@@ -298,7 +284,10 @@ class CompileListener(logging.Handler):
             event = parse_graph_break(text, record.exc_info[1] if record.exc_info else None)
         else:
             event = parse_cudagraph_skip(text)
-            if event is None and _cudagraphs_on():
+            # Inductor logs its partitions either way; only with its CUDA graphs on
+            # (mode="reduce-overhead", triton.cudagraphs) is an op outside them a cost.
+            config = sys.modules.get("torch._inductor.config")
+            if event is None and getattr(getattr(config, "triton", None), "cudagraphs", False):
                 self._partition(text)
                 return
         if event is not None:
