@@ -8,6 +8,7 @@ which judges them with the helpers here. docs/audit.md says which tensors count.
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import linecache
 import re
@@ -108,11 +109,7 @@ class AuditMode(TorchFunctionMode):
         self.marks: dict[int, _Mark] = {}
         self.where_cache: dict[tuple[int, int], tuple[CodeType, bool]] = {}
         pop = self.marks.pop
-
-        def forget(ref: _Mark) -> None:
-            pop(ref.key, None)
-
-        self._forget = forget
+        self._forget = lambda ref: pop(ref.key, None)
 
     # -- provenance ----------------------------------------------------------
     def is_dev(self, t: Tensor) -> bool:
@@ -126,14 +123,11 @@ class AuditMode(TorchFunctionMode):
 
     def mark(self, t: Tensor, dev: bool) -> None:
         key = id(t)
-        old = self.marks.get(key)
-        if old is not None:
-            old.dev = dev
-            return
-        m = _Mark(t, self._forget)
+        m = self.marks.get(key)
+        if m is None:
+            m = self.marks[key] = _Mark(t, self._forget)
+            m.key = key
         m.dev = dev
-        m.key = key
-        self.marks[key] = m
 
     def mark_out(self, out: Any, dev: bool) -> None:
         for o in out if isinstance(out, (tuple, list)) else (out,):
@@ -232,11 +226,10 @@ class AuditMode(TorchFunctionMode):
             return rule(self, func, args, kwargs or _NO_KWARGS)
         if kwargs:
             out = func(*args, **kwargs)
-            if out is not None:
-                try:
-                    self.propagate(args, kwargs, out)
-                except Exception as exc:  # never lose the user's op to our bookkeeping
-                    hub.fault(NAME, exc)
+            try:
+                self.propagate(args, kwargs, out)
+            except Exception as exc:  # never lose the user's op to our bookkeeping
+                hub.fault(NAME, exc)
             return out
         # The fast path, propagate() inlined: most ops take no keyword, one or
         # two tensors already marked, and return one tensor (f(*args) builds
@@ -259,12 +252,9 @@ class AuditMode(TorchFunctionMode):
                 key = id(out)
                 m = get(key)
                 if m is None:
-                    m = _Mark(out, self._forget)
-                    m.dev = True
+                    m = self.marks[key] = _Mark(out, self._forget)
                     m.key = key
-                    self.marks[key] = m
-                else:
-                    m.dev = True
+                m.dev = True
             else:
                 self.mark_out(out, True)
         except Exception as exc:  # never lose the user's op to our bookkeeping
@@ -337,11 +327,9 @@ class AuditMode(TorchFunctionMode):
 def _call_text(frame: FrameType) -> str:
     code, lasti = frame.f_code, frame.f_lasti
     raw = code.co_code
-    try:
+    with contextlib.suppress(IndexError):
         while lasti >= 2 and dis.opname[raw[lasti]] == "CACHE":
             lasti -= 2
-    except IndexError:
-        pass
     text = _source_segment(code, lasti)
     if text is None:
         text = linecache.getline(code.co_filename, frame.f_lineno)
