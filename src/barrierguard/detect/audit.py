@@ -76,10 +76,7 @@ class AuditEngine:
 
     # -- install / uninstall --------------------------------------------------
     def install(self) -> None:
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
+        from torch.optim import optimizer as optim
 
         self._thread = threading.get_ident()
         self._suspended = False
@@ -87,8 +84,8 @@ class AuditEngine:
             mode = AuditMode(build_rules())
             self._patch_calls(mode)
             self._relay.install()
-            self._hooks.append(register_optimizer_step_pre_hook(self._pause))
-            self._hooks.append(register_optimizer_step_post_hook(self._resume))
+            self._hooks.append(optim.register_optimizer_step_pre_hook(self._pause))
+            self._hooks.append(optim.register_optimizer_step_post_hook(self._resume))
             self._mode = mode
             _stack_push(mode)
         except BaseException:
@@ -197,8 +194,7 @@ class AuditEngine:
         # backward() is itself a torch function: the autograd engine runs
         # while the mode is off the stack. A custom Function's Python backward
         # gets the mode back, so what it computes and reads is audited.
-        from torch.autograd.function import BackwardCFunction
-
+        BackwardCFunction = torch.autograd.function.BackwardCFunction
         orig_apply: Callable[..., Any] = BackwardCFunction.apply
 
         @functools.wraps(orig_apply)
@@ -229,8 +225,7 @@ class AuditEngine:
         # An exception inside optimizer.step() skips the post hook that puts
         # the mode back; the step's profiler range still closes, so the mode
         # comes back there, before the exception reaches the training loop.
-        from torch.autograd.profiler import record_function
-
+        record_function = torch.autograd.profiler.record_function
         orig_exit = record_function.__exit__
 
         @functools.wraps(orig_exit)
@@ -266,8 +261,7 @@ class AuditEngine:
         ``error_if_nonfinite`` is off: the mode steps off the stack, and the
         total norm takes the gradients' side. Otherwise it runs under the mode.
         """
-        from torch.nn import utils
-
+        utils = torch.nn.utils
         module = sys.modules.get("torch.nn.utils.clip_grad")
         clip: Callable[..., Any] = utils.clip_grad_norm_
         if getattr(module, "clip_grad_norm_", None) is not clip:
@@ -293,8 +287,7 @@ class AuditEngine:
                 # No gradient, or gradients on both sides: what the mode sees matters.
                 return clip(params, *args, **kwargs)
             try:
-                if isinstance(total, Tensor):
-                    mode.mark(total, sides.pop())
+                mode.mark_out(total, sides.pop())
             except Exception as exc:
                 hub.fault(NAME, exc)
             return total
