@@ -60,8 +60,6 @@ def tagged_ops() -> dict[str, str]:
         if hasattr(torch.Tag, t)
     }
     found: dict[str, str] = {}
-    if not tags:
-        return found
     names = {s.name[6:] for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")}
     for name in sorted(names):
         try:
@@ -258,16 +256,12 @@ def _host_index(index: Any) -> bool:
     Torch turns such an index into a host tensor and copies it to the indexed
     tensor's device with a blocking copy: ``x[[0, 2]]``, ``x[range(n), y]``.
     """
-    for part in index if isinstance(index, tuple) else (index,):
-        if isinstance(part, range):
-            if len(part):
-                return True
-        elif isinstance(part, list):
-            if part and all(isinstance(i, int) for i in part):
-                return True
-        elif type(part).__name__ == "ndarray" and part.size:
-            return True
-    return False
+    return any(
+        (isinstance(part, range) and len(part) > 0)
+        or (isinstance(part, list) and part and all(isinstance(i, int) for i in part))
+        or (type(part).__name__ == "ndarray" and part.size)
+        for part in (index if isinstance(index, tuple) else (index,))
+    )
 
 
 def _index_verdict(mode: AuditMode, args: tuple[Any, ...]) -> Verdict:

@@ -105,7 +105,7 @@ def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEve
             reason = ln
         elif ln.startswith(("Explanation:", "Hint:")):
             detail.append(ln)
-    where = _user_frame(stack) if stack else _user_frame(head)
+    where = _user_frame(stack or head)
     user = where is not None
     if where is None:
         at = _AT.search(head.split("\n", 1)[0] + "\n")
