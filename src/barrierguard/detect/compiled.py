@@ -239,8 +239,7 @@ class CompileListener(logging.Handler):
         module, self._patched = self._patched, None
         if module is not None:
             with _listening_lock:
-                if self in _listening:
-                    _listening.remove(self)
+                _listening.remove(self)  # there since start() set _patched
                 if not _listening and _patched_original:
                     module.getArtifactLogger = _patched_original.pop()
         for name, (level, propagate, _) in self._saved.items():
