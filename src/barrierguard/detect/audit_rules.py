@@ -177,25 +177,21 @@ def _move(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
 # judges the copy the GPU run would make. Paths as the framework table names
 # them (the standalone lightning_fabric package reads as lightning/fabric).
 _GPU_NONBLOCKING = {"lightning/fabric/utilities/apply_func.py": frozenset({"batch_to"})}
-# Per source file, the functions of _GPU_NONBLOCKING in it (mostly none): a
-# frame costs one lookup by file name, whose hash Python caches.
-_gpu_functions: dict[str, frozenset[str]] = {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _gpu_functions(filename: str) -> frozenset[str]:
+    """The functions of ``_GPU_NONBLOCKING`` in ``filename`` (mostly none)."""
+    return _GPU_NONBLOCKING.get(package_path(filename) or "", frozenset())
 
 
 def _gpu_nonblocking_caller(frame: FrameType | None, depth: int = 4) -> bool:
-    get = _gpu_functions.get
-    while frame is not None and depth > 0:
-        code = frame.f_code
-        filename = code.co_filename
-        names = get(filename)
-        if names is None:
-            names = _GPU_NONBLOCKING.get(package_path(filename) or "", frozenset())
-            if len(_gpu_functions) < 100_000:
-                _gpu_functions[filename] = names
-        if names and code.co_name in names:
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in _gpu_functions(frame.f_code.co_filename):
             return True
         frame = frame.f_back
-        depth -= 1
     return False
 
 
