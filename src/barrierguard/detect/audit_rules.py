@@ -409,17 +409,6 @@ def _mark_loaded(mode: AuditMode, obj: Any, dev: bool, depth: int = 0) -> bool:
     return any(found)
 
 
-def _load_target(mode: AuditMode, state: _Checkpoints, f: Any, where: Any) -> bool:
-    """Whether ``torch.load(f, map_location=where)`` would load onto the device."""
-    if where is None:
-        return state.holds_device_tensors(f)
-    if isinstance(where, dict):
-        return any(mode.training(v) for v in where.values())
-    if callable(where):
-        return False  # a function decides per storage: not known here, stay quiet
-    return bool(mode.training(where))
-
-
 def install_patches(
     patches: Patches, mode: AuditMode, aside: Callable[[], AbstractContextManager[None]]
 ) -> None:
@@ -464,8 +453,14 @@ def install_patches(
         with aside():
             out = orig_load(f, *args, **kwargs)
         try:
+            # Whether it loads onto the device: where saved from, or where mapped to.
             where = kwargs.get("map_location", args[0] if args else None)
-            dev = _load_target(mode, state, f, where)
+            if where is None:
+                dev = state.holds_device_tensors(f)
+            elif isinstance(where, dict):
+                dev = any(mode.training(v) for v in where.values())
+            else:  # a function decides per storage: not known here, stay quiet
+                dev = not callable(where) and bool(mode.training(where))
             hit = _mark_loaded(mode, out, dev) and dev
         except Exception as exc:
             hub.fault(NAME, exc)
