@@ -365,8 +365,7 @@ class _Checkpoints:
     GPU), which a ``torch.load`` without ``map_location`` puts back on the device."""
 
     def __init__(self) -> None:
-        self.saving = 0
-        self.device_tensors = 0
+        self.saving: list[Any] = []  # the files torch.save is writing, innermost last
         self.paths: set[str] = set()
         self.buffers: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -425,7 +424,7 @@ def install_patches(
         # torch.save reads each tensor's storage once: a device tensor's is a copy.
         if not (state.saving and isinstance(args[0], Tensor) and mode.is_dev(args[0])):
             return None
-        state.device_tensors += 1
+        state.remember(state.saving[-1])
         return ("copy", "d2h")
 
     mode.rules[Tensor.untyped_storage] = _judged(storage)
@@ -434,17 +433,11 @@ def install_patches(
 
     @functools.wraps(orig_save)
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        before = state.device_tensors
-        state.saving += 1
+        state.saving.append(f)
         try:
             return orig_save(obj, f, *args, **kwargs)
         finally:
-            state.saving -= 1
-            if state.device_tensors > before:
-                try:
-                    state.remember(f)
-                except Exception as exc:
-                    hub.fault(NAME, exc)
+            state.saving.pop()
 
     @functools.wraps(orig_load)
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
