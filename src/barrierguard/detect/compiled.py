@@ -253,8 +253,8 @@ class CompileListener(logging.Handler):
         if logger.name in self._saved:
             return
         level = logger.getEffectiveLevel()
-        # Already enabled (TORCH_LOGS=graph_breaks): it prints as before, _Handler
-        # passes nothing on. Else lowered for our handler only, and _Handler passes
+        # Already enabled (TORCH_LOGS=graph_breaks): it prints as before, emit()
+        # passes nothing on. Else lowered for our handler only, and emit() passes
         # on what torch printed before.
         enabled = level <= logging.DEBUG
         self._saved[logger.name] = (logger.level, logger.propagate, 10**6 if enabled else level)
