@@ -79,7 +79,6 @@ class AuditEngine:
         from torch.optim import optimizer as optim
 
         self._thread = threading.get_ident()
-        self._suspended = False
         try:
             mode = AuditMode(build_rules())
             self._patch_calls(mode)

@@ -165,8 +165,6 @@ class AuditMode(TorchFunctionMode):
 
     def training(self, device: Any) -> bool | None:
         """Whether ``device`` is the training device (None: no device named)."""
-        if device is None:
-            return None
         if isinstance(device, torch.device):
             typ = device.type
         elif isinstance(device, str):
