@@ -46,8 +46,8 @@ from barrierguard.detect.audit_provenance import (
     Parameter,
     Tensor,
     _compiling,
+    sync_frame,
 )
-from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.audit_rules import build_rules, install_patches, tagged_ops
 from barrierguard.detect.frames import OWN, classify_file
 from barrierguard.detect.patch import Patches, drop_filter
@@ -76,19 +76,15 @@ class AuditEngine:
 
     # -- install / uninstall --------------------------------------------------
     def install(self) -> None:
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
+        from torch.optim import optimizer as optim
 
         self._thread = threading.get_ident()
-        self._suspended = False
         try:
-            mode = AuditMode(self, build_rules())
+            mode = AuditMode(build_rules())
             self._patch_calls(mode)
             self._relay.install()
-            self._hooks.append(register_optimizer_step_pre_hook(self._pause))
-            self._hooks.append(register_optimizer_step_post_hook(self._resume))
+            self._hooks.append(optim.register_optimizer_step_pre_hook(self._pause))
+            self._hooks.append(optim.register_optimizer_step_post_hook(self._resume))
             self._mode = mode
             _stack_push(mode)
         except BaseException:
@@ -104,8 +100,7 @@ class AuditEngine:
                 # mode stays on the starting thread's stack, inert, until
                 # that thread next enters or leaves a guard (hub.tidy).
                 if threading.get_ident() == self._thread:
-                    if not self._suspended:
-                        _remove_from_stack(mode)
+                    _remove_from_stack(mode)
                 else:
                     hub.defer(self._thread, functools.partial(_remove_from_stack, mode))
                 mode.marks.clear()
@@ -121,23 +116,9 @@ class AuditEngine:
         """The last guard of ``thread_ident`` stopped, others run on: leave its stack
         (the mode watches the thread that installed it only)."""
         mode = self._mode
-        if mode is None or thread_ident != self._thread or threading.get_ident() != thread_ident:
-            return
-        mode.active = False
-        if not self._suspended:
+        if mode is not None and thread_ident == self._thread == threading.get_ident():
+            mode.active = False
             _remove_from_stack(mode)
-
-    def note(self, text: str) -> None:
-        hub.note(NAME, text)
-
-    def watch_backward(self, node: Any) -> None:
-        """Report the backward of ``node`` (mask indexing's backward needs a size)."""
-        node.register_prehook(lambda grad_outputs: self._record("backward", ""))
-
-    def _record(self, kind: str, detail: str) -> None:
-        mode = self._mode
-        if mode is not None and mode.active:
-            mode.record(kind, detail)
 
     # -- optimizer steps: the mode steps aside ------------------------------------
     def _pause(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -149,7 +130,7 @@ class AuditEngine:
             return
         if self._suspended:
             # The last step raised before its post hook: resume at this one's.
-            self.note(NOTE_SUSPENDED)
+            hub.note(NAME, NOTE_SUSPENDED)
             return
         if _step_off(mode, self._thread):
             self._suspended = True
@@ -165,9 +146,17 @@ class AuditEngine:
 
     # -- patches: what the mode cannot see --------------------------------------------
     def _patch_calls(self, mode: AuditMode) -> None:
-        record = self._record
         thread = self._thread
         cuda_available = torch.cuda.is_available
+
+        @contextlib.contextmanager
+        def aside() -> Iterator[None]:
+            off = _step_off(mode, thread)
+            try:
+                yield
+            finally:
+                if off:
+                    _stack_push(mode)
 
         def synchronize_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
             # On a CPU-only build the real call raises: the audit records it and
@@ -175,7 +164,7 @@ class AuditEngine:
             @functools.wraps(orig)
             def synchronize(*args: Any, **kwargs: Any) -> Any:
                 out = orig(*args, **kwargs) if cuda_available() else None
-                record("synchronize", "device")
+                mode.record("synchronize", "device")
                 return out
 
             return synchronize
@@ -196,7 +185,7 @@ class AuditEngine:
                 if mode.active and isinstance(param, Tensor):
                     mode.mark(param, isinstance(data, Tensor) and mode.is_dev(data))
             except Exception as exc:
-                _fault(exc)
+                hub.fault(NAME, exc)
             return param
 
         self._patches.set(Parameter, "__new__", staticmethod(parameter_new))
@@ -204,8 +193,7 @@ class AuditEngine:
         # backward() is itself a torch function: the autograd engine runs
         # while the mode is off the stack. A custom Function's Python backward
         # gets the mode back, so what it computes and reads is audited.
-        from torch.autograd.function import BackwardCFunction
-
+        BackwardCFunction = torch.autograd.function.BackwardCFunction
         orig_apply: Callable[..., Any] = BackwardCFunction.apply
 
         @functools.wraps(orig_apply)
@@ -227,12 +215,8 @@ class AuditEngine:
 
         @functools.wraps(orig_zero)
         def zero_grad(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-            off = _step_off(mode, thread)
-            try:
+            with aside():
                 return orig_zero(optimizer, *args, **kwargs)
-            finally:
-                if off:
-                    _stack_push(mode)
 
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
         self._patch_clip(mode, thread)
@@ -240,8 +224,7 @@ class AuditEngine:
         # An exception inside optimizer.step() skips the post hook that puts
         # the mode back; the step's profiler range still closes, so the mode
         # comes back there, before the exception reaches the training loop.
-        from torch.autograd.profiler import record_function
-
+        record_function = torch.autograd.profiler.record_function
         orig_exit = record_function.__exit__
 
         @functools.wraps(orig_exit)
@@ -261,23 +244,14 @@ class AuditEngine:
         # live on the device runs on the stream under NCCL: not a barrier. What
         # a recorded call does inside (all_gather_object's copies and reads) is
         # part of it, so the mode steps aside meanwhile.
-        @contextlib.contextmanager
-        def aside() -> Iterator[None]:
-            off = _step_off(mode, thread)
-            try:
-                yield
-            finally:
-                if off:
-                    _stack_push(mode)
-
         distributed.install(
             self._patches,
             host=lambda tensor: not mode.is_dev(tensor),
-            record=lambda detail, stall: record("collective", detail),
+            record=lambda detail, stall: mode.record("collective", detail),
             hush=aside,
         )
         # torch.save / torch.load of device tensors.
-        install_patches(self._patches, mode, record, aside)
+        install_patches(self._patches, mode, aside)
 
     def _patch_clip(self, mode: AuditMode, thread: int) -> None:
         """``clip_grad_norm_`` steps aside, as ``zero_grad()`` does, when it cannot sync.
@@ -286,8 +260,7 @@ class AuditEngine:
         ``error_if_nonfinite`` is off: the mode steps off the stack, and the
         total norm takes the gradients' side. Otherwise it runs under the mode.
         """
-        from torch.nn import utils
-
+        utils = torch.nn.utils
         module = sys.modules.get("torch.nn.utils.clip_grad")
         clip: Callable[..., Any] = utils.clip_grad_norm_
         if getattr(module, "clip_grad_norm_", None) is not clip:
@@ -313,10 +286,9 @@ class AuditEngine:
                 # No gradient, or gradients on both sides: what the mode sees matters.
                 return clip(params, *args, **kwargs)
             try:
-                if isinstance(total, Tensor):
-                    mode.mark(total, sides.pop())
+                mode.mark_out(total, sides.pop())
             except Exception as exc:
-                _fault(exc)
+                hub.fault(NAME, exc)
             return total
 
         self._patches.set(module, "clip_grad_norm_", clip_grad_norm_)
@@ -354,7 +326,6 @@ def _remove_from_stack(mode: TorchFunctionMode) -> None:
 
 # The audit's modules: a warning located in one was raised under its mode.
 _MODULES = r"barrierguard\.detect\.audit"
-_DISPATCH = ("overrides.py", "handle_torch_function")
 
 
 def home_frame(frame: FrameType | None) -> FrameType | None:
@@ -364,11 +335,10 @@ def home_frame(frame: FrameType | None) -> FrameType | None:
     with the call that entered it (a torch function that dispatched to the mode
     runs again inside it).
     """
-    while frame is not None and classify_file(frame.f_code.co_filename)[0] == OWN:
-        frame = frame.f_back
+    frame = sync_frame(frame)
     if frame is not None:
         code = frame.f_code
-        if code.co_name == _DISPATCH[1] and code.co_filename.endswith(_DISPATCH[0]):
+        if code.co_name == "handle_torch_function" and code.co_filename.endswith("overrides.py"):
             frame = frame.f_back
             frame = frame.f_back if frame is not None else None
     return frame
@@ -400,14 +370,18 @@ class WarningRelay:
         if self._filter is not None:
             drop_filter(self._filter, self._home)
             self._filter = None
-            self._home = []
 
     def _show(self, msg: Any) -> None:
         frame: FrameType | None = None
         name = msg.filename
         try:
             if os.path.basename(name).startswith("audit") and classify_file(name)[0] == OWN:
-                frame = home_frame(_located(sys._getframe(1), name, msg.lineno))
+                # The live frame the warning was located at, then the one it would name.
+                frame = sys._getframe(1)
+                where = (name, msg.lineno)
+                while frame is not None and (frame.f_code.co_filename, frame.f_lineno) != where:
+                    frame = frame.f_back
+                frame = home_frame(frame)
         except Exception:  # never lose a warning to our bookkeeping
             frame = None
         if frame is None:
@@ -426,12 +400,3 @@ class WarningRelay:
             module_globals=g,
             source=msg.source,
         )
-
-
-def _located(frame: FrameType | None, filename: str, lineno: int) -> FrameType | None:
-    """The live frame at ``filename:lineno`` (where the warning was located)."""
-    while frame is not None:
-        if frame.f_code.co_filename == filename and frame.f_lineno == lineno:
-            return frame
-        frame = frame.f_back
-    return None

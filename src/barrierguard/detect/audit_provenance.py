@@ -8,6 +8,7 @@ which judges them with the helpers here. docs/audit.md says which tensors count.
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import linecache
 import re
@@ -15,7 +16,7 @@ import sys
 import weakref
 from collections.abc import Callable
 from types import CodeType, FrameType
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -32,7 +33,7 @@ from barrierguard.detect.frames import (
 )
 from barrierguard.detect.stack import observe
 
-__all__ = ["NAME", "AuditMode", "EngineHooks", "Rule", "fault", "sync_frame"]
+__all__ = ["NAME", "AuditMode", "Rule", "sync_frame"]
 
 NAME = "audit"
 
@@ -65,14 +66,6 @@ Parameter = torch.nn.Parameter
 _current_node = torch._C._current_autograd_node
 
 Rule = Callable[["AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
-
-
-class EngineHooks(Protocol):
-    """What the mode asks of its engine: a note for the report, a backward to watch."""
-
-    def note(self, text: str) -> None: ...
-
-    def watch_backward(self, node: Any) -> None: ...
 
 
 # While dynamo traces a compiled function it runs this mode's Python too: the
@@ -108,20 +101,15 @@ _NO_KWARGS: dict[str, Any] = {}
 class AuditMode(TorchFunctionMode):
     """The mode: propagate provenance on every call, apply a rule where one exists."""
 
-    def __init__(self, engine: EngineHooks, rules: dict[Any, Rule]) -> None:
+    def __init__(self, rules: dict[Any, Rule]) -> None:
         super().__init__()
         not_a_dynamo_frame(type(self).__torch_function__.__code__)
-        self.engine = engine
         self.rules = rules
         self.active = True
         self.marks: dict[int, _Mark] = {}
         self.where_cache: dict[tuple[int, int], tuple[CodeType, bool]] = {}
         pop = self.marks.pop
-
-        def forget(ref: _Mark) -> None:
-            pop(ref.key, None)
-
-        self._forget = forget
+        self._forget = lambda ref: pop(ref.key, None)
 
     # -- provenance ----------------------------------------------------------
     def is_dev(self, t: Tensor) -> bool:
@@ -135,14 +123,11 @@ class AuditMode(TorchFunctionMode):
 
     def mark(self, t: Tensor, dev: bool) -> None:
         key = id(t)
-        old = self.marks.get(key)
-        if old is not None:
-            old.dev = dev
-            return
-        m = _Mark(t, self._forget)
+        m = self.marks.get(key)
+        if m is None:
+            m = self.marks[key] = _Mark(t, self._forget)
+            m.key = key
         m.dev = dev
-        m.key = key
-        self.marks[key] = m
 
     def mark_out(self, out: Any, dev: bool) -> None:
         for o in out if isinstance(out, (tuple, list)) else (out,):
@@ -180,8 +165,6 @@ class AuditMode(TorchFunctionMode):
 
     def training(self, device: Any) -> bool | None:
         """Whether ``device`` is the training device (None: no device named)."""
-        if device is None:
-            return None
         if isinstance(device, torch.device):
             typ = device.type
         elif isinstance(device, str):
@@ -241,11 +224,10 @@ class AuditMode(TorchFunctionMode):
             return rule(self, func, args, kwargs or _NO_KWARGS)
         if kwargs:
             out = func(*args, **kwargs)
-            if out is not None:
-                try:
-                    self.propagate(args, kwargs, out)
-                except Exception as exc:  # never lose the user's op to our bookkeeping
-                    fault(exc)
+            try:
+                self.propagate(args, kwargs, out)
+            except Exception as exc:  # never lose the user's op to our bookkeeping
+                hub.fault(NAME, exc)
             return out
         # The fast path, propagate() inlined: most ops take no keyword, one or
         # two tensors already marked, and return one tensor (f(*args) builds
@@ -268,25 +250,24 @@ class AuditMode(TorchFunctionMode):
                 key = id(out)
                 m = get(key)
                 if m is None:
-                    m = _Mark(out, self._forget)
-                    m.dev = True
+                    m = self.marks[key] = _Mark(out, self._forget)
                     m.key = key
-                    self.marks[key] = m
-                else:
-                    m.dev = True
+                m.dev = True
             else:
                 self.mark_out(out, True)
         except Exception as exc:  # never lose the user's op to our bookkeeping
-            fault(exc)
+            hub.fault(NAME, exc)
         return out
 
     # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "") -> None:
         """Record a sync of ``kind`` at the caller's place (the first frame not ours)."""
+        if not self.active:  # stopped, or released by the thread that installed it
+            return
         try:
             sync = observe(sync_frame(sys._getframe(1)), kind, detail)
         except Exception as exc:
-            fault(exc)
+            hub.fault(NAME, exc)
             return
         if sync is not None:
             hub.emit(NAME, sync)
@@ -295,9 +276,13 @@ class AuditMode(TorchFunctionMode):
         if not nonblocking:
             return ("copy", "h2d")
         if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
-            self.engine.note(NOTE_PINNED_H2D)
+            hub.note(NAME, NOTE_PINNED_H2D)
             return ("copy", "h2d pageable non_blocking")
         return None
+
+    def watch_backward(self, node: Any) -> None:
+        """Report the backward of ``node`` (mask indexing's backward needs a size)."""
+        node.register_prehook(lambda grad_outputs: self.record("backward"))
 
     def moved(self, src: Tensor, out: Any, target: bool | None, nonblocking: bool) -> Any:
         """Judge a ``.to()``/``.cpu()``/``.cuda()`` and return the (maybe retargeted) result."""
@@ -340,11 +325,9 @@ class AuditMode(TorchFunctionMode):
 def _call_text(frame: FrameType) -> str:
     code, lasti = frame.f_code, frame.f_lasti
     raw = code.co_code
-    try:
+    with contextlib.suppress(IndexError):
         while lasti >= 2 and dis.opname[raw[lasti]] == "CACHE":
             lasti -= 2
-    except IndexError:
-        pass
     text = _source_segment(code, lasti)
     if text is None:
         text = linecache.getline(code.co_filename, frame.f_lineno)
@@ -364,8 +347,3 @@ def sync_frame(frame: FrameType | None) -> FrameType | None:
             return frame
         frame = frame.f_back
     return None
-
-
-def fault(exc: BaseException) -> None:
-    """Report a fault of the audit's own to its guards (never raised)."""
-    hub.fault(NAME, exc)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from barrierguard.detect import hub
 from barrierguard.detect.audit_provenance import (
     NAME,
     NOTE_PINNED_D2H,
@@ -29,10 +30,8 @@ from barrierguard.detect.audit_provenance import (
     Tensor,
     sync_frame,
 )
-from barrierguard.detect.audit_provenance import fault as _fault
 from barrierguard.detect.cuda import _nonblocking
 from barrierguard.detect.frameworks import package_path
-from barrierguard.detect.hub import emit
 from barrierguard.detect.patch import Patches
 from barrierguard.detect.stack import observe
 
@@ -61,8 +60,6 @@ def tagged_ops() -> dict[str, str]:
         if hasattr(torch.Tag, t)
     }
     found: dict[str, str] = {}
-    if not tags:
-        return found
     names = {s.name[6:] for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")}
     for name in sorted(names):
         try:
@@ -77,19 +74,11 @@ def tagged_ops() -> dict[str, str]:
     return found
 
 
-def _reader(
-    kind: str,
-    detail: str = "",
-    when: Callable[[], bool] | None = None,
-    hit: Callable[[], None] | None = None,
-) -> Rule:
-    """A rule that records ``kind`` when the call's tensor is a device tensor and
-    ``when()``, if given, says the call counts; ``hit()`` is told."""
+def _reader(kind: str) -> Rule:
+    """A rule that records ``kind`` when the call's tensor is a device tensor."""
 
     def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
         out = func(*args, **kwargs)
-        if when is not None and not when():
-            return out
         try:
             t = args[0] if args else None
             if not isinstance(t, Tensor):
@@ -97,16 +86,14 @@ def _reader(
             m = mode.marks.get(id(t))
             if not (m.dev if m is not None else mode.is_dev(t)):
                 return out
-            if hit is not None:
-                hit()
             # The caller of the mode's __torch_function__, which called this
             # rule: sys._getframe makes no frame object for the frames it skips.
-            sync = observe(sync_frame(sys._getframe(2)), kind, detail)
+            sync = observe(sync_frame(sys._getframe(2)), kind, "")
         except Exception as exc:
-            _fault(exc)
+            hub.fault(NAME, exc)
             return out
         if sync is not None:
-            emit(NAME, sync)
+            hub.emit(NAME, sync)
         return out
 
     return rule
@@ -120,7 +107,7 @@ def _judged(judge: Judge) -> Rule:
         try:
             verdict = judge(mode, func, args, kwargs, out)
         except Exception as exc:
-            _fault(exc)
+            hub.fault(NAME, exc)
             return out
         if verdict is not None:
             mode.record(*verdict)
@@ -158,8 +145,9 @@ def _one_hot(args: Args, kwargs: Kwargs) -> Any:
     return _first(args, kwargs) if classes == -1 else None
 
 
-def _repeats_fn(args: Args, kwargs: Kwargs) -> Any:
-    # torch.repeat_interleave(input, repeats, ...) or torch.repeat_interleave(repeats)
+def _repeats(args: Args, kwargs: Kwargs) -> Any:
+    # repeat_interleave(input, repeats, ...), input.repeat_interleave(repeats, ...), or
+    # torch.repeat_interleave(repeats); the method always names its repeats.
     if kwargs.get("output_size") is not None:
         return None
     if len(args) >= 2:
@@ -167,31 +155,21 @@ def _repeats_fn(args: Args, kwargs: Kwargs) -> Any:
     return kwargs.get("repeats", args[0] if args else None)
 
 
-def _repeats_method(args: Args, kwargs: Kwargs) -> Any:
-    if kwargs.get("output_size") is not None:
-        return None
-    return args[1] if len(args) >= 2 else kwargs.get("repeats")
-
-
-def _to_rule(target_of: Callable[[AuditMode, Args, Kwargs], bool | None]) -> Rule:
-    """A rule for ``.to()``/``.cpu()``/``.cuda()``; ``target_of`` says which side it moves to."""
-
-    def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
-        out = func(*args, **kwargs)
-        try:
-            src = args[0]
-            if not isinstance(src, Tensor):
-                return out
-            target = target_of(mode, args, kwargs)
-            nonblocking = _nonblocking(args[1:], kwargs) or (
-                bool(target) and _gpu_nonblocking_caller(sys._getframe(1))
-            )
-        except Exception as exc:
-            _fault(exc)
+def _move(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    """The rule of ``.to()``, ``.cpu()`` and ``.cuda()``."""
+    out = func(*args, **kwargs)
+    try:
+        src = args[0]
+        if not isinstance(src, Tensor):
             return out
-        return mode.moved(src, out, target, nonblocking)
-
-    return rule
+        target = _to_target(mode, args, kwargs) if func is Tensor.to else func is Tensor.cuda
+        nonblocking = _nonblocking(args[1:], kwargs) or (
+            bool(target) and _gpu_nonblocking_caller(sys._getframe(1))
+        )
+    except Exception as exc:
+        hub.fault(NAME, exc)
+        return out
+    return mode.moved(src, out, target, nonblocking)
 
 
 # Framework functions that copy with non_blocking=True when the target is a GPU
@@ -199,25 +177,21 @@ def _to_rule(target_of: Callable[[AuditMode, Args, Kwargs], bool | None]) -> Rul
 # judges the copy the GPU run would make. Paths as the framework table names
 # them (the standalone lightning_fabric package reads as lightning/fabric).
 _GPU_NONBLOCKING = {"lightning/fabric/utilities/apply_func.py": frozenset({"batch_to"})}
-# Per source file, the functions of _GPU_NONBLOCKING in it (mostly none): a
-# frame costs one lookup by file name, whose hash Python caches.
-_gpu_functions: dict[str, frozenset[str]] = {}
+
+
+@functools.lru_cache(maxsize=4096)
+def _gpu_functions(filename: str) -> frozenset[str]:
+    """The functions of ``_GPU_NONBLOCKING`` in ``filename`` (mostly none)."""
+    return _GPU_NONBLOCKING.get(package_path(filename) or "", frozenset())
 
 
 def _gpu_nonblocking_caller(frame: FrameType | None, depth: int = 4) -> bool:
-    get = _gpu_functions.get
-    while frame is not None and depth > 0:
-        code = frame.f_code
-        filename = code.co_filename
-        names = get(filename)
-        if names is None:
-            names = _GPU_NONBLOCKING.get(package_path(filename) or "", frozenset())
-            if len(_gpu_functions) < 100_000:
-                _gpu_functions[filename] = names
-        if names and code.co_name in names:
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in _gpu_functions(frame.f_code.co_filename):
             return True
         frame = frame.f_back
-        depth -= 1
     return False
 
 
@@ -248,7 +222,7 @@ def _copy(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> V
     if ddev:
         return mode.h2d(src, nonblocking)
     if nonblocking:
-        mode.engine.note(NOTE_PINNED_D2H)
+        hub.note(NAME, NOTE_PINNED_D2H)
         return None
     return ("copy", "d2h")
 
@@ -278,26 +252,19 @@ def _host_index(index: Any) -> bool:
     Torch turns such an index into a host tensor and copies it to the indexed
     tensor's device with a blocking copy: ``x[[0, 2]]``, ``x[range(n), y]``.
     """
-    for part in index if isinstance(index, tuple) else (index,):
-        if isinstance(part, range):
-            if len(part):
-                return True
-        elif isinstance(part, list):
-            if part and all(isinstance(i, int) for i in part):
-                return True
-        elif type(part).__name__ == "ndarray" and part.size:
-            return True
-    return False
-
-
-def _masks(index: Any) -> list[Tensor]:
-    parts = index if isinstance(index, (tuple, list)) else (index,)
-    return [i for i in parts if isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8)]
+    return any(
+        (isinstance(part, range) and len(part) > 0)
+        or (isinstance(part, list) and part and all(isinstance(i, int) for i in part))
+        or (type(part).__name__ == "ndarray" and part.size)
+        for part in (index if isinstance(index, tuple) else (index,))
+    )
 
 
 def _index_verdict(mode: AuditMode, args: tuple[Any, ...]) -> Verdict:
     index = args[1]
-    if any(mode.is_dev(m) for m in _masks(index)):
+    parts = index if isinstance(index, (tuple, list)) else (index,)
+    masks = (i for i in parts if isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8))
+    if any(mode.is_dev(m) for m in masks):
         return ("index", "")
     if isinstance(args[0], Tensor) and _host_index(index) and mode.is_dev(args[0]):
         return ("index", "list")
@@ -308,7 +275,7 @@ def _getitem(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -
     mode.propagate(args, kwargs, out)
     verdict = _index_verdict(mode, args) if len(args) > 1 else None
     if verdict == ("index", "") and isinstance(out, Tensor) and out.grad_fn is not None:
-        mode.engine.watch_backward(out.grad_fn)
+        mode.watch_backward(out.grad_fn)
     return verdict
 
 
@@ -379,36 +346,28 @@ def build_rules() -> dict[Any, Rule]:
         if probe is not None:
             rules.update(dict.fromkeys(_functions(name), _dynamic(kind, probe)))
     rules[torch.where] = _dynamic("nonzero", _where_one)
-    rules[torch.repeat_interleave] = _dynamic("repeat_interleave", _repeats_fn)
-    rules[Tensor.repeat_interleave] = _dynamic("repeat_interleave", _repeats_method)
+    repeats = (torch.repeat_interleave, Tensor.repeat_interleave)
+    rules.update(dict.fromkeys(repeats, _dynamic("repeat_interleave", _repeats)))
     rules[torch.nn.functional.one_hot] = _dynamic("one_hot", _one_hot)
-    rules[Tensor.to] = _to_rule(_to_target)
-    rules[Tensor.cpu] = _to_rule(lambda mode, args, kwargs: False)
-    rules[Tensor.cuda] = _to_rule(lambda mode, args, kwargs: True)
+    rules.update(dict.fromkeys((Tensor.to, Tensor.cpu, Tensor.cuda), _move))
     rules[Tensor.copy_] = _judged(_copy)
-    for fn in (torch.tensor, torch.as_tensor, Tensor.new_tensor):
-        rules[fn] = _judged(_tensor)
+    rules.update(
+        dict.fromkeys((torch.tensor, torch.as_tensor, Tensor.new_tensor), _judged(_tensor))
+    )
     rules[Tensor.__getitem__] = _judged(_getitem)
     rules[Tensor.__setitem__] = _judged(_setitem)
     return rules
 
 
 # -- checkpoints: calls the mode does not see whole -------------------------------
-Record = Callable[[str, str], None]
-
-
 class _Checkpoints:
     """The files ``torch.save`` wrote device tensors to (one blocking copy each on a
     GPU), which a ``torch.load`` without ``map_location`` puts back on the device."""
 
     def __init__(self) -> None:
-        self.saving = 0
-        self.device_tensors = 0
+        self.saving: list[Any] = []  # the files torch.save is writing, innermost last
         self.paths: set[str] = set()
         self.buffers: weakref.WeakSet[Any] = weakref.WeakSet()
-
-    def saw_device_tensor(self) -> None:
-        self.device_tensors += 1
 
     def _seen(self, f: Any) -> tuple[Any, set[str] | weakref.WeakSet[Any]]:
         """The key of file ``f`` (its absolute path, or the object itself), and its set."""
@@ -426,10 +385,9 @@ class _Checkpoints:
 
     def holds_device_tensors(self, f: Any) -> bool:
         key, seen = self._seen(f)
-        try:
+        with contextlib.suppress(TypeError):  # an object that cannot be hashed
             return key in seen
-        except TypeError:
-            return False
+        return False
 
 
 def _mark_loaded(mode: AuditMode, obj: Any, dev: bool, depth: int = 0) -> bool:
@@ -450,52 +408,36 @@ def _mark_loaded(mode: AuditMode, obj: Any, dev: bool, depth: int = 0) -> bool:
     return any(found)
 
 
-def _load_target(mode: AuditMode, state: _Checkpoints, f: Any, where: Any) -> bool:
-    """Whether ``torch.load(f, map_location=where)`` would load onto the device."""
-    if where is None:
-        return state.holds_device_tensors(f)
-    if isinstance(where, dict):
-        return any(mode.training(v) for v in where.values())
-    if callable(where):
-        return False  # a function decides per storage: not known here, stay quiet
-    return bool(mode.training(where))
-
-
 def install_patches(
-    patches: Patches,
-    mode: AuditMode,
-    record: Record,
-    aside: Callable[[], AbstractContextManager[None]],
+    patches: Patches, mode: AuditMode, aside: Callable[[], AbstractContextManager[None]]
 ) -> None:
     """Audit ``torch.save`` and ``torch.load``.
 
     Args:
         patches: Where the patches go (undone when the engine uninstalls).
-        mode: The running mode; it gets a rule for ``Tensor.untyped_storage``
-            (``torch.save`` reads each tensor's storage once).
-        record: Records a sync at the caller's line: ``record(kind, detail)``.
+        mode: The running mode; it gets a rule for ``Tensor.untyped_storage``.
         aside: A context with the mode off the stack (for ``torch.load``'s own calls).
     """
     state = _Checkpoints()
-    mode.rules[Tensor.untyped_storage] = _reader(
-        "copy", "d2h", when=lambda: state.saving > 0, hit=state.saw_device_tensor
-    )
+
+    def storage(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> Verdict:
+        # torch.save reads each tensor's storage once: a device tensor's is a copy.
+        if not (state.saving and isinstance(args[0], Tensor) and mode.is_dev(args[0])):
+            return None
+        state.remember(state.saving[-1])
+        return ("copy", "d2h")
+
+    mode.rules[Tensor.untyped_storage] = _judged(storage)
     orig_save = torch.save
     orig_load = torch.load
 
     @functools.wraps(orig_save)
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-        before = state.device_tensors
-        state.saving += 1
+        state.saving.append(f)
         try:
             return orig_save(obj, f, *args, **kwargs)
         finally:
-            state.saving -= 1
-            if state.device_tensors > before:
-                try:
-                    state.remember(f)
-                except Exception as exc:
-                    _fault(exc)
+            state.saving.pop()
 
     @functools.wraps(orig_load)
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
@@ -504,14 +446,20 @@ def install_patches(
         with aside():
             out = orig_load(f, *args, **kwargs)
         try:
+            # Whether it loads onto the device: where saved from, or where mapped to.
             where = kwargs.get("map_location", args[0] if args else None)
-            dev = _load_target(mode, state, f, where)
+            if where is None:
+                dev = state.holds_device_tensors(f)
+            elif isinstance(where, dict):
+                dev = any(mode.training(v) for v in where.values())
+            else:  # a function decides per storage: not known here, stay quiet
+                dev = not callable(where) and bool(mode.training(where))
             hit = _mark_loaded(mode, out, dev) and dev
         except Exception as exc:
-            _fault(exc)
+            hub.fault(NAME, exc)
             return out
         if hit:
-            record("copy", "h2d")
+            mode.record("copy", "h2d")
         return out
 
     patches.set(torch, "save", save)

@@ -24,7 +24,6 @@ from barrierguard.detect.frames import USER, classify_file
 __all__ = [
     "CompileEvent",
     "CompileListener",
-    "PartitionReader",
     "not_a_dynamo_frame",
     "parse_cudagraph_skip",
     "parse_graph_break",
@@ -42,6 +41,8 @@ _WRAPPERS = (
     "Failed to handle graph break",
     "Graph break under ",
 )
+# The dynamo config flags a graph break's hint may name.
+_FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,6 @@ def _user_frame(text: str) -> tuple[str, int, str] | None:
     return best
 
 
-def _flag(text: str) -> str:
-    flags = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
-    return next((flag for flag in flags if flag in text), "")
-
-
 def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEvent | None:
     """A graph break from the text of a ``graph_breaks`` log record.
 
@@ -99,18 +95,17 @@ def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEve
     elif exc is not None:
         body = str(exc)
     else:
-        body = head.split("\n", 1)[1] if "\n" in head else head
-    lines = [ln.strip() for ln in body.splitlines()]
+        body = head.split("\n", 1)[-1]
     reason = ""
     detail: list[str] = []
-    for ln in lines:
+    for ln in map(str.strip, body.splitlines()):
         if not ln or ln.startswith(_WRAPPERS):
             continue
         if not reason:
             reason = ln
         elif ln.startswith(("Explanation:", "Hint:")):
             detail.append(ln)
-    where = _user_frame(stack) if stack else _user_frame(head)
+    where = _user_frame(stack or head)
     user = where is not None
     if where is None:
         at = _AT.search(head.split("\n", 1)[0] + "\n")
@@ -125,7 +120,7 @@ def parse_graph_break(text: str, exc: BaseException | None = None) -> CompileEve
         reason=reason or "graph break",
         detail=" ".join(detail),
         gb=gb.group(1) if gb else "",
-        flag=_flag(body),
+        flag=next((flag for flag in _FLAGS if flag in body), ""),
         user=user,
     )
 
@@ -152,58 +147,6 @@ def parse_cudagraph_skip(text: str) -> CompileEvent | None:
 _PARTITION_OP = re.compile(r"^\s*op\d+: reason=(?P<reason>.+?)(?:, ir=|$)")
 
 
-def _cudagraphs_on() -> bool:
-    """Whether inductor's CUDA graphs are on for the compile that logs now.
-
-    Inductor logs its partitions either way; only under ``mode="reduce-overhead"``
-    (``triton.cudagraphs``) is an op outside them a cost.
-    """
-    config = sys.modules.get("torch._inductor.config")
-    return bool(getattr(getattr(config, "triton", None), "cudagraphs", False))
-
-
-class PartitionReader:
-    """CUDA-graph partitions that inductor could not graph, from consecutive records.
-
-    Inductor (torch 2.9 and later) logs each op it cannot graph (``op3:
-    reason=DeviceCopy ops, ...``), then its stack one frame per record; the
-    innermost frame of the user's own code places it.
-
-    Example:
-        >>> r = PartitionReader()
-        >>> r.feed("    op3: reason=DeviceCopy ops, ir=DeviceCopy, fx=...") is None
-        True
-        >>> e = r.feed('         File "/w/train.py", line 30, in loss_fn')
-        >>> (e.line, e.reason)
-        (30, 'not in a CUDA graph: DeviceCopy ops')
-    """
-
-    def __init__(self) -> None:
-        self._reason: str | None = None
-        self._placed = False
-        # Whether the last event returned was its op's first (an inner frame of
-        # the same op comes later and places it better).
-        self.first = True
-
-    def feed(self, text: str) -> CompileEvent | None:
-        """Take one record's text; return an event when it places a pending op."""
-        m = _PARTITION_OP.match(text)
-        if m is not None:
-            self._reason = m.group("reason").strip()
-            self._placed = False
-            return None
-        if self._reason is None:
-            return None
-        if "Partition " in text or "graph partitions" in text:
-            self._reason = None  # the op's stack ended without a line of the user's
-            return None
-        where = _user_frame(text)
-        if where is None:
-            return None
-        self.first, self._placed = not self._placed, True
-        return CompileEvent("cudagraph_skip", *where, f"not in a CUDA graph: {self._reason}")
-
-
 def not_a_dynamo_frame(code: CodeType) -> None:
     """Keep dynamo from compiling ``code`` when it runs as a frame of its own.
 
@@ -222,34 +165,16 @@ def not_a_dynamo_frame(code: CodeType) -> None:
         pass
 
 
-class _Handler(logging.Handler):
-    """Records the listener's artifacts; hands on what the logger would have propagated."""
-
-    def __init__(self, listener: CompileListener) -> None:
-        super().__init__(logging.DEBUG)
-        self.listener = listener
-
-    def emit(self, record: logging.LogRecord) -> None:
-        listener = self.listener
-        try:
-            listener._take(record)
-        except Exception as exc:  # never lose a compile to our parsing
-            listener.faults.append(f"{type(exc).__name__}: {exc}")
-        saved = listener._saved.get(record.name)
-        parent = logging.getLogger(record.name).parent
-        # The logger was lowered to DEBUG for us, with its propagation off: pass on
-        # exactly what it would have passed on to torch's handlers before.
-        if saved is not None and saved[1] and record.levelno >= saved[2] and parent is not None:
-            parent.callHandlers(record)
-
-
 _listening_lock = threading.Lock()
 _listening: list[CompileListener] = []
 _patched_original: list[Any] = []
 
 
-class CompileListener:
+class CompileListener(logging.Handler):
     """Listens to dynamo's graph breaks and inductor's CUDA-graph skips while running.
+
+    It is the handler it puts on torch's loggers: ``logging`` calls :meth:`emit`
+    under the handler's lock, one record at a time.
 
     Example:
         >>> listener = CompileListener()
@@ -259,16 +184,17 @@ class CompileListener:
     """
 
     def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
         self.events: list[CompileEvent] = []
         self.faults: list[str] = []
         self.notes: list[str] = []
-        self._lock = threading.Lock()
-        self._handler = _Handler(self)
         # logger name -> (level, propagate, effective level) before we touched it
         self._saved: dict[str, tuple[int, bool, int]] = {}
         self._patched: Any = None  # torch._logging, while its getArtifactLogger is ours
-        self._partitions = PartitionReader()
-        # The partition event placed last: an inner frame of the same op replaces it.
+        # Inductor (torch 2.9 and later) logs each op it cannot put in a CUDA graph
+        # (``op3: reason=DeviceCopy ops, ...``), then its stack one frame per record:
+        # the op's reason, and its event placed at the innermost user frame so far.
+        self._reason: str | None = None
         self._placed: CompileEvent | None = None
 
     # -- lifecycle ------------------------------------------------------------
@@ -313,13 +239,12 @@ class CompileListener:
         module, self._patched = self._patched, None
         if module is not None:
             with _listening_lock:
-                if self in _listening:
-                    _listening.remove(self)
+                _listening.remove(self)  # there since start() set _patched
                 if not _listening and _patched_original:
                     module.getArtifactLogger = _patched_original.pop()
         for name, (level, propagate, _) in self._saved.items():
             logger = logging.getLogger(name)
-            logger.removeHandler(self._handler)
+            logger.removeHandler(self)
             logger.setLevel(level)
             logger.propagate = propagate
         self._saved.clear()
@@ -328,33 +253,63 @@ class CompileListener:
         if logger.name in self._saved:
             return
         level = logger.getEffectiveLevel()
-        # Already enabled (TORCH_LOGS=graph_breaks): it prints as before, _Handler
-        # passes nothing on. Else lowered for our handler only, and _Handler passes
+        # Already enabled (TORCH_LOGS=graph_breaks): it prints as before, emit()
+        # passes nothing on. Else lowered for our handler only, and emit() passes
         # on what torch printed before.
         enabled = level <= logging.DEBUG
         self._saved[logger.name] = (logger.level, logger.propagate, 10**6 if enabled else level)
         if not enabled:
             logger.setLevel(logging.DEBUG)
             logger.propagate = False
-        logger.addHandler(self._handler)
+        logger.addHandler(self)
 
     # -- records --------------------------------------------------------------
+    def emit(self, record: logging.LogRecord) -> None:
+        """Read ``record``; hand on what the logger would have propagated."""
+        try:
+            self._take(record)
+        except Exception as exc:  # never lose a compile to our parsing
+            self.faults.append(f"{type(exc).__name__}: {exc}")
+        saved = self._saved.get(record.name)
+        parent = logging.getLogger(record.name).parent
+        # The logger was lowered to DEBUG for us, with its propagation off: pass on
+        # exactly what it would have passed on to torch's handlers before.
+        if saved is not None and saved[1] and record.levelno >= saved[2] and parent is not None:
+            parent.callHandlers(record)
+
     def _take(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         if record.name.rsplit(".__", 1)[-1] == "graph_breaks":
             event = parse_graph_break(text, record.exc_info[1] if record.exc_info else None)
         else:
             event = parse_cudagraph_skip(text)
-            if event is None and _cudagraphs_on():
-                placed = self._partitions.feed(text)
-                if placed is not None:
-                    with self._lock:
-                        if not self._partitions.first and self._placed is not None:
-                            self.events.pop()  # the same op, placed at an inner frame
-                        self.events.append(placed)
-                        self._placed = placed
+            # Inductor logs its partitions either way; only with its CUDA graphs on
+            # (mode="reduce-overhead", triton.cudagraphs) is an op outside them a cost.
+            config = sys.modules.get("torch._inductor.config")
+            if event is None and getattr(getattr(config, "triton", None), "cudagraphs", False):
+                self._partition(text)
                 return
         if event is not None:
-            with self._lock:
-                self.events.append(event)
-                self._placed = None
+            self.events.append(event)
+            self._placed = None
+
+    def _partition(self, text: str) -> None:
+        """Place the pending op of a CUDA-graph partition at a frame of ``text``."""
+        m = _PARTITION_OP.match(text)
+        if m is not None:
+            self._reason, self._placed = m.group("reason").strip(), None
+            return
+        if self._reason is None:
+            return
+        if "Partition " in text or "graph partitions" in text:
+            self._reason = None  # the op's stack ended without a line of the user's
+            return
+        where = _user_frame(text)
+        if where is None:
+            return
+        if self._placed is not None:
+            self.events.pop()  # the same op, placed at an inner frame
+        self._placed = CompileEvent(
+            "cudagraph_skip", *where, f"not in a CUDA graph: {self._reason}"
+        )
+        self.events.append(self._placed)

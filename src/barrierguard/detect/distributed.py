@@ -135,16 +135,15 @@ def install(
 
     @contextlib.contextmanager
     def inside(recorded: bool) -> Iterator[None]:
-        tls = _tls
-        was = tls.quiet
-        tls.depth += 1
-        tls.quiet = was or recorded
+        was = _tls.quiet
+        _tls.depth += 1
+        _tls.quiet = was or recorded
         try:
             with hush() if recorded else contextlib.nullcontext():
                 yield
         finally:
-            tls.depth -= 1
-            tls.quiet = was
+            _tls.depth -= 1
+            _tls.quiet = was
 
     def wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         always = name in ALWAYS_BLOCKING

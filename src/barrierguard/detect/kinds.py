@@ -17,6 +17,14 @@ class Kind:
     blocking: bool = True
 
 
+_D2H = (
+    "keep the tensor on the device, or copy with .to('cpu', non_blocking=True) into pinned "
+    "memory and read it after an event"
+)
+_PIN = (
+    "pin the source (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
+    "non_blocking=True"
+)
 _ITEM_FIX = (
     "keep the value on the device and reduce once at epoch end "
     "(barrierguard.MetricBuffer: buf.update(loss=loss) per step, buf.compute() after the loop)"
@@ -30,13 +38,7 @@ KINDS: dict[str, Kind] = {
         "tensor.numpy() needs the values on the host",
         "keep the tensor on the device; convert once after the loop",
     ),
-    "copy": Kind(
-        "BG201",
-        "a blocking copy between host and device",
-        "d2h: keep the tensor on the device, or copy with .to('cpu', non_blocking=True) "
-        "into pinned memory and read it after an event; h2d: pin the source "
-        "(DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with non_blocking=True",
-    ),
+    "copy": Kind("BG201", "a blocking copy between host and device", f"d2h: {_D2H}; h2d: {_PIN}"),
     "print": Kind(
         "BG111",
         "printing or repr() of a device tensor copies it to the host",
@@ -209,40 +211,33 @@ def kind_for_call(name: str) -> str:
     return _CALL_NAMES.get(name, "call")
 
 
-_COPY_FIXES = {
-    "h2d": (
-        "pin the source (DataLoader(pin_memory=True) or tensor.pin_memory()) and copy with "
-        "non_blocking=True; create constants on the device once, outside the loop"
+# The fixes that a site's detail (its first word) makes more precise than its kind's.
+_DETAIL_FIXES: dict[tuple[str, str], str] = {
+    ("copy", "h2d"): f"{_PIN}; create constants on the device once, outside the loop",
+    ("copy", "d2h"): _D2H,
+    ("index", "list"): (
+        "build the index on the device once (torch.arange(n, device=x.device), or a tensor "
+        "made before the loop) and index with that tensor"
     ),
-    "d2h": (
-        "keep the tensor on the device, or copy with .to('cpu', non_blocking=True) into "
-        "pinned memory and read it after an event"
-    ),
-}
-_INDEX_LIST_FIX = (
-    "build the index on the device once (torch.arange(n, device=x.device), or a tensor "
-    "made before the loop) and index with that tensor"
-)
-# The fix of a ``collective`` site, by the call its detail names.
-_COLLECTIVE_FIXES = {
     **dict.fromkeys(
-        BARRIER_CALLS,
+        (("collective", name) for name in BARRIER_CALLS),
         "take it out of the training loop: the gradient all-reduce already keeps the ranks "
         "in step; where ranks must wait for rank 0's work (a checkpoint, evaluation), do that "
         "work on every rank or after the loop, or give it a timeout outside the hot path",
     ),
     **dict.fromkeys(
-        OBJECT_CALLS,
+        (("collective", name) for name in OBJECT_CALLS),
         "an *_object call pickles, copies through a tensor and blocks every rank: send "
         "fixed-size device tensors instead (dist.all_gather_into_tensor, dist.broadcast), or "
         "exchange the objects once, before or after the loop",
     ),
-    "wait": (
+    ("collective", "wait"): (
         "wait later: start the collective with async_op=True a step early and wait() just "
         "before its result is read, or keep its tensors on the GPU (an NCCL work's wait() "
         "only orders the stream; the host goes on)"
     ),
 }
+# Any other collective with a detail ran on host tensors.
 _HOST_TENSOR_FIX = (
     "a collective on CPU tensors runs on the host (gloo) and returns when every rank has "
     "arrived: move the tensors to the GPU so NCCL runs it on the stream, or reduce once per "
@@ -264,11 +259,7 @@ def fix_for(kind: str, detail: str = "") -> str:
         >>> fix_for("collective", "all_reduce (gloo)").startswith("a collective on CPU")
         True
     """
-    first = detail.split(" ", 1)[0]
-    if kind == "copy" and first in _COPY_FIXES:
-        return _COPY_FIXES[first]
-    if kind == "index" and detail == "list":
-        return _INDEX_LIST_FIX
-    if kind == "collective" and detail:
-        return _COLLECTIVE_FIXES.get(first, _HOST_TENSOR_FIX)
-    return KINDS.get(kind, KINDS["call"]).fix
+    fix = _DETAIL_FIXES.get((kind, detail.split(" ", 1)[0]))
+    if fix is None and kind == "collective" and detail:
+        fix = _HOST_TENSOR_FIX
+    return fix or KINDS.get(kind, KINDS["call"]).fix

@@ -30,8 +30,7 @@ class Patches:
 
     def set(self, owner: Any, name: str, value: object) -> None:
         """Set ``owner.name = value``, remembering what was there before."""
-        own = owner.__dict__ if isinstance(owner, type) else vars(owner)
-        self._stack.append((owner, name, own.get(name, _MISSING)))
+        self._stack.append((owner, name, vars(owner).get(name, _MISSING)))
         setattr(owner, name, value)
 
     def undo(self) -> None:
