@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.report.records import Report, Site, SiteKey, Violation
+from barrierguard.report.records import Report, Site, SiteKey
+from barrierguard.report.render.console import violation_groups
 from barrierguard.report.site_records import add_sites
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import (
@@ -221,18 +222,16 @@ def barrierguard(request: pytest.FixtureRequest) -> Iterator[Guard]:
 
 
 def _failure_text(report: Report, plan: _Plan) -> str:
-    by_key = {(s.file, s.line, s.kind, s.origin): s for s in report.sites}
-    offenders: dict[tuple[str, int, str, str], tuple[Violation, Site | None]] = {}
-    for v in report.violations:
-        key = (v.file, v.line, v.kind, v.origin)
-        offenders.setdefault(key, (v, by_key.get(key)))
+    sites = {(s.file, s.line, s.kind, s.origin): s for s in report.sites}
+    offenders = violation_groups(report)
     most = plan.options.get("max_syncs_per_step")
     budget = f"a budget of {most} per step" if most is not None else "no budget"
     lines = [
         f"barrierguard: {len(report.violations)} synchronization(s) broke the policy "
         f"(error; {budget}; {report.measured_steps} measured steps) at {len(offenders)} line(s):"
     ]
-    for v, site in offenders.values():
+    for key, (v, *_) in offenders.items():
+        site = sites.get(key)
         count = f", {site.step_count} in steps" if site is not None else ""
         lines.append(
             f"  {v.file}:{v.line}: {v.kind} ({v.origin}) first in step {v.step}{count}: {v.reason}"
