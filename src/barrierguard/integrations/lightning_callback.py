@@ -99,10 +99,6 @@ class BarrierGuard(Adapter, pl.Callback):
         current = replace(super()._local_report(), epochs=tuple(self._epochs))
         return current if self._before is None else combine(self._before, current)
 
-    def _set_phase(self, phase: str) -> None:
-        if self._guard is not None:
-            self._guard.set_phase(phase)
-
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._begin(stage if stage in ("validate", "test", "predict") else "setup")
 

@@ -341,7 +341,6 @@ class MetricBuffer:
                 )
             row = saved["row"]
             slot.row = None if row is None else self._adopt(row).to(F64).clone()
-            slot.block = None
             slot.host_a, slot.host_w, slot.host_bad = (float(v) for v in saved["host"])
             slot.host_last = float(saved["host_last"])
             slot.last_on_host = bool(saved["last_on_host"])
