@@ -5,7 +5,6 @@ path; the state read back with one transfer in ``compute()``, or cloned in ``sta
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 import zlib
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ from barrierguard.metrics.slots import (
     Slot,
     check_name,
     describe,
+    is_number,
     parse_spec,
     quote_all,
     update_cat,
@@ -384,7 +384,7 @@ class MetricBuffer:
 
     def _weight(self, n: object) -> tuple[torch.Tensor | None, float]:
         """The step's weight ``n``, checked: a device tensor, or a Python number."""
-        if n is None or isinstance(n, numbers.Real):
+        if n is None or is_number(n):
             return None, 1.0 if n is None else float(n)
         if not isinstance(n, torch.Tensor) or n.numel() != 1:
             raise BarrierGuardError(
@@ -435,7 +435,7 @@ class MetricBuffer:
                         f"expected a real (float, int or bool) tensor"
                     )
                 tensors[name] = value
-            elif isinstance(value, numbers.Real):
+            elif is_number(value):
                 floats[name] = value
             else:
                 raise BarrierGuardError(

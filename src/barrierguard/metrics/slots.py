@@ -6,9 +6,10 @@ device value.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import torch
 
@@ -31,6 +32,11 @@ def describe(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"<tensor of shape {tuple(value.shape)} on {value.device}>"
     return repr(value)
+
+
+def is_number(value: object) -> TypeGuard[numbers.Real]:
+    """Whether ``value`` is a real Python number (``type`` first: an ABC check is slower)."""
+    return type(value) in (float, int) or isinstance(value, numbers.Real)
 
 
 def parse_spec(where: str, name: str, spec: object) -> tuple[str, bool]:
