@@ -123,6 +123,24 @@ def test_user_and_lightning_sites(fitted: Any) -> None:
     assert "prog_bar" in item.fix
 
 
+class _Evaluated(TinyModule):
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.layer(batch[0]).sum().item()  # THE-EVAL-ITEM
+
+    def predict_step(self, batch: Any, batch_idx: int) -> float:
+        return self.layer(batch[0]).sum().item()  # THE-EVAL-ITEM
+
+
+@pytest.mark.parametrize("stage", ["test", "predict"])
+def test_a_test_or_predict_run_is_its_own_phase(tmp_path: Path, stage: str) -> None:
+    cb = barrierguard.BarrierGuard(policy="error", print_report=False, save_report=False)
+    _, val = loaders()
+    getattr(trainer(tmp_path, [cb]), stage)(_Evaluated(), val)
+    site = next(s for s in cb.report.sites if "THE-EVAL-ITEM" in (s.code or ""))
+    assert site.phases == ((stage, 2),)  # two batches, apart from steps and the policy
+    assert site.step_count == 0 and not cb.report.violations
+
+
 def test_phases_keep_validation_apart(fitted: Any) -> None:
     cb, _, _ = fitted
     report = cb.report

@@ -86,6 +86,10 @@ class Adapter:
         guard = self._guard
         return guard if guard is not None and guard.is_running else None
 
+    def _set_phase(self, phase: str) -> None:
+        if self._guard is not None:
+            self._guard.set_phase(phase)
+
     def _begin(self, phase: str) -> None:
         """Start the guard (made on first use) in ``phase``, unless it runs already."""
         if self._guard is None:

@@ -94,8 +94,7 @@ class HFBarrierGuard(Adapter, TrainerCallback):
             guard.step()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if (guard := self._running()) is not None:
-            guard.set_phase("teardown")
+        self._set_phase("teardown")
         output_dir = str(getattr(args, "output_dir", None) or ".")
         self._end(lambda: output_dir, lambda: output_dir)
 
@@ -103,16 +102,12 @@ class HFBarrierGuard(Adapter, TrainerCallback):
         """Wrap ``train`` of the Trainer a few frames up, so that a failed run stops the guard."""
         if self._trainers is None:  # unpickled
             self._trainers = weakref.WeakSet()
+        trainer = None
         for _ in range(8):
-            if frame is None:
-                return
-            trainer = frame.f_locals.get("self")
-            if isinstance(trainer, Trainer):
+            if frame is None or isinstance(trainer := frame.f_locals.get("self"), Trainer):
                 break
             frame = frame.f_back
-        else:
-            return
-        if trainer in self._trainers:
+        if not isinstance(trainer, Trainer) or trainer in self._trainers:
             return
         self._trainers.add(trainer)
         train = trainer.train

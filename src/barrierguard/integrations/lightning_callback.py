@@ -99,11 +99,8 @@ class BarrierGuard(Adapter, pl.Callback):
         current = replace(super()._local_report(), epochs=tuple(self._epochs))
         return current if self._before is None else combine(self._before, current)
 
-    def _set_phase(self, phase: str) -> None:
-        if self._guard is not None:
-            self._guard.set_phase(phase)
-
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # A test or predict run is that phase from its setup on (each run ends at teardown).
         self._begin(stage if stage in ("validate", "test", "predict") else "setup")
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -135,12 +132,6 @@ class BarrierGuard(Adapter, pl.Callback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._set_phase("setup" if trainer.sanity_checking else self._resume_phase)
-
-    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._set_phase("test")
-
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._set_phase("predict")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._set_phase("teardown")

@@ -23,17 +23,17 @@ from typing import Any
 import pytest
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.report.records import Report, Site, SiteKey, Violation
+from barrierguard.report.records import Report, Site, SiteKey
+from barrierguard.report.render.console import violation_groups
 from barrierguard.report.site_records import add_sites
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import (
     GUARD_OPTIONS,
     POLICIES,
+    Options,
     make_options,
-    parse_bytes,
     resolve_policy,
 )
-from barrierguard.session.watch import watch
 
 __all__: list[str] = []
 
@@ -45,11 +45,11 @@ _MARKER_HELP = (
 
 @dataclass(frozen=True)
 class _Plan:
-    """How to watch one test: its policy, its memory budget, watch()'s other options."""
+    """How to watch one test: its guard's options, its policy, its memory budget (if any)."""
 
+    options: Options
     policy: str
     max_growth_per_step: int | None = None
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -167,22 +167,16 @@ def _plan(mark: pytest.Mark | None, state: _State) -> _Plan:
     growth = kw.pop("max_growth_per_step", None)
     allow = kw.pop("allow", ())
     allow = state.defaults["allow"] + ((allow,) if isinstance(allow, str) else tuple(allow))
-    options = {**state.defaults, **kw, "allow": allow}
-    # Validate now, so a bad marker is an error at setup, not a surprise later.
-    make_options(policy=policy, owner=owner, **options)
-    return _Plan(policy, None if growth is None else parse_bytes(growth, owner=owner), options)
-
-
-def _start(plan: _Plan) -> Guard:
-    # "error" records and fails the test afterwards, listing every offending
-    # line: raising inside the test would show only the first one, and could be
-    # caught by the test's own code.
-    guard: Guard = watch(
-        policy="warn" if plan.policy == "warn" else "record",
-        max_growth_per_step="1MB" if plan.max_growth_per_step is None else plan.max_growth_per_step,
-        **plan.options,
+    # Made at setup, so a bad marker is an error there. "error" records and fails the
+    # test afterwards, listing every offending line: raising inside the test would show
+    # only the first one, and could be caught by the test's own code.
+    options = make_options(
+        policy="warn" if policy == "warn" else "record",
+        owner=owner,
+        max_growth_per_step="1MB" if growth is None else growth,
+        **{**state.defaults, **kw, "allow": allow},
     )
-    return guard.start()
+    return _Plan(options, policy, None if growth is None else options.max_growth_per_step)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -212,8 +206,8 @@ def barrierguard(request: pytest.FixtureRequest) -> Iterator[Guard]:
     """
     item = request.node
     if _PLAN not in item.stash:  # the plugin's setup hook did not run (plugin loaded late)
-        item.stash[_PLAN] = _Plan("warn")
-    guard = item.stash[_GUARD] = _start(item.stash[_PLAN])
+        item.stash[_PLAN] = _Plan(make_options(policy="warn"), "warn")
+    guard = item.stash[_GUARD] = Guard(item.stash[_PLAN].options).start()
     try:
         yield guard
     finally:
@@ -221,18 +215,16 @@ def barrierguard(request: pytest.FixtureRequest) -> Iterator[Guard]:
 
 
 def _failure_text(report: Report, plan: _Plan) -> str:
-    by_key = {(s.file, s.line, s.kind, s.origin): s for s in report.sites}
-    offenders: dict[tuple[str, int, str, str], tuple[Violation, Site | None]] = {}
-    for v in report.violations:
-        key = (v.file, v.line, v.kind, v.origin)
-        offenders.setdefault(key, (v, by_key.get(key)))
-    most = plan.options.get("max_syncs_per_step")
+    sites = {(s.file, s.line, s.kind, s.origin): s for s in report.sites}
+    offenders = violation_groups(report)
+    most = plan.options.max_syncs_per_step
     budget = f"a budget of {most} per step" if most is not None else "no budget"
     lines = [
         f"barrierguard: {len(report.violations)} synchronization(s) broke the policy "
         f"(error; {budget}; {report.measured_steps} measured steps) at {len(offenders)} line(s):"
     ]
-    for v, site in offenders.values():
+    for key, (v, *_) in offenders.items():
+        site = sites.get(key)
         count = f", {site.step_count} in steps" if site is not None else ""
         lines.append(
             f"  {v.file}:{v.line}: {v.kind} ({v.origin}) first in step {v.step}{count}: {v.reason}"
@@ -279,7 +271,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if plan is None:
         return (yield)
     own = _GUARD not in item.stash
-    guard = _start(plan) if own else item.stash[_GUARD]
+    guard = Guard(plan.options).start() if own else item.stash[_GUARD]
     try:
         result = yield
     finally:

@@ -1,7 +1,5 @@
-"""MetricBuffer; the two paths of a step: the hot one, for a step with the names, devices
-and dtypes of the last one, and the checked one, that explains a misfit; and reading the state
-back: one transfer (and one collective) in ``compute()``, or clones on the device in
-``state_dict()``.
+"""MetricBuffer: a step's hot path (the names, devices and dtypes of the last step) and checked
+path; the state read back with one transfer in ``compute()``, or cloned in ``state_dict()``.
 """
 
 from __future__ import annotations
@@ -343,7 +341,6 @@ class MetricBuffer:
                 )
             row = saved["row"]
             slot.row = None if row is None else self._adopt(row).to(F64).clone()
-            slot.block = None
             slot.host_a, slot.host_w, slot.host_bad = (float(v) for v in saved["host"])
             slot.host_last = float(saved["host_last"])
             slot.last_on_host = bool(saved["last_on_host"])
@@ -388,7 +385,7 @@ class MetricBuffer:
     def _weight(self, n: object) -> tuple[torch.Tensor | None, float]:
         """The step's weight ``n``, checked: a device tensor, or a Python number."""
         if n is None or is_number(n):
-            return None, 1.0 if n is None else float(n)  # type: ignore[arg-type]
+            return None, 1.0 if n is None else float(n)
         if not isinstance(n, torch.Tensor) or n.numel() != 1:
             raise BarrierGuardError(
                 f"MetricBuffer.update(n={describe(n)}) is not a valid weight: expected a "
@@ -401,7 +398,7 @@ class MetricBuffer:
         self, items: Mapping[str, Any], n_tensor: torch.Tensor | None, n_float: float
     ) -> None:
         """Check every value of a step, then log it: into a block, or on the host."""
-        numbers: dict[str, Any] = {}
+        floats: dict[str, Any] = {}
         tensors: dict[str, torch.Tensor] = {}
         for name, value in items.items():
             metric = self._metrics.get(name)
@@ -439,13 +436,13 @@ class MetricBuffer:
                     )
                 tensors[name] = value
             elif is_number(value):
-                numbers[name] = value
+                floats[name] = value
             else:
                 raise BarrierGuardError(
                     f"MetricBuffer.update({name}={value!r}) is not a valid value: "
                     f"expected a tensor or a Python number"
                 )
-        for name, value in numbers.items():  # only once every value is checked
+        for name, value in floats.items():  # only once every value is checked
             slot = self._slots[name]
             if slot.block is not None:
                 slot.block.fold()  # its rows come before this value (``last``)
@@ -494,15 +491,14 @@ def _read_back(
     results: dict[str, Any] = {}
     bad: list[str] = []
     for i, name in enumerate(names):
-        values = slots[name].values
-        value, saw_bad = _combine(slots[name], [r[1 + 3 * i : 4 + 3 * i] for r in per_rank], nan)
+        slot = slots[name]
+        results[name], saw_bad = _combine(slot, [r[1 + 3 * i : 4 + 3 * i] for r in per_rank], nan)
         bad += [name] if saw_bad else []
-        if slots[name].reduction != "cat":
-            results[name] = value
-        elif values:  # Python numbers were kept on the host; they join the device values here
-            results[name] = torch.cat([v if device is None else v.to(device) for v in values])
-        else:
-            results[name] = torch.empty(0, dtype=F64, device=device)
+        if slot.reduction == "cat":  # Python numbers were kept on the host: they join here
+            values = [v.to(device) for v in slot.values]
+            results[name] = (
+                torch.cat(values) if values else torch.empty(0, dtype=F64, device=device)
+            )
     if bad:
         raise BarrierGuardError(
             f"MetricBuffer(nan='error'): metric(s) {quote_all(tuple(bad))} received NaN or "
