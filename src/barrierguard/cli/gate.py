@@ -71,18 +71,15 @@ def _render(report: Report, fmt: str) -> str:
     return html.render(report) if fmt == "html" else str(report) + "\n"
 
 
-def _need_detection(report: Report, path: str) -> None:
+def _load(path: str) -> Report:
+    """The report at ``path``, which a comparison can use (one where detection ran)."""
+    report = Report.load(path)
     if not report.detection:
         raise BarrierGuardError(
             f"{path}: this report comes from a run where no detection ran (engine "
             f"{report.engine!r}); comparing it would say nothing - record the report on a "
             "CUDA machine or with the CPU audit engine"
         )
-
-
-def _load(path: str) -> Report:
-    report = Report.load(path)
-    _need_detection(report, path)
     return report
 
 

@@ -236,25 +236,6 @@ def rank_ranges(ranks: Iterable[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def _with_waits(report: Report) -> Report:
-    """``report`` with each rank's estimated wait for the gating site."""
-    gate = report.gating_site
-    if gate is None or gate.job_cost_s is None:
-        return report
-    fired = {r for r, _ in gate.rank_counts}
-    summaries = tuple(
-        replace(s, wait_s=0.0 if s.rank in fired else gate.job_cost_s)
-        for s in report.rank_summaries
-    )
-    return replace(report, rank_summaries=summaries)
-
-
-def _gating_dict(site: Site) -> dict[str, Any]:
-    """The report's ``gating`` entry: which site, on which ranks, at what cost."""
-    named = {k: getattr(site, k) for k in ("file", "line", "kind", "origin", "location")}
-    return {**named, "ranks": [r for r, _ in site.rank_counts], "job_cost_s": site.job_cost_s}
-
-
 @dataclass(frozen=True)
 class Report:
     """What a guard found: the sites, the steps, and what the policy made of them.
@@ -418,7 +399,17 @@ class Report:
             rank=None,
             rank_summaries=tuple(summaries.values()),
         )
-        return _with_waits(replace(result, sites=tuple(result.ranked())))
+        result = replace(result, sites=tuple(result.ranked()))
+        gate = result.gating_site
+        if gate is None or gate.job_cost_s is None:
+            return result
+        # Each rank's estimated wait for the gating site (0 where it fires itself).
+        fired = {r for r, _ in gate.rank_counts}
+        waits = [
+            replace(s, wait_s=0.0 if s.rank in fired else gate.job_cost_s)
+            for s in summaries.values()
+        ]
+        return replace(result, rank_summaries=tuple(waits))
 
     def with_sites(self, sites: Sequence[Site]) -> Report:
         """A copy of this report holding ``sites`` instead."""
@@ -428,9 +419,13 @@ class Report:
         """The report as plain JSON-able data (see docs/report-schema.md)."""
         data = to_json(replace(self, sites=tuple(self.ranked())))
         data.update(total_syncs=self.total_syncs, step_syncs=self.step_syncs)
-        gate = self.gating_site
-        if gate is not None:
-            data["gating"] = _gating_dict(gate)
+        if (gate := self.gating_site) is not None:
+            named = ("file", "line", "kind", "origin", "location")
+            data["gating"] = {
+                **{k: getattr(gate, k) for k in named},
+                "ranks": [r for r, _ in gate.rank_counts],
+                "job_cost_s": gate.job_cost_s,
+            }
         return {**{k: data.pop(k) for k in _FIRST_KEYS}, **data}
 
     @classmethod
