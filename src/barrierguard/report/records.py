@@ -24,7 +24,7 @@ from barrierguard.report.compiled import (
     consequence,
 )
 from barrierguard.report.jsonio import read_json, write_json, write_text
-from barrierguard.report.site_records import Site, SiteKey, Violation, _merge_sites
+from barrierguard.report.site_records import Site, SiteKey, Violation, add_sites
 
 __all__ = [
     "SCHEMA",
@@ -225,6 +225,25 @@ def job_cost(
     return min(cost, min(waiting)) if waiting else cost
 
 
+def _merge_sites(
+    group: Sequence[tuple[int, Site]], measured: int, summaries: Mapping[int, RankSummary]
+) -> Site:
+    sites = [s for _, s in group]
+    stalls = [s.stall_s for s in sites if s.stall_s is not None]
+    rank_stalls = tuple((rank, s.stall_s) for rank, s in group if s.stall_s is not None)
+    asymmetric = len(summaries) > 1 and len({rank for rank, _ in group}) < len(summaries)
+    merged = add_sites(
+        sites,
+        steps=tuple(sorted({r for s in sites for r in s.steps})),
+        stall_s=sum(stalls) if stalls else None,
+        rank_counts=tuple((rank, s.count) for rank, s in group),
+        rank_stalls=rank_stalls,
+        asymmetric=asymmetric,
+        job_cost_s=job_cost(rank_stalls, summaries) if asymmetric else None,
+    )
+    return replace(merged, per_step=merged.step_count / measured if measured else 0.0)
+
+
 def rank_ranges(ranks: Iterable[int]) -> str:
     """Ranks in few words: runs of consecutive ranks as ``a-b`` (``'0-3, 7, 9-10'``)."""
     runs: list[list[int]] = []
@@ -376,13 +395,8 @@ class Report:
             for site in report.sites:
                 merged.setdefault(site.key, []).append((rank, site))
         measured = sum(r.measured_steps for r in reports)
-        world = len(reports)
-        sites = [_merge_sites(group, measured, world) for group in merged.values()]
         summaries = {rank: _summary(rank, r) for rank, r in zip(labels, reports, strict=True)}
-        sites = [
-            replace(s, job_cost_s=job_cost(s.rank_stalls, summaries)) if s.asymmetric else s
-            for s in sites
-        ]
+        sites = [_merge_sites(group, measured, summaries) for group in merged.values()]
         per_step = zip_longest(*(r.syncs_per_step for r in reports), fillvalue=0)
         note = (
             f"merged from {len(reports)} ranks: counts are summed over ranks (per rank in each "

@@ -344,17 +344,17 @@ def _memory_section(memory: MemoryReport | None) -> str:
     if memory is None or not memory.series:
         return ""
     rows = []
-    for row in series_rows(memory):
-        if row.first is None:
-            rows.append(f"<tr><td>{_e(row.name)}</td><td colspan=5>never read</td></tr>")
+    for name, first, last, peak, slope, _, state in series_rows(memory):
+        if first is None:
+            rows.append(f"<tr><td>{_e(name)}</td><td colspan=5>never read</td></tr>")
             continue
-        rate = f"{row.slope / 1e6:+,.3f}" if row.slope is not None else "-"
+        rate = f"{slope / 1e6:+,.3f}" if slope is not None else "-"
         rows.append(
-            f"<tr><td>{_e(row.name)}</td>"
-            f'<td class="num">{row.first / 1e6:,.1f}</td>'
-            f'<td class="num">{row.last / 1e6:,.1f}</td>'
-            f'<td class="num">{row.peak / 1e6:,.1f}</td><td class="num">{rate}</td>'
-            f"<td>{_e(row.state)}</td></tr>"
+            f"<tr><td>{_e(name)}</td>"
+            f'<td class="num">{first / 1e6:,.1f}</td>'
+            f'<td class="num">{last / 1e6:,.1f}</td>'
+            f'<td class="num">{peak / 1e6:,.1f}</td><td class="num">{rate}</td>'
+            f"<td>{_e(state)}</td></tr>"
         )
     heads = _heads(("series", "first MB", "last MB", "peak MB", "MB/step", "state"))
     cause = ""
