@@ -126,21 +126,6 @@ def _syncs_chart(per_step: Sequence[int], warmup: int) -> str:
     return "".join(parts)
 
 
-def _memory_data(memory: MemoryReport | None) -> tuple[list[float], dict[str, list[float]]] | None:
-    if memory is None or not memory.steps:
-        return None
-    try:
-        xs = [float(s) for s in memory.steps]
-        out = {
-            name: [float(v) for v in values]  # type: ignore[arg-type]
-            for name, values in memory.series.items()
-            if len(values) == len(xs) and values
-        }
-    except (TypeError, ValueError):  # a series with a sample that could not be read
-        return None
-    return (xs, out) if out else None
-
-
 def _bytes_unit(peak: float) -> tuple[float, str]:
     # Decimal units, as the console and the memory verdict write them.
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -150,10 +135,13 @@ def _bytes_unit(peak: float) -> tuple[float, str]:
 
 
 def _memory_chart(memory: MemoryReport | None) -> str:
-    parsed = _memory_data(memory)
-    if parsed is None:
+    steps = memory.steps if memory is not None else ()
+    same = [(n, v) for n, v in (memory.series.items() if memory else ()) if len(v) == len(steps)]
+    # A series with a sample that could not be read (None) leaves the chart out.
+    if not steps or not same or any(None in v for _, v in same):
         return '<div class="empty" id="no-memory">no memory samples in this report</div>'
-    xs, series = parsed
+    xs = [float(s) for s in steps]
+    series = {name: [float(v) for v in values] for name, values in same}  # type: ignore[arg-type]
     left = 54
     pw, ph = _W - left - _RIGHT, _H - _TOP - _BOTTOM
     peak = max(max(v) for v in series.values())
