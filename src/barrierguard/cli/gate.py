@@ -34,8 +34,13 @@ FORMAT_HELP = (
 )
 
 
-def write(path: str, text: str, what: str) -> None:
-    """Write ``text`` to ``path`` and say so on stderr; an error names the file."""
+def write(path: str | None, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` and say so on stderr (an error names the file); to
+    stdout when no ``path`` is given."""
+    if not path:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
     try:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -59,10 +64,7 @@ def emit(
         text = github.render(report, failing=failing, messages=messages)
     else:
         text = sarif.render(report, rules=rule_table(), failing=failing, messages=messages)
-    if path is not None:
-        return write(path, text, f"{fmt} output")
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    write(path, text, f"{fmt} output")
 
 
 def _render(report: Report, fmt: str) -> str:
@@ -126,11 +128,7 @@ def _check(ns: argparse.Namespace) -> int:
 
 
 def _report(ns: argparse.Namespace) -> int:
-    text = _render(Report.load(ns.report), ns.format)
-    if ns.out:
-        write(ns.out, text, f"{ns.format} report")
-    else:
-        sys.stdout.write(text)
+    write(ns.out, _render(Report.load(ns.report), ns.format), f"{ns.format} report")
     return EXIT_OK
 
 
