@@ -229,13 +229,12 @@ def _merge_sites(
     group: Sequence[tuple[int, Site]], measured: int, summaries: Mapping[int, RankSummary]
 ) -> Site:
     sites = [s for _, s in group]
-    stalls = [s.stall_s for s in sites if s.stall_s is not None]
     rank_stalls = tuple((rank, s.stall_s) for rank, s in group if s.stall_s is not None)
     asymmetric = len(summaries) > 1 and len({rank for rank, _ in group}) < len(summaries)
     merged = add_sites(
         sites,
         steps=tuple(sorted({r for s in sites for r in s.steps})),
-        stall_s=sum(stalls) if stalls else None,
+        stall_s=sum(stall for _, stall in rank_stalls) if rank_stalls else None,
         rank_counts=tuple((rank, s.count) for rank, s in group),
         rank_stalls=rank_stalls,
         asymmetric=asymmetric,
@@ -321,11 +320,8 @@ class Report:
         measured steps. ``None`` for a report of one rank, or when every site
         fires on every rank.
         """
-        candidates = [s for s in self.sites if s.asymmetric and s.blocking and s.step_count]
-        if not candidates:
-            return None
         return min(
-            candidates,
+            (s for s in self.sites if s.asymmetric and s.blocking and s.step_count),
             key=lambda s: (
                 s.job_cost_s is None,
                 -(s.job_cost_s or 0.0),
@@ -333,6 +329,7 @@ class Report:
                 s.file,
                 s.line,
             ),
+            default=None,
         )
 
     def ranked(self) -> list[Site]:
