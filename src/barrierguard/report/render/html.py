@@ -179,6 +179,8 @@ def _site_row(rank: int, site: Site, gate: Site | None) -> str:
             f"{_e(site.framework_line)} ({_e(site.framework_function)})</div>"
         )
     stall = site.stall_s * 1e3 if site.stall_s is not None else None
+    compiled = site.compile_consequence
+    compiled = f'<div class="fix compile">compile: {_e(compiled)}</div>' if compiled else ""
     tags = ["allowed"] if site.allowed else []
     if not site.blocking:
         tags.append("not a barrier")
@@ -204,7 +206,7 @@ def _site_row(rank: int, site: Site, gate: Site | None) -> str:
         f'<td class="num" data-sort="{site.per_step:.6g}">{site.per_step:.2f}</td>'
         f'<td class="num" data-sort="{stall if stall is not None else -1:.6g}">'
         f"{f'{stall:.2f}' if stall is not None else '-'}</td>"
-        f"<td><code>{_e(site.code) or '?'}</code>{_compile_note(site)}"
+        f"<td><code>{_e(site.code) or '?'}</code>{compiled}"
         f'<div class="fix">fix: {_e(site.fix)}</div></td>'
         "</tr>"
     )
@@ -370,11 +372,6 @@ def _badge(report: Report) -> str:
     if report.policy == "error":
         return f'<span class="badge bad" id="status">fails at {sites}</span>'
     return f'<span class="badge warn" id="status">{sites} not allowed</span>'
-
-
-def _compile_note(site: Site) -> str:
-    text = site.compile_consequence
-    return f'<div class="fix compile">compile: {_e(text)}</div>' if text else ""
 
 
 def _compile(report: Report) -> str:
