@@ -11,7 +11,7 @@ import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import zip_longest
+from itertools import groupby, zip_longest
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
@@ -210,13 +210,11 @@ def job_cost(
     cost is the largest over those ranks, capped by the shortest step of the
     ranks that wait. ``None`` when no stall was measured.
     """
-    costs = []
-    for rank, stall in rank_stalls:
-        summary = summaries.get(rank)
-        if summary is None or not summary.measured_steps:
-            continue
-        fraction = summary.stall_fraction if summary.stall_fraction is not None else 1.0
-        costs.append(stall / summary.measured_steps * fraction)
+    costs = [
+        stall / s.measured_steps * (1.0 if s.stall_fraction is None else s.stall_fraction)
+        for rank, stall in rank_stalls
+        if (s := summaries.get(rank)) is not None and s.measured_steps
+    ]
     if not costs:
         return None
     cost = max(costs)
@@ -245,13 +243,10 @@ def _merge_sites(
 
 def rank_ranges(ranks: Iterable[int]) -> str:
     """Ranks in few words: runs of consecutive ranks as ``a-b`` (``'0-3, 7, 9-10'``)."""
-    runs: list[list[int]] = []
-    for r in sorted(set(ranks)):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    # Consecutive ranks share their offset from their index in the sorted list.
+    pairs = enumerate(sorted(set(ranks)))
+    runs = [[r for _, r in run] for _, run in groupby(pairs, lambda p: p[1] - p[0])]
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 @dataclass(frozen=True)

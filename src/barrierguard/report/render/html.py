@@ -62,9 +62,7 @@ def _e(value: object) -> str:
 
 
 def _fmt_num(x: float) -> str:
-    if x == int(x) and abs(x) < 1e15:
-        return str(int(x))
-    return f"{x:.3g}"
+    return str(int(x)) if x == int(x) and abs(x) < 1e15 else f"{x:.3g}"
 
 
 def _nice_max(x: float) -> float:
