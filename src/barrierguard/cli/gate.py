@@ -114,11 +114,10 @@ def _check(ns: argparse.Namespace) -> int:
     findings = compare(baseline, report, root=ns.root, tolerance=ns.tolerance)
     code = _print_findings(findings, f"check of {ns.report} against {ns.baseline}")
     # Only the regressions are annotated, each with what the check says of it.
-    failed = {f.site.key: f for f in findings if f.fails and f.site is not None}
-    messages = {key: f.explain() for key, f in failed.items()}
-    sites = tuple(f.site for f in failed.values() if f.site is not None)
+    failed = {f.site: f.explain() for f in findings if f.fails and f.site is not None}
+    messages = {site.key: text for site, text in failed.items()}
     emit(
-        replace(report, policy="error", sites=sites),
+        replace(report, policy="error", sites=tuple(failed)),
         ns.format,
         ns.format_out,
         set(messages),
