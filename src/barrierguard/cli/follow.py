@@ -93,29 +93,28 @@ def following(data: dict[str, Any]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _target(argv: Sequence[str], orig_argv: Sequence[str]) -> tuple[str | None, str | None]:
-    """(script, module) this interpreter runs; (None, None) for ``-c``, stdin or a REPL."""
+def _target(argv: Sequence[str], orig_argv: Sequence[str]) -> tuple[str, str] | None:
+    """``("script", path)`` or ``("module", name)`` this interpreter runs; None for ``-c``,
+    stdin or a REPL."""
     first = argv[0] if argv else ""
     if first == "-m":
         for i, token in enumerate(orig_argv[1:], 1):
             if token == "-m" and i + 1 < len(orig_argv):
-                return None, orig_argv[i + 1]
+                return "module", orig_argv[i + 1]
             if token.startswith("-m") and len(token) > 2:
-                return None, token[2:]
-        return None, None
+                return "module", token[2:]
+        return None
     if not first or first in ("-c", "-") or not os.path.isfile(first):
-        return None, None
-    return os.path.realpath(first), None
+        return None
+    return "script", os.path.realpath(first)
 
 
 def follows(data: dict[str, Any], argv: Sequence[str], orig_argv: Sequence[str]) -> bool:
     """Whether a child running ``argv`` is a process of the job ``data`` describes."""
-    script, module = _target(argv, orig_argv)
-    if script is not None:
-        return script == data.get("script") or script in data.get("launched", ())
-    if module is not None:
-        return module == data.get("module") or module in data.get("launched", ())
-    return False
+    if (target := _target(argv, orig_argv)) is None:
+        return False
+    what, name = target
+    return name == data.get(what) or name in data.get("launched", ())
 
 
 class RankProbe:

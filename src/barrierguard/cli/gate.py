@@ -34,8 +34,13 @@ FORMAT_HELP = (
 )
 
 
-def write(path: str, text: str, what: str) -> None:
-    """Write ``text`` to ``path`` and say so on stderr; an error names the file."""
+def write(path: str | None, text: str, what: str) -> None:
+    """Write ``text`` to ``path`` and say so on stderr (an error names the file); to
+    stdout when no ``path`` is given."""
+    if not path:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
     try:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -59,10 +64,7 @@ def emit(
         text = github.render(report, failing=failing, messages=messages)
     else:
         text = sarif.render(report, rules=rule_table(), failing=failing, messages=messages)
-    if path is not None:
-        return write(path, text, f"{fmt} output")
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    write(path, text, f"{fmt} output")
 
 
 def _render(report: Report, fmt: str) -> str:
@@ -71,18 +73,15 @@ def _render(report: Report, fmt: str) -> str:
     return html.render(report) if fmt == "html" else str(report) + "\n"
 
 
-def _need_detection(report: Report, path: str) -> None:
+def _load(path: str) -> Report:
+    """The report at ``path``, which a comparison can use (one where detection ran)."""
+    report = Report.load(path)
     if not report.detection:
         raise BarrierGuardError(
             f"{path}: this report comes from a run where no detection ran (engine "
             f"{report.engine!r}); comparing it would say nothing - record the report on a "
             "CUDA machine or with the CPU audit engine"
         )
-
-
-def _load(path: str) -> Report:
-    report = Report.load(path)
-    _need_detection(report, path)
     return report
 
 
@@ -115,11 +114,10 @@ def _check(ns: argparse.Namespace) -> int:
     findings = compare(baseline, report, root=ns.root, tolerance=ns.tolerance)
     code = _print_findings(findings, f"check of {ns.report} against {ns.baseline}")
     # Only the regressions are annotated, each with what the check says of it.
-    failed = {f.site.key: f for f in findings if f.fails and f.site is not None}
-    messages = {key: f.explain() for key, f in failed.items()}
-    sites = tuple(f.site for f in failed.values() if f.site is not None)
+    failed = {f.site: f.explain() for f in findings if f.fails and f.site is not None}
+    messages = {site.key: text for site, text in failed.items()}
     emit(
-        replace(report, policy="error", sites=sites),
+        replace(report, policy="error", sites=tuple(failed)),
         ns.format,
         ns.format_out,
         set(messages),
@@ -129,11 +127,7 @@ def _check(ns: argparse.Namespace) -> int:
 
 
 def _report(ns: argparse.Namespace) -> int:
-    text = _render(Report.load(ns.report), ns.format)
-    if ns.out:
-        write(ns.out, text, f"{ns.format} report")
-    else:
-        sys.stdout.write(text)
+    write(ns.out, _render(Report.load(ns.report), ns.format), f"{ns.format} report")
     return EXIT_OK
 
 

@@ -39,6 +39,7 @@ _ROOT_HELP = (
     "(default: the current directory)"
 )
 _BASELINE = ".barrierguard-baseline.json"
+_SHOWN = ("text", "json", "html")  # the formats that show a saved report
 
 
 def _guard_options(p: argparse.ArgumentParser, default_policy: str = "warn") -> None:
@@ -99,10 +100,6 @@ def _format_options(p: argparse.ArgumentParser, help: str) -> None:
         metavar="FILE",
         help="write the --format output (github, sarif) to FILE instead of stdout",
     )
-
-
-def _shown_format(p: argparse.ArgumentParser, help: str) -> None:
-    p.add_argument("--format", choices=("text", "json", "html"), default="text", help=help)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -175,8 +172,11 @@ def _parser() -> argparse.ArgumentParser:
     _format_options(check, "also print each regression as: " + FORMAT_HELP)
     show = sub.add_parser("report", help="show a saved report as text, JSON or HTML")
     show.add_argument("report", metavar="REPORT.json")
-    _shown_format(
-        show, "text (the console report, the default), json, or html (one self-contained page)"
+    show.add_argument(
+        "--format",
+        choices=_SHOWN,
+        default="text",
+        help="text (the console report, the default), json, or html (one self-contained page)",
     )
     show.add_argument("-o", "--out", metavar="FILE", help="write to FILE instead of stdout")
     diff = sub.add_parser(
@@ -195,7 +195,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the ranks' reports, or a quoted glob such as 'bg.rank*.json'",
     )
     merge.add_argument("-o", "--out", metavar="FILE", help="write the merged report as JSON")
-    _shown_format(merge, "what goes to stdout (default text)")
+    merge.add_argument(
+        "--format", choices=_SHOWN, default="text", help="what goes to stdout (default text)"
+    )
     return parser
 
 
@@ -264,13 +266,6 @@ def _say_rank_files(out: str, world: int, started: float) -> None:
     print(f"{text}; merge them with barrierguard merge '{pattern}'", file=sys.stderr)
 
 
-def _exit_code(exc: SystemExit) -> int:
-    if exc.code is None or isinstance(exc.code, int):
-        return exc.code or 0
-    print(exc.code, file=sys.stderr)
-    return 1
-
-
 def _find_module(name: str) -> str | None:
     """Where ``run -m name`` finds its module (its file), like ``python -m``."""
     try:
@@ -329,16 +324,15 @@ def _run(ns: argparse.Namespace) -> int:
                 raise
             guard.stop()
     except SystemExit as exc:
-        code = _exit_code(exc)
-    except SyncError:
+        if isinstance(exc.code, int | None):
+            code = exc.code or 0
+        else:  # as python does: printed, status 1
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except (Exception, KeyboardInterrupt) as exc:
         traceback.print_exc()
-        code = EXIT_POLICY
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = 130
-    except Exception:
-        traceback.print_exc()
-        code = 1
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        code = EXIT_POLICY if isinstance(exc, SyncError) else code
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     return _finish(guard, ns, code, probe, started)

@@ -19,6 +19,7 @@ from barrierguard._errors import BarrierGuardError
 from barrierguard.report.codec import Record
 from barrierguard.report.jsonio import read_json, write_json
 from barrierguard.report.records import Report, Site
+from barrierguard.report.render.github import relative
 
 __all__ = [
     "BASELINE_SCHEMA",
@@ -56,22 +57,11 @@ def normalize_code(code: str) -> str:
     return " ".join(text[: comments[0] if comments else None].split())
 
 
-def _relative(file: str, root: str) -> str:
-    path = os.path.abspath(file)
-    base = os.path.abspath(root)
-    try:
-        common = os.path.commonpath([path, base])
-    except ValueError:  # different drives on Windows
-        common = ""
-    if common == base:
-        return os.path.relpath(path, base).replace(os.sep, "/")
-    return os.path.basename(path)
-
-
 def site_key(site: Site, root: str | None = None) -> Key:
     """The key a site is matched by: (file, function, code, kind); see the module doc."""
+    path = relative(site.file, root)  # a file outside ``root`` is named by its basename
     return (
-        _relative(site.file, root if root is not None else os.getcwd()),
+        os.path.basename(path) if os.path.isabs(path) else path,
         site.function,
         normalize_code(site.code),
         site.kind,

@@ -11,7 +11,7 @@ import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import zip_longest
+from itertools import groupby, zip_longest
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
@@ -24,7 +24,7 @@ from barrierguard.report.compiled import (
     consequence,
 )
 from barrierguard.report.jsonio import read_json, write_json, write_text
-from barrierguard.report.site_records import Site, SiteKey, Violation, _merge_sites
+from barrierguard.report.site_records import Site, SiteKey, Violation, add_sites
 
 __all__ = [
     "SCHEMA",
@@ -210,13 +210,11 @@ def job_cost(
     cost is the largest over those ranks, capped by the shortest step of the
     ranks that wait. ``None`` when no stall was measured.
     """
-    costs = []
-    for rank, stall in rank_stalls:
-        summary = summaries.get(rank)
-        if summary is None or not summary.measured_steps:
-            continue
-        fraction = summary.stall_fraction if summary.stall_fraction is not None else 1.0
-        costs.append(stall / summary.measured_steps * fraction)
+    costs = [
+        stall / s.measured_steps * (1.0 if s.stall_fraction is None else s.stall_fraction)
+        for rank, stall in rank_stalls
+        if (s := summaries.get(rank)) is not None and s.measured_steps
+    ]
     if not costs:
         return None
     cost = max(costs)
@@ -225,34 +223,30 @@ def job_cost(
     return min(cost, min(waiting)) if waiting else cost
 
 
+def _merge_sites(
+    group: Sequence[tuple[int, Site]], measured: int, summaries: Mapping[int, RankSummary]
+) -> Site:
+    sites = [s for _, s in group]
+    rank_stalls = tuple((rank, s.stall_s) for rank, s in group if s.stall_s is not None)
+    asymmetric = len(summaries) > 1 and len({rank for rank, _ in group}) < len(summaries)
+    merged = add_sites(
+        sites,
+        steps=tuple(sorted({r for s in sites for r in s.steps})),
+        stall_s=sum(stall for _, stall in rank_stalls) if rank_stalls else None,
+        rank_counts=tuple((rank, s.count) for rank, s in group),
+        rank_stalls=rank_stalls,
+        asymmetric=asymmetric,
+        job_cost_s=job_cost(rank_stalls, summaries) if asymmetric else None,
+    )
+    return replace(merged, per_step=merged.step_count / measured if measured else 0.0)
+
+
 def rank_ranges(ranks: Iterable[int]) -> str:
     """Ranks in few words: runs of consecutive ranks as ``a-b`` (``'0-3, 7, 9-10'``)."""
-    runs: list[list[int]] = []
-    for r in sorted(set(ranks)):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def _with_waits(report: Report) -> Report:
-    """``report`` with each rank's estimated wait for the gating site."""
-    gate = report.gating_site
-    if gate is None or gate.job_cost_s is None:
-        return report
-    fired = {r for r, _ in gate.rank_counts}
-    summaries = tuple(
-        replace(s, wait_s=0.0 if s.rank in fired else gate.job_cost_s)
-        for s in report.rank_summaries
-    )
-    return replace(report, rank_summaries=summaries)
-
-
-def _gating_dict(site: Site) -> dict[str, Any]:
-    """The report's ``gating`` entry: which site, on which ranks, at what cost."""
-    named = {k: getattr(site, k) for k in ("file", "line", "kind", "origin", "location")}
-    return {**named, "ranks": [r for r, _ in site.rank_counts], "job_cost_s": site.job_cost_s}
+    # Consecutive ranks share their offset from their index in the sorted list.
+    pairs = enumerate(sorted(set(ranks)))
+    runs = [[r for _, r in run] for _, run in groupby(pairs, lambda p: p[1] - p[0])]
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 @dataclass(frozen=True)
@@ -321,11 +315,8 @@ class Report:
         measured steps. ``None`` for a report of one rank, or when every site
         fires on every rank.
         """
-        candidates = [s for s in self.sites if s.asymmetric and s.blocking and s.step_count]
-        if not candidates:
-            return None
         return min(
-            candidates,
+            (s for s in self.sites if s.asymmetric and s.blocking and s.step_count),
             key=lambda s: (
                 s.job_cost_s is None,
                 -(s.job_cost_s or 0.0),
@@ -333,6 +324,7 @@ class Report:
                 s.file,
                 s.line,
             ),
+            default=None,
         )
 
     def ranked(self) -> list[Site]:
@@ -395,13 +387,8 @@ class Report:
             for site in report.sites:
                 merged.setdefault(site.key, []).append((rank, site))
         measured = sum(r.measured_steps for r in reports)
-        world = len(reports)
-        sites = [_merge_sites(group, measured, world) for group in merged.values()]
         summaries = {rank: _summary(rank, r) for rank, r in zip(labels, reports, strict=True)}
-        sites = [
-            replace(s, job_cost_s=job_cost(s.rank_stalls, summaries)) if s.asymmetric else s
-            for s in sites
-        ]
+        sites = [_merge_sites(group, measured, summaries) for group in merged.values()]
         per_step = zip_longest(*(r.syncs_per_step for r in reports), fillvalue=0)
         note = (
             f"merged from {len(reports)} ranks: counts are summed over ranks (per rank in each "
@@ -418,7 +405,17 @@ class Report:
             rank=None,
             rank_summaries=tuple(summaries.values()),
         )
-        return _with_waits(replace(result, sites=tuple(result.ranked())))
+        result = replace(result, sites=tuple(result.ranked()))
+        gate = result.gating_site
+        if gate is None or gate.job_cost_s is None:
+            return result
+        # Each rank's estimated wait for the gating site (0 where it fires itself).
+        fired = {r for r, _ in gate.rank_counts}
+        waits = [
+            replace(s, wait_s=0.0 if s.rank in fired else gate.job_cost_s)
+            for s in summaries.values()
+        ]
+        return replace(result, rank_summaries=tuple(waits))
 
     def with_sites(self, sites: Sequence[Site]) -> Report:
         """A copy of this report holding ``sites`` instead."""
@@ -428,9 +425,13 @@ class Report:
         """The report as plain JSON-able data (see docs/report-schema.md)."""
         data = to_json(replace(self, sites=tuple(self.ranked())))
         data.update(total_syncs=self.total_syncs, step_syncs=self.step_syncs)
-        gate = self.gating_site
-        if gate is not None:
-            data["gating"] = _gating_dict(gate)
+        if (gate := self.gating_site) is not None:
+            named = ("file", "line", "kind", "origin", "location")
+            data["gating"] = {
+                **{k: getattr(gate, k) for k in named},
+                "ranks": [r for r, _ in gate.rank_counts],
+                "job_cost_s": gate.job_cost_s,
+            }
         return {**{k: data.pop(k) for k in _FIRST_KEYS}, **data}
 
     @classmethod

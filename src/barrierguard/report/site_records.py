@@ -138,21 +138,6 @@ def add_sites(sites: Sequence[Site], **fields: Any) -> Site:
     return replace(sites[0], **{**added, **fields})
 
 
-def _merge_sites(group: Sequence[tuple[int, Site]], measured: int, world: int) -> Site:
-    sites = [s for _, s in group]
-    stalls = [s.stall_s for s in sites if s.stall_s is not None]
-    merged = add_sites(
-        sites,
-        steps=tuple(sorted({r for s in sites for r in s.steps})),
-        stall_s=sum(stalls) if stalls else None,
-        rank_counts=tuple((rank, s.count) for rank, s in group),
-        rank_stalls=tuple((rank, s.stall_s) for rank, s in group if s.stall_s is not None),
-        asymmetric=world > 1 and len({rank for rank, _ in group}) < world,
-        job_cost_s=None,
-    )
-    return replace(merged, per_step=merged.step_count / measured if measured else 0.0)
-
-
 @dataclass(frozen=True)
 class Violation(Record):
     """A point where the policy was broken: which site, at which step, and why."""

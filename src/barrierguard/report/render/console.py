@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import NamedTuple
 
 from barrierguard.report.records import (
     CompileReport,
@@ -20,7 +19,6 @@ __all__ = [
     "SeriesRow",
     "kind_of",
     "leak_word",
-    "memory_state",
     "rank_cells",
     "render",
     "render_compile",
@@ -291,58 +289,44 @@ def render_ranks(summaries: tuple[RankSummary, ...], gate: Site | None) -> list[
     return lines
 
 
-class SeriesRow(NamedTuple):
-    """One memory series as the console and the HTML show it (``first`` None: never read)."""
-
-    name: str
-    first: float | None
-    last: float
-    peak: float
-    slope: float | None
-    began: int | None
-    state: str
+# One memory series as the console and the HTML show it: name, first, last and peak
+# bytes, slope, the step a growing series began to grow, state (first None: never read).
+SeriesRow = tuple[str, float | None, float, float, float | None, int | None, str]
 
 
 def series_rows(memory: MemoryReport) -> list[SeriesRow]:
-    """One row per memory series: first, last and peak bytes, slope, the step a growing
-    series began to grow, and its state."""
-    rows = []
+    """One row per memory series; its state is ``GROWING``, ``under the limit``, or
+    ``not judged`` (not a verdict series, or too few samples for any verdict)."""
+    rows: list[SeriesRow] = []
     for name, values in memory.series.items():
         if not (read := [v for v in values if v is not None]):
-            rows.append(SeriesRow(name, None, 0.0, 0.0, None, None, "never read"))
+            rows.append((name, None, 0.0, 0.0, None, None, "never read"))
             continue
+        if name in memory.growing:
+            state = "GROWING"
+        elif name not in memory.verdict_series or memory.reason.startswith("no verdict"):
+            state = "not judged"
+        else:
+            state = "under the limit"
         began = memory.growth_began_at.get(name) if name in memory.growing else None
         peak = memory.peak.get(name, max(read))
-        slope = memory.slopes.get(name)
-        rows.append(
-            SeriesRow(name, read[0], read[-1], peak, slope, began, memory_state(memory, name))
-        )
+        rows.append((name, read[0], read[-1], peak, memory.slopes.get(name), began, state))
     return rows
-
-
-def memory_state(memory: MemoryReport, name: str) -> str:
-    """``GROWING``, ``under the limit``, or ``not judged`` (not a verdict series, or too
-    few samples for any verdict)."""
-    if name in memory.growing:
-        return "GROWING"
-    if name not in memory.verdict_series or memory.reason.startswith("no verdict"):
-        return "not judged"
-    return "under the limit"
 
 
 def render_memory(memory: MemoryReport) -> list[str]:
     """The memory section: one line per series, then the verdict and any cause."""
     lines = [f"memory per step ({memory.sampling or f'{len(memory.steps)} samples'}):"]
     width = max((len(n) for n in memory.series), default=0)
-    for row in series_rows(memory):
-        if row.first is None:
-            lines.append(f"  {row.name.ljust(width)}  (never read)")
+    for name, first, last, peak, slope, began, state in series_rows(memory):
+        if first is None:
+            lines.append(f"  {name.ljust(width)}  (never read)")
             continue
-        rate = f"{row.slope / 1e6:+,.3f} MB/step" if row.slope is not None else "slope -"
-        since = f" from step {row.began}" if row.began is not None else ""
+        rate = f"{slope / 1e6:+,.3f} MB/step" if slope is not None else "slope -"
+        since = f" from step {began}" if began is not None else ""
         lines.append(
-            f"  {row.name.ljust(width)}  {_mb(row.first)} -> {_mb(row.last)}  peak "
-            f"{_mb(row.peak)}  {rate}{since}  {row.state}"
+            f"  {name.ljust(width)}  {_mb(first)} -> {_mb(last)}  peak "
+            f"{_mb(peak)}  {rate}{since}  {state}"
         )
     lines.append(f"  verdict: {leak_word(memory)} - {memory.reason}")
     if memory.pattern:

@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping
 
 from barrierguard.report.records import Report, Site, SiteKey
 
-__all__ = ["annotation", "failing_keys", "judged", "level_of", "relative", "render"]
+__all__ = ["annotation", "judged", "relative", "render"]
 
 
 def relative(path: str, root: str | None = None) -> str:
@@ -27,34 +27,29 @@ def relative(path: str, root: str | None = None) -> str:
     return rel.replace(os.sep, "/")
 
 
-def failing_keys(report: Report) -> set[SiteKey]:
-    """The keys of the sites that broke the policy (a violation names them)."""
-    broke = {(v.file, v.line, v.kind, v.origin) for v in report.violations}
-    return {s.key for s in report.sites if (s.file, s.line, s.kind, s.origin) in broke}
-
-
-def level_of(site: Site, report: Report, failing: Collection[SiteKey]) -> str | None:
-    """``"error"`` for a site that fails the error policy, ``"warning"`` for another
-    site in the measured steps that no rule allows, ``"note"`` for an allowed one,
-    ``None`` for setup (never held against the policy)."""
-    if site.key in failing:
-        return "error" if report.policy == "error" else "warning"
-    if not site.step_count:
-        return None
-    return "note" if site.allowed else "warning"
-
-
 def judged(
     report: Report, failing: Collection[SiteKey] | None, messages: Mapping[SiteKey, str] | None
 ) -> list[tuple[Site, str, str]]:
-    """``(site, level, message)`` of each site with a level, costliest first;
-    ``failing`` defaults to the sites a violation names, ``messages`` to the sites' own."""
-    fails = failing_keys(report) if failing is None else failing
-    return [
-        (site, level, (messages or {}).get(site.key) or message_of(site))
-        for site in report.ranked()
-        if (level := level_of(site, report, fails)) is not None
-    ]
+    """``(site, level, message)`` of each site with a level, costliest first.
+
+    ``"error"`` for a site that fails the error policy, ``"warning"`` for another
+    site in the measured steps that no rule allows, ``"note"`` for an allowed one;
+    setup has none (never held against the policy). ``failing`` defaults to the
+    sites a violation names, ``messages`` to the sites' own.
+    """
+    if failing is None:
+        broke = {(v.file, v.line, v.kind, v.origin) for v in report.violations}
+        failing = {s.key for s in report.sites if s.key[:4] in broke}
+    out = []
+    for site in report.ranked():
+        if site.key in failing:
+            level = "error" if report.policy == "error" else "warning"
+        elif site.step_count:
+            level = "note" if site.allowed else "warning"
+        else:
+            continue
+        out.append((site, level, (messages or {}).get(site.key) or message_of(site)))
+    return out
 
 
 def _escape_data(text: str) -> str:

@@ -62,9 +62,7 @@ def _e(value: object) -> str:
 
 
 def _fmt_num(x: float) -> str:
-    if x == int(x) and abs(x) < 1e15:
-        return str(int(x))
-    return f"{x:.3g}"
+    return str(int(x)) if x == int(x) and abs(x) < 1e15 else f"{x:.3g}"
 
 
 def _nice_max(x: float) -> float:
@@ -126,21 +124,6 @@ def _syncs_chart(per_step: Sequence[int], warmup: int) -> str:
     return "".join(parts)
 
 
-def _memory_data(memory: MemoryReport | None) -> tuple[list[float], dict[str, list[float]]] | None:
-    if memory is None or not memory.steps:
-        return None
-    try:
-        xs = [float(s) for s in memory.steps]
-        out = {
-            name: [float(v) for v in values]  # type: ignore[arg-type]
-            for name, values in memory.series.items()
-            if len(values) == len(xs) and values
-        }
-    except (TypeError, ValueError):  # a series with a sample that could not be read
-        return None
-    return (xs, out) if out else None
-
-
 def _bytes_unit(peak: float) -> tuple[float, str]:
     # Decimal units, as the console and the memory verdict write them.
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -150,10 +133,13 @@ def _bytes_unit(peak: float) -> tuple[float, str]:
 
 
 def _memory_chart(memory: MemoryReport | None) -> str:
-    parsed = _memory_data(memory)
-    if parsed is None:
+    steps = memory.steps if memory is not None else ()
+    same = [(n, v) for n, v in (memory.series.items() if memory else ()) if len(v) == len(steps)]
+    # A series with a sample that could not be read (None) leaves the chart out.
+    if not steps or not same or any(None in v for _, v in same):
         return '<div class="empty" id="no-memory">no memory samples in this report</div>'
-    xs, series = parsed
+    xs = [float(s) for s in steps]
+    series = {name: [float(v) for v in values] for name, values in same}  # type: ignore[arg-type]
     left = 54
     pw, ph = _W - left - _RIGHT, _H - _TOP - _BOTTOM
     peak = max(max(v) for v in series.values())
@@ -191,6 +177,8 @@ def _site_row(rank: int, site: Site, gate: Site | None) -> str:
             f"{_e(site.framework_line)} ({_e(site.framework_function)})</div>"
         )
     stall = site.stall_s * 1e3 if site.stall_s is not None else None
+    compiled = site.compile_consequence
+    compiled = f'<div class="fix compile">compile: {_e(compiled)}</div>' if compiled else ""
     tags = ["allowed"] if site.allowed else []
     if not site.blocking:
         tags.append("not a barrier")
@@ -216,7 +204,7 @@ def _site_row(rank: int, site: Site, gate: Site | None) -> str:
         f'<td class="num" data-sort="{site.per_step:.6g}">{site.per_step:.2f}</td>'
         f'<td class="num" data-sort="{stall if stall is not None else -1:.6g}">'
         f"{f'{stall:.2f}' if stall is not None else '-'}</td>"
-        f"<td><code>{_e(site.code) or '?'}</code>{_compile_note(site)}"
+        f"<td><code>{_e(site.code) or '?'}</code>{compiled}"
         f'<div class="fix">fix: {_e(site.fix)}</div></td>'
         "</tr>"
     )
@@ -344,17 +332,17 @@ def _memory_section(memory: MemoryReport | None) -> str:
     if memory is None or not memory.series:
         return ""
     rows = []
-    for row in series_rows(memory):
-        if row.first is None:
-            rows.append(f"<tr><td>{_e(row.name)}</td><td colspan=5>never read</td></tr>")
+    for name, first, last, peak, slope, _, state in series_rows(memory):
+        if first is None:
+            rows.append(f"<tr><td>{_e(name)}</td><td colspan=5>never read</td></tr>")
             continue
-        rate = f"{row.slope / 1e6:+,.3f}" if row.slope is not None else "-"
+        rate = f"{slope / 1e6:+,.3f}" if slope is not None else "-"
         rows.append(
-            f"<tr><td>{_e(row.name)}</td>"
-            f'<td class="num">{row.first / 1e6:,.1f}</td>'
-            f'<td class="num">{row.last / 1e6:,.1f}</td>'
-            f'<td class="num">{row.peak / 1e6:,.1f}</td><td class="num">{rate}</td>'
-            f"<td>{_e(row.state)}</td></tr>"
+            f"<tr><td>{_e(name)}</td>"
+            f'<td class="num">{first / 1e6:,.1f}</td>'
+            f'<td class="num">{last / 1e6:,.1f}</td>'
+            f'<td class="num">{peak / 1e6:,.1f}</td><td class="num">{rate}</td>'
+            f"<td>{_e(state)}</td></tr>"
         )
     heads = _heads(("series", "first MB", "last MB", "peak MB", "MB/step", "state"))
     cause = ""
@@ -382,11 +370,6 @@ def _badge(report: Report) -> str:
     if report.policy == "error":
         return f'<span class="badge bad" id="status">fails at {sites}</span>'
     return f'<span class="badge warn" id="status">{sites} not allowed</span>'
-
-
-def _compile_note(site: Site) -> str:
-    text = site.compile_consequence
-    return f'<div class="fix compile">compile: {_e(text)}</div>' if text else ""
 
 
 def _compile(report: Report) -> str:
