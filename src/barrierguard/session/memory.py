@@ -29,7 +29,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any, cast
 
@@ -355,13 +355,13 @@ def format_bytes(n: float) -> str:
 class SeriesVerdict:
     """What the growth analysis found in one series."""
 
-    slope: float | None
-    growing: bool
-    began_at: int | None
-    peak: int
-    peak_step: int
-    step_changes: tuple[tuple[int, int], ...]
-    samples: int
+    slope: float | None = None
+    growing: bool = False
+    began_at: int | None = None
+    peak: int = 0
+    peak_step: int = 0
+    step_changes: tuple[tuple[int, int], ...] = ()
+    samples: int = 0
     growth: int = 0
     last_step: int = 0
 
@@ -385,48 +385,34 @@ def analyze_series(
     # One sample per step (the last): two at one step would make a zero run.
     pts = list({s: (s, v) for s, v in zip(steps, values, strict=True) if v is not None}.values())
     if not pts:
-        return SeriesVerdict(None, False, None, 0, 0, (), 0)
+        return SeriesVerdict()
     peak_step, peak = max(pts, key=lambda p: (p[1], -p[0]))
     # The sample at the end of the last warm-up step is the measured baseline.
     measured = [p for p in pts if p[0] >= warmup]
     n = len(measured)
+    verdict = SeriesVerdict(peak=peak, peak_step=peak_step, samples=n)
     if n < 2:
-        return SeriesVerdict(None, False, None, peak, peak_step, (), n)
-    xs = [p[0] for p in measured]
-    ys = [p[1] for p in measured]
-    jumps = [
-        (xs[i] + 1, ys[i + 1] - ys[i])
-        for i in range(n - 1)
-        if ys[i + 1] - ys[i] > max(4 * threshold * (xs[i + 1] - xs[i]), 0)
-    ]
-    jumps = sorted(sorted(jumps, key=lambda j: -j[1])[:3])
+        return verdict
+    xs, ys = zip(*measured, strict=True)
+    deltas = [(xs[i], ys[i + 1] - ys[i], xs[i + 1] - xs[i]) for i in range(n - 1)]
+    jumps = [(x + 1, dy) for x, dy, dx in deltas if dy > max(4 * threshold * dx, 0)]
+    verdict = replace(verdict, step_changes=tuple(sorted(sorted(jumps, key=lambda j: -j[1])[:3])))
     if n < MIN_SAMPLES:
-        slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
-        return SeriesVerdict(slope, False, None, peak, peak_step, tuple(jumps), n)
+        return replace(verdict, slope=(ys[-1] - ys[0]) / (xs[-1] - xs[0]))
     count = min(8, (n - 1) // 2)
     bounds = [round(k * (n - 1) / count) for k in range(count + 1)]
     rates = [(ys[b] - ys[a]) / (xs[b] - xs[a]) for a, b in itertools.pairwise(bounds)]
     run = next((i for i, r in enumerate(reversed(rates)) if r <= threshold / 2), len(rates))
     trailing = rates[len(rates) - run :]
     if run < 3 or statistics.median(trailing) <= threshold:
-        return SeriesVerdict(
-            float(statistics.median(rates)), False, None, peak, peak_step, tuple(jumps), n
-        )
-    first = len(rates) - run
-    a, b = bounds[first], bounds[first + 1]
-    began = xs[a] + 1
-    for i in range(a, b):
-        if (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) > threshold / 2:
-            began = xs[i] + 1
-            break
-    return SeriesVerdict(
-        float(statistics.median(trailing)),
-        True,
-        began,
-        peak,
-        peak_step,
-        tuple(jumps),
-        n,
+        return replace(verdict, slope=float(statistics.median(rates)))
+    a, b = bounds[len(rates) - run], bounds[len(rates) - run + 1]
+    began = next((x + 1 for x, dy, dx in deltas[a:b] if dy / dx > threshold / 2), xs[a] + 1)
+    return replace(
+        verdict,
+        slope=float(statistics.median(trailing)),
+        growing=True,
+        began_at=began,
         growth=ys[-1] - ys[a],
         last_step=xs[-1],
     )
@@ -581,9 +567,7 @@ class MemoryMonitor:
         if len(steps) - bisect.bisect_left(steps, self._warmup) < self._checkpoint:
             return
         self._checkpoint = math.ceil(self._checkpoint * 1.5)
-        memory = self.report()
-        if memory.leak:
-            self._act(memory, final=False)
+        self._act(final=False)
 
     def finish(self, step: int, *, act: bool) -> None:
         """Last sample, release the probes, and act on the final verdict (may raise
@@ -599,13 +583,14 @@ class MemoryMonitor:
             err, self._pending = self._pending, None
             if act:
                 raise err
-        if not act or self._acted or self._policy == "record":
-            return
-        memory = self.report()
-        if memory.leak:
-            self._act(memory, final=True)
+        if act and not self._acted and self._policy != "record":
+            self._act(final=True)
 
-    def _act(self, memory: MemoryReport, *, final: bool) -> None:
+    def _act(self, *, final: bool) -> None:
+        """Warn or raise on the verdict as of now, if memory is leaking."""
+        memory = self.report()
+        if not memory.leak:
+            return
         self._acted = True
         when = "over the run" if final else f"so far (step {memory.steps[-1]})"
         message = f"memory keeps growing {when}: {memory.reason}"
