@@ -95,15 +95,14 @@ def _stale_streams_follow_capture() -> Iterator[bool]:
     """
     import torch
 
-    setter = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
-    getter = getattr(torch._C, "_override_stale_capture_stream", None)
+    setter: Any = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
+    getter: Any = getattr(torch._C, "_override_stale_capture_stream", None)
     try:
-        before = bool(getter()) if setter is not None and getter is not None else None
-        if setter is not None and before is not None:
-            setter(True)
-    except Exception:  # a torch that has the name but not the switch
+        before: bool | None = bool(getter())
+        setter(True)
+    except Exception:  # a torch without the switch, or with the name but not the switch
         before = None
-    if setter is None or before is None:
+    if before is None:
         yield False
         return
     try:
@@ -138,19 +137,14 @@ def inductor_cuda_graphs() -> int:
         return 0
 
 
-@contextlib.contextmanager
-def _eager_stance(on: bool) -> Iterator[None]:
-    """Compiled functions run as plain Python inside, when ``on`` and this torch can."""
-    stance = None
+def _eager_stance(on: bool) -> Any:
+    """A context where compiled functions run as plain Python, when ``on`` and this torch can."""
     if on:
-        try:
+        with contextlib.suppress(Exception):  # a torch without stances
             import torch
 
-            stance = torch.compiler.set_stance("force_eager")  # sets it at once
-        except Exception:  # a torch without stances
-            stance = None
-    with stance if stance is not None else contextlib.nullcontext():
-        yield
+            return torch.compiler.set_stance("force_eager")  # sets it at once
+    return contextlib.nullcontext()
 
 
 def _backward_by_inductor(
@@ -161,18 +155,15 @@ def _backward_by_inductor(
     file, line, _ = blocking_line(blocker)
     at = f" at {os.path.basename(file)}:{line}" if file else ""
     if graphs and not skips:
-        return CaptureProbe(
-            status="capturable",
-            reason=(
-                f"backward by inductor's verdict: the forward was captured here; the backward{at} "
-                f"was not (it had to join the default stream: inductor's {graphs} CUDA graph"
-                f"{'s' if graphs != 1 else ''} keep the last step's outputs, and with them its "
-                "autograd graph, alive); inductor captured the compiled backward itself and "
-                "kept no op out of its CUDA graphs. Not checked: autograd hooks and the "
-                "backward of code outside torch.compile"
-            ),
-            captured=captured,
+        reason = (
+            f"backward by inductor's verdict: the forward was captured here; the backward{at} "
+            f"was not (it had to join the default stream: inductor's {graphs} CUDA graph"
+            f"{'s' if graphs != 1 else ''} keep the last step's outputs, and with them its "
+            "autograd graph, alive); inductor captured the compiled backward itself and "
+            "kept no op out of its CUDA graphs. Not checked: autograd hooks and the "
+            "backward of code outside torch.compile"
         )
+        return CaptureProbe(status="capturable", reason=reason, captured=captured)
     why = (
         "(inductor's CUDA graphs keep the last step's autograd graph alive), and inductor "
         f"kept ops out of its CUDA graphs ({'; '.join(skips[:2])}), so its verdict does not "
@@ -182,14 +173,10 @@ def _backward_by_inductor(
         "of that iteration, such as the last loss, holds its graph); run the probe where no "
         "earlier graph is alive, e.g. with del loss before the call"
     )
-    return CaptureProbe(
-        status="not run",
-        reason=(
-            f"inconclusive: the backward{at} joined the default stream {why} "
-            f"({_first_line(blocker)})"
-        ),
-        captured=captured,
+    reason = (
+        f"inconclusive: the backward{at} joined the default stream {why} ({_first_line(blocker)})"
     )
+    return CaptureProbe(status="not run", reason=reason, captured=captured)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -213,27 +200,22 @@ def probe(
     import torch
 
     name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
-    if not torch.cuda.is_available():
-        return CaptureProbe(
-            status="not run",
-            reason="no CUDA device here: the capture probe needs one",
-            captured=(
-                f"one call of {name} under torch.cuda.graph on a side stream "
-                "(recorded, never replayed)"
-            ),
-        )
+    cuda = torch.cuda.is_available()
     # Compiled code runs as plain Python in the probed call: it must not replay
     # (or record) inductor's CUDA graphs inside the probe's capture, nor compile
     # there (a guard that fails on the probe's call would recompile under
     # capture, and add to the compiled code the training uses).
     eager = "torch._dynamo" in sys.modules
-    graphs = inductor_cuda_graphs()
-    plain = eager and (graphs or frames_compiled())
+    graphs = inductor_cuda_graphs() if cuda else 0
+    plain = cuda and eager and (graphs or frames_compiled())
     captured = (
         f"one call of {name}"
         + (", its compiled functions run as plain Python (force_eager)" if plain else "")
         + " under torch.cuda.graph on a side stream (recorded, never replayed)"
     )
+    if not cuda:
+        reason = "no CUDA device here: the capture probe needs one"
+        return CaptureProbe(status="not run", reason=reason, captured=captured)
     saved_grads = [(p, p.grad) for p in params]
     for p, _ in saved_grads:
         p.grad = None  # the captured backward makes its own, in the graph's pool
