@@ -19,6 +19,7 @@ of the measured step time; ``watch(memory_every=N)`` fixes the stride. At
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gc
 import itertools
 import math
@@ -81,22 +82,19 @@ class _WorkersRss:
     def __init__(self) -> None:
         import psutil
 
-        self._psutil = psutil
+        self._gone = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
         self._me = psutil.Process()
         self._children: list[Any] = []
         self._reads = 0
 
     def __call__(self) -> Mapping[str, int]:
-        psutil = self._psutil
         if self._reads % _CHILDREN_EVERY == 0:
             self._children = self._me.children(recursive=True)
         self._reads += 1
         total = 0
         for child in self._children:
-            try:
+            with contextlib.suppress(self._gone):
                 total += int(child.memory_info().rss)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
         return {"workers_rss": total}
 
 
@@ -167,11 +165,9 @@ class _Nvml:
 
     def _own_usage(self) -> int | None:
         pid = os.getpid()
-        for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
-            if proc.pid == pid:
-                used = getattr(proc, "usedGpuMemory", None)
-                return None if used is None else int(used)
-        return None
+        procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        used = next((getattr(p, "usedGpuMemory", None) for p in procs if p.pid == pid), None)
+        return None if used is None else int(used)
 
     def __call__(self) -> Mapping[str, int]:
         if self._handle is None:
@@ -246,14 +242,12 @@ class Sampler:
         probes: Mapping[str, Probe],
         *,
         every: int | None = None,
-        budget: float = BUDGET,
         clock: Callable[[], float] = time.perf_counter,
         max_samples: int = MAX_SAMPLES,
         notes: list[str] | None = None,
     ) -> None:
         self._probes = dict(probes)
         self._every = every
-        self._budget = budget
         self._clock = clock
         self._max = max(4, max_samples)
         self.notes = notes if notes is not None else []
@@ -312,7 +306,7 @@ class Sampler:
         elif self._step_s is None or self._step_s <= 0:
             stride = 1
         else:
-            stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (self._budget * self._step_s))))
+            stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (BUDGET * self._step_s))))
         self.stride = max(stride, self._min_stride)
         self._next = step + self.stride
         # Steps are timed from here, so the sample's own cost is not step time.
@@ -528,12 +522,11 @@ class MemoryMonitor:
         threshold: int,
         warmup: int,
         every: int | None = None,
-        clock: Callable[[], float] = time.perf_counter,
         explain_fn: Callable[[int, FrameType | None], tuple[str, str, str] | None] = explain,
     ) -> None:
         self._make_probes = probes
         self._probeset = ProbeSet({}, {}, [], tuple)
-        self.sampler = Sampler({}, every=every, clock=clock)
+        self.sampler = Sampler({}, every=every)
         self.active = False
         self._policy = policy
         self._threshold = threshold
