@@ -62,12 +62,10 @@ def _release_failed_capture(graph: Any, stream: Any) -> None:
     # capture_end raises at cudaStreamEndCapture before it tells the caching
     # allocator the capture is over, and reset() releases only a captured
     # graph's pool: end the pool as torch.cuda.use_mem_pool does.
-    try:
+    with contextlib.suppress(Exception):  # this torch already ended it, or names it otherwise
         device, pool = torch.cuda.current_device(), graph.pool()
         torch._C._cuda_endAllocateToPool(device, pool)
         torch._C._cuda_releasePool(device, pool)
-    except Exception:  # this torch already ended it, or names it otherwise
-        pass
     # It also skips the epilogue that tells the CUDA generators the capture is
     # over: every later random op would fail ("Offset increment outside graph
     # capture encountered unexpectedly"). An empty capture runs both once more.
