@@ -306,18 +306,10 @@ def _function_of(frame: FrameType) -> Callable[..., Any] | None:
 
 def _arguments(frame: FrameType) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments ``frame``'s function was called with, as it received them."""
-    code, local = frame.f_code, frame.f_locals
-    names = code.co_varnames
-    n, k = code.co_argcount, code.co_kwonlyargcount
-    args = tuple(local[name] for name in names[:n])
-    kwargs = {name: local[name] for name in names[n : n + k]}
-    i = n + k
-    if code.co_flags & inspect.CO_VARARGS:
-        args += tuple(local[names[i]])
-        i += 1
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        kwargs.update(local[names[i]])
-    return args, kwargs
+    names, varargs, varkw, local = inspect.getargvalues(frame)
+    n = frame.f_code.co_argcount
+    args = (*(local[a] for a in names[:n]), *(local[varargs] if varargs else ()))
+    return args, {a: local[a] for a in names[n:]} | (local[varkw] if varkw else {})
 
 
 class CallProbe:
