@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 from barrierguard._errors import MemoryGrowthError, MemoryGrowthWarning
 from barrierguard.report.records import MemoryReport
@@ -93,31 +93,30 @@ class _WorkersRss:
         self._reads += 1
         total = 0
         for child in self._children:
-            with contextlib.suppress(self._gone):
+            with contextlib.suppress(*self._gone):
                 total += int(child.memory_info().rss)
         return {"workers_rss": total}
 
 
-class _Allocator:
+def _allocator() -> Probe:
     """Allocated and reserved bytes of torch's CUDA caching allocator (0 before CUDA starts)."""
+    import torch
 
-    def __init__(self) -> None:
-        import torch
+    cuda = torch.cuda
+    stats: Callable[[int], Mapping[str, Any]] = (
+        getattr(torch._C, "_cuda_memoryStats", None) or cuda.memory_stats_as_nested_dict
+    )
 
-        self._cuda = torch.cuda
-        raw = getattr(torch._C, "_cuda_memoryStats", None)
-        self._stats = cast(
-            "Callable[[int], Mapping[str, Any]]", raw or torch.cuda.memory_stats_as_nested_dict
-        )
-
-    def __call__(self) -> Mapping[str, int]:
-        if not self._cuda.is_initialized():  # type: ignore[no-untyped-call]
+    def read() -> Mapping[str, int]:
+        if not cuda.is_initialized():  # type: ignore[no-untyped-call]
             return {"device_allocated": 0, "device_reserved": 0}
-        stats = self._stats(self._cuda.current_device())
+        now = stats(cuda.current_device())
         return {
-            "device_allocated": int(stats["allocated_bytes"]["all"]["current"]),
-            "device_reserved": int(stats["reserved_bytes"]["all"]["current"]),
+            "device_allocated": int(now["allocated_bytes"]["all"]["current"]),
+            "device_reserved": int(now["reserved_bytes"]["all"]["current"]),
         }
+
+    return read
 
 
 class _Nvml:
@@ -216,7 +215,7 @@ def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> P
     if not cuda:
         notes.append("device memory series absent: CUDA is not available here")
     else:
-        probes["allocator"] = _Allocator()
+        probes["allocator"] = _allocator()
         sources["device_allocated"] = sources["device_reserved"] = "torch CUDA caching allocator"
         try:
             probes["nvml"] = nvml = _Nvml(notes, sources)
