@@ -459,11 +459,9 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
         # __class__ is read (deprecated torch aliases).
         kind = type(obj)
         if issubclass(kind, tensor_type):
-            fn = obj.grad_fn
-            if fn is not None and type(fn).__name__.startswith("AddBackward"):
-                depth = _add_chain(fn, 10 * need + 1000)
-                if depth >= need and (chain is None or depth > chain[0]):
-                    chain = (depth, obj)
+            depth = _add_chain(obj.grad_fn, 10 * need + 1000)  # 0 unless an addition
+            if depth >= need and (chain is None or depth > chain[0]):
+                chain = (depth, obj)
         elif (
             kind is list and len(obj) >= need and _tensor_list(obj, tensor_type, torch.nn.Parameter)
         ):
@@ -608,7 +606,7 @@ class MemoryMonitor:
         }
         growing = tuple(n for n in names if found[n].growing)
         limit = format_bytes(self._threshold)
-        measured = [found[n].samples for n in names]
+        most = max((found[n].samples for n in names), default=0)
         if growing:
             reason = "; ".join(
                 f"{n} grew {format_bytes(found[n].slope or 0)}/step from step "
@@ -617,11 +615,8 @@ class MemoryMonitor:
                 for n in growing
             )
             reason += f", above max_growth_per_step {limit}"
-        elif not measured or max(measured) < MIN_SAMPLES:
-            reason = (
-                f"no verdict: {max(measured, default=0)} samples after warm-up, "
-                f"{MIN_SAMPLES} needed"
-            )
+        elif most < MIN_SAMPLES:
+            reason = f"no verdict: {most} samples after warm-up, {MIN_SAMPLES} needed"
         else:
             reason = f"no series kept growing faster than max_growth_per_step {limit}"
             jumps = [
