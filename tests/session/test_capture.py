@@ -269,3 +269,21 @@ def test_probe_takes_inductors_verdict_on_the_backward(monkeypatch: pytest.Monke
     assert model.weight.grad is before  # put back
     skipped = probe(step, skips=["cpu device at t.py:3"])
     assert skipped.status == "not run" and "cpu device at t.py:3" in skipped.reason
+
+
+def test_the_call_probe_reads_the_arguments_as_the_function_received_them() -> None:
+    import sys
+
+    from barrierguard.session.capture import _arguments
+
+    seen: list[tuple[tuple[object, ...], dict[str, object]]] = []
+
+    def step(a: int, b: int = 2, *rest: int, c: int, d: int = 4, **more: int) -> None:
+        seen.append(_arguments(sys._getframe()))
+
+    def plain(a: int, *, c: int) -> None:
+        seen.append(_arguments(sys._getframe()))
+
+    step(1, 5, 6, 7, c=3, e=8)
+    plain(1, c=2)
+    assert seen == [((1, 5, 6, 7), {"c": 3, "d": 4, "e": 8}), ((1,), {"c": 2})]

@@ -395,3 +395,18 @@ def test_explain_failure_becomes_a_note() -> None:
     assert memory.leak and memory.pattern is None
     assert any("boom" in n for n in memory.notes)
     monitor.finish(20, act=False)
+
+
+def test_workers_probe_sums_the_rss_of_child_processes() -> None:
+    import subprocess
+    import sys
+
+    import psutil
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+    try:
+        own = psutil.Process(child.pid).memory_info().rss
+        assert own > 0 and _memory._WorkersRss()()["workers_rss"] >= own
+    finally:
+        child.kill()
+        child.wait()

@@ -56,10 +56,7 @@ _TLS = _Local()
 def admits(key: Hashable, kind: str) -> bool:
     """Whether an open ``allowed()`` block of this thread admits this occurrence
     of the site ``key`` (of ``kind``)."""
-    scopes = _TLS.scopes
-    if not scopes:
-        return False
-    for scope in reversed(scopes):
+    for scope in reversed(_TLS.scopes or ()):
         if scope.kinds and kind not in scope.kinds:
             continue
         if not scope.first_only:

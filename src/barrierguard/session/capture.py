@@ -62,12 +62,10 @@ def _release_failed_capture(graph: Any, stream: Any) -> None:
     # capture_end raises at cudaStreamEndCapture before it tells the caching
     # allocator the capture is over, and reset() releases only a captured
     # graph's pool: end the pool as torch.cuda.use_mem_pool does.
-    try:
+    with contextlib.suppress(Exception):  # this torch already ended it, or names it otherwise
         device, pool = torch.cuda.current_device(), graph.pool()
         torch._C._cuda_endAllocateToPool(device, pool)
         torch._C._cuda_releasePool(device, pool)
-    except Exception:  # this torch already ended it, or names it otherwise
-        pass
     # It also skips the epilogue that tells the CUDA generators the capture is
     # over: every later random op would fail ("Offset increment outside graph
     # capture encountered unexpectedly"). An empty capture runs both once more.
@@ -95,15 +93,14 @@ def _stale_streams_follow_capture() -> Iterator[bool]:
     """
     import torch
 
-    setter = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
-    getter = getattr(torch._C, "_override_stale_capture_stream", None)
+    setter: Any = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
+    getter: Any = getattr(torch._C, "_override_stale_capture_stream", None)
     try:
-        before = bool(getter()) if setter is not None and getter is not None else None
-        if setter is not None and before is not None:
-            setter(True)
-    except Exception:  # a torch that has the name but not the switch
+        before: bool | None = bool(getter())
+        setter(True)
+    except Exception:  # a torch without the switch, or with the name but not the switch
         before = None
-    if setter is None or before is None:
+    if before is None:
         yield False
         return
     try:
@@ -138,19 +135,14 @@ def inductor_cuda_graphs() -> int:
         return 0
 
 
-@contextlib.contextmanager
-def _eager_stance(on: bool) -> Iterator[None]:
-    """Compiled functions run as plain Python inside, when ``on`` and this torch can."""
-    stance = None
+def _eager_stance(on: bool) -> Any:
+    """A context where compiled functions run as plain Python, when ``on`` and this torch can."""
     if on:
-        try:
+        with contextlib.suppress(Exception):  # a torch without stances
             import torch
 
-            stance = torch.compiler.set_stance("force_eager")  # sets it at once
-        except Exception:  # a torch without stances
-            stance = None
-    with stance if stance is not None else contextlib.nullcontext():
-        yield
+            return torch.compiler.set_stance("force_eager")  # sets it at once
+    return contextlib.nullcontext()
 
 
 def _backward_by_inductor(
@@ -161,18 +153,15 @@ def _backward_by_inductor(
     file, line, _ = blocking_line(blocker)
     at = f" at {os.path.basename(file)}:{line}" if file else ""
     if graphs and not skips:
-        return CaptureProbe(
-            status="capturable",
-            reason=(
-                f"backward by inductor's verdict: the forward was captured here; the backward{at} "
-                f"was not (it had to join the default stream: inductor's {graphs} CUDA graph"
-                f"{'s' if graphs != 1 else ''} keep the last step's outputs, and with them its "
-                "autograd graph, alive); inductor captured the compiled backward itself and "
-                "kept no op out of its CUDA graphs. Not checked: autograd hooks and the "
-                "backward of code outside torch.compile"
-            ),
-            captured=captured,
+        reason = (
+            f"backward by inductor's verdict: the forward was captured here; the backward{at} "
+            f"was not (it had to join the default stream: inductor's {graphs} CUDA graph"
+            f"{'s' if graphs != 1 else ''} keep the last step's outputs, and with them its "
+            "autograd graph, alive); inductor captured the compiled backward itself and "
+            "kept no op out of its CUDA graphs. Not checked: autograd hooks and the "
+            "backward of code outside torch.compile"
         )
+        return CaptureProbe(status="capturable", reason=reason, captured=captured)
     why = (
         "(inductor's CUDA graphs keep the last step's autograd graph alive), and inductor "
         f"kept ops out of its CUDA graphs ({'; '.join(skips[:2])}), so its verdict does not "
@@ -182,14 +171,10 @@ def _backward_by_inductor(
         "of that iteration, such as the last loss, holds its graph); run the probe where no "
         "earlier graph is alive, e.g. with del loss before the call"
     )
-    return CaptureProbe(
-        status="not run",
-        reason=(
-            f"inconclusive: the backward{at} joined the default stream {why} "
-            f"({_first_line(blocker)})"
-        ),
-        captured=captured,
+    reason = (
+        f"inconclusive: the backward{at} joined the default stream {why} ({_first_line(blocker)})"
     )
+    return CaptureProbe(status="not run", reason=reason, captured=captured)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -213,27 +198,22 @@ def probe(
     import torch
 
     name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
-    if not torch.cuda.is_available():
-        return CaptureProbe(
-            status="not run",
-            reason="no CUDA device here: the capture probe needs one",
-            captured=(
-                f"one call of {name} under torch.cuda.graph on a side stream "
-                "(recorded, never replayed)"
-            ),
-        )
+    cuda = torch.cuda.is_available()
     # Compiled code runs as plain Python in the probed call: it must not replay
     # (or record) inductor's CUDA graphs inside the probe's capture, nor compile
     # there (a guard that fails on the probe's call would recompile under
     # capture, and add to the compiled code the training uses).
     eager = "torch._dynamo" in sys.modules
-    graphs = inductor_cuda_graphs()
-    plain = eager and (graphs or frames_compiled())
+    graphs = inductor_cuda_graphs() if cuda else 0
+    plain = cuda and eager and (graphs or frames_compiled())
     captured = (
         f"one call of {name}"
         + (", its compiled functions run as plain Python (force_eager)" if plain else "")
         + " under torch.cuda.graph on a side stream (recorded, never replayed)"
     )
+    if not cuda:
+        reason = "no CUDA device here: the capture probe needs one"
+        return CaptureProbe(status="not run", reason=reason, captured=captured)
     saved_grads = [(p, p.grad) for p in params]
     for p, _ in saved_grads:
         p.grad = None  # the captured backward makes its own, in the graph's pool
@@ -326,18 +306,10 @@ def _function_of(frame: FrameType) -> Callable[..., Any] | None:
 
 def _arguments(frame: FrameType) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments ``frame``'s function was called with, as it received them."""
-    code, local = frame.f_code, frame.f_locals
-    names = code.co_varnames
-    n, k = code.co_argcount, code.co_kwonlyargcount
-    args = tuple(local[name] for name in names[:n])
-    kwargs = {name: local[name] for name in names[n : n + k]}
-    i = n + k
-    if code.co_flags & inspect.CO_VARARGS:
-        args += tuple(local[names[i]])
-        i += 1
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        kwargs.update(local[names[i]])
-    return args, kwargs
+    names, varargs, varkw, local = inspect.getargvalues(frame)
+    n = frame.f_code.co_argcount
+    args = (*(local[a] for a in names[:n]), *(local[varargs] if varargs else ()))
+    return args, {a: local[a] for a in names[n:]} | (local[varkw] if varkw else {})
 
 
 class CallProbe:

@@ -67,10 +67,6 @@ class CompileWatch:
         self.listener.stop()
         self.frames += max(0, frames_compiled() - self._frames_at_start)
 
-    @property
-    def events(self) -> list[CompileEvent]:
-        return list(self.listener.events)
-
     def skips(self) -> list[str]:
         """The CUDA-graph skips heard so far, ``"reason at file:line"`` (for the probe)."""
         return [
@@ -98,7 +94,7 @@ def join(
 
     ``running``: the guard still runs (frames compiled since its start count).
     """
-    events = watch.events
+    events = list(watch.listener.events)
     frames = watch.frames + (max(0, frames_compiled() - watch._frames_at_start) if running else 0)
     compile_syncs = sum(n for s in sites for phase, n in s.phases if phase == "compile")
     notes = tuple(watch.listener.notes) + tuple(

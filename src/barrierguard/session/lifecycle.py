@@ -103,31 +103,25 @@ def decorate(guard: Guard, func: F) -> F:
             f"@watch cannot watch the async generator function {name}(): use "
             "'with watch(...):' around the loop that consumes it"
         )
-    watched: Any
+
+    def watched_gen(*args: Any, **kwargs: Any) -> Any:
+        with guard:
+            return (yield from func(*args, **kwargs))
+
+    async def watched_coro(*args: Any, **kwargs: Any) -> Any:
+        with guard:
+            return await func(*args, **kwargs)
+
+    def watched_call(*args: Any, **kwargs: Any) -> Any:
+        with guard:
+            guard._before_call(func, args, kwargs)
+            return func(*args, **kwargs)
+
+    watched: Any = watched_call
     if inspect.isgeneratorfunction(func):
-
-        @functools.wraps(func)
-        def watched_gen(*args: Any, **kwargs: Any) -> Any:
-            with guard:
-                return (yield from func(*args, **kwargs))
-
         watched = watched_gen
     elif inspect.iscoroutinefunction(func):
-
-        @functools.wraps(func)
-        async def watched_coro(*args: Any, **kwargs: Any) -> Any:
-            with guard:
-                return await func(*args, **kwargs)
-
         watched = watched_coro
-    else:
-
-        @functools.wraps(func)
-        def watched_call(*args: Any, **kwargs: Any) -> Any:
-            with guard:
-                guard._before_call(func, args, kwargs)
-                return func(*args, **kwargs)
-
-        watched = watched_call
+    watched = functools.wraps(func)(watched)
     watched.guard = guard
     return cast(F, watched)

@@ -19,6 +19,7 @@ of the measured step time; ``watch(memory_every=N)`` fixes the stride. At
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gc
 import itertools
 import math
@@ -29,9 +30,9 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 from barrierguard._errors import MemoryGrowthError, MemoryGrowthWarning
 from barrierguard.report.records import MemoryReport
@@ -81,45 +82,41 @@ class _WorkersRss:
     def __init__(self) -> None:
         import psutil
 
-        self._psutil = psutil
+        self._gone = (psutil.NoSuchProcess, psutil.AccessDenied)  # ZombieProcess is a NoSuchProcess
         self._me = psutil.Process()
         self._children: list[Any] = []
         self._reads = 0
 
     def __call__(self) -> Mapping[str, int]:
-        psutil = self._psutil
         if self._reads % _CHILDREN_EVERY == 0:
             self._children = self._me.children(recursive=True)
         self._reads += 1
         total = 0
         for child in self._children:
-            try:
+            with contextlib.suppress(*self._gone):
                 total += int(child.memory_info().rss)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
         return {"workers_rss": total}
 
 
-class _Allocator:
+def _allocator() -> Probe:
     """Allocated and reserved bytes of torch's CUDA caching allocator (0 before CUDA starts)."""
+    import torch
 
-    def __init__(self) -> None:
-        import torch
+    cuda = torch.cuda
+    stats: Callable[[int], Mapping[str, Any]] = (
+        getattr(torch._C, "_cuda_memoryStats", None) or cuda.memory_stats_as_nested_dict
+    )
 
-        self._cuda = torch.cuda
-        raw = getattr(torch._C, "_cuda_memoryStats", None)
-        self._stats = cast(
-            "Callable[[int], Mapping[str, Any]]", raw or torch.cuda.memory_stats_as_nested_dict
-        )
-
-    def __call__(self) -> Mapping[str, int]:
-        if not self._cuda.is_initialized():  # type: ignore[no-untyped-call]
+    def read() -> Mapping[str, int]:
+        if not cuda.is_initialized():  # type: ignore[no-untyped-call]
             return {"device_allocated": 0, "device_reserved": 0}
-        stats = self._stats(self._cuda.current_device())
+        now = stats(cuda.current_device())
         return {
-            "device_allocated": int(stats["allocated_bytes"]["all"]["current"]),
-            "device_reserved": int(stats["reserved_bytes"]["all"]["current"]),
+            "device_allocated": int(now["allocated_bytes"]["all"]["current"]),
+            "device_reserved": int(now["reserved_bytes"]["all"]["current"]),
         }
+
+    return read
 
 
 class _Nvml:
@@ -167,11 +164,9 @@ class _Nvml:
 
     def _own_usage(self) -> int | None:
         pid = os.getpid()
-        for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
-            if proc.pid == pid:
-                used = getattr(proc, "usedGpuMemory", None)
-                return None if used is None else int(used)
-        return None
+        procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        used = next((getattr(p, "usedGpuMemory", None) for p in procs if p.pid == pid), None)
+        return None if used is None else int(used)
 
     def __call__(self) -> Mapping[str, int]:
         if self._handle is None:
@@ -220,7 +215,7 @@ def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> P
     if not cuda:
         notes.append("device memory series absent: CUDA is not available here")
     else:
-        probes["allocator"] = _Allocator()
+        probes["allocator"] = _allocator()
         sources["device_allocated"] = sources["device_reserved"] = "torch CUDA caching allocator"
         try:
             probes["nvml"] = nvml = _Nvml(notes, sources)
@@ -246,14 +241,12 @@ class Sampler:
         probes: Mapping[str, Probe],
         *,
         every: int | None = None,
-        budget: float = BUDGET,
         clock: Callable[[], float] = time.perf_counter,
         max_samples: int = MAX_SAMPLES,
         notes: list[str] | None = None,
     ) -> None:
         self._probes = dict(probes)
         self._every = every
-        self._budget = budget
         self._clock = clock
         self._max = max(4, max_samples)
         self.notes = notes if notes is not None else []
@@ -312,7 +305,7 @@ class Sampler:
         elif self._step_s is None or self._step_s <= 0:
             stride = 1
         else:
-            stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (self._budget * self._step_s))))
+            stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (BUDGET * self._step_s))))
         self.stride = max(stride, self._min_stride)
         self._next = step + self.stride
         # Steps are timed from here, so the sample's own cost is not step time.
@@ -355,13 +348,13 @@ def format_bytes(n: float) -> str:
 class SeriesVerdict:
     """What the growth analysis found in one series."""
 
-    slope: float | None
-    growing: bool
-    began_at: int | None
-    peak: int
-    peak_step: int
-    step_changes: tuple[tuple[int, int], ...]
-    samples: int
+    slope: float | None = None
+    growing: bool = False
+    began_at: int | None = None
+    peak: int = 0
+    peak_step: int = 0
+    step_changes: tuple[tuple[int, int], ...] = ()
+    samples: int = 0
     growth: int = 0
     last_step: int = 0
 
@@ -385,48 +378,34 @@ def analyze_series(
     # One sample per step (the last): two at one step would make a zero run.
     pts = list({s: (s, v) for s, v in zip(steps, values, strict=True) if v is not None}.values())
     if not pts:
-        return SeriesVerdict(None, False, None, 0, 0, (), 0)
+        return SeriesVerdict()
     peak_step, peak = max(pts, key=lambda p: (p[1], -p[0]))
     # The sample at the end of the last warm-up step is the measured baseline.
     measured = [p for p in pts if p[0] >= warmup]
     n = len(measured)
+    verdict = SeriesVerdict(peak=peak, peak_step=peak_step, samples=n)
     if n < 2:
-        return SeriesVerdict(None, False, None, peak, peak_step, (), n)
-    xs = [p[0] for p in measured]
-    ys = [p[1] for p in measured]
-    jumps = [
-        (xs[i] + 1, ys[i + 1] - ys[i])
-        for i in range(n - 1)
-        if ys[i + 1] - ys[i] > max(4 * threshold * (xs[i + 1] - xs[i]), 0)
-    ]
-    jumps = sorted(sorted(jumps, key=lambda j: -j[1])[:3])
+        return verdict
+    xs, ys = zip(*measured, strict=True)
+    deltas = [(xs[i], ys[i + 1] - ys[i], xs[i + 1] - xs[i]) for i in range(n - 1)]
+    jumps = [(x + 1, dy) for x, dy, dx in deltas if dy > max(4 * threshold * dx, 0)]
+    verdict = replace(verdict, step_changes=tuple(sorted(sorted(jumps, key=lambda j: -j[1])[:3])))
     if n < MIN_SAMPLES:
-        slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
-        return SeriesVerdict(slope, False, None, peak, peak_step, tuple(jumps), n)
+        return replace(verdict, slope=(ys[-1] - ys[0]) / (xs[-1] - xs[0]))
     count = min(8, (n - 1) // 2)
     bounds = [round(k * (n - 1) / count) for k in range(count + 1)]
     rates = [(ys[b] - ys[a]) / (xs[b] - xs[a]) for a, b in itertools.pairwise(bounds)]
     run = next((i for i, r in enumerate(reversed(rates)) if r <= threshold / 2), len(rates))
     trailing = rates[len(rates) - run :]
     if run < 3 or statistics.median(trailing) <= threshold:
-        return SeriesVerdict(
-            float(statistics.median(rates)), False, None, peak, peak_step, tuple(jumps), n
-        )
-    first = len(rates) - run
-    a, b = bounds[first], bounds[first + 1]
-    began = xs[a] + 1
-    for i in range(a, b):
-        if (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) > threshold / 2:
-            began = xs[i] + 1
-            break
-    return SeriesVerdict(
-        float(statistics.median(trailing)),
-        True,
-        began,
-        peak,
-        peak_step,
-        tuple(jumps),
-        n,
+        return replace(verdict, slope=float(statistics.median(rates)))
+    a, b = bounds[len(rates) - run], bounds[len(rates) - run + 1]
+    began = next((x + 1 for x, dy, dx in deltas[a:b] if dy / dx > threshold / 2), xs[a] + 1)
+    return replace(
+        verdict,
+        slope=float(statistics.median(trailing)),
+        growing=True,
+        began_at=began,
         growth=ys[-1] - ys[a],
         last_step=xs[-1],
     )
@@ -480,11 +459,9 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
         # __class__ is read (deprecated torch aliases).
         kind = type(obj)
         if issubclass(kind, tensor_type):
-            fn = obj.grad_fn
-            if fn is not None and type(fn).__name__.startswith("AddBackward"):
-                depth = _add_chain(fn, 10 * need + 1000)
-                if depth >= need and (chain is None or depth > chain[0]):
-                    chain = (depth, obj)
+            depth = _add_chain(obj.grad_fn, 10 * need + 1000)  # 0 unless an addition
+            if depth >= need and (chain is None or depth > chain[0]):
+                chain = (depth, obj)
         elif (
             kind is list and len(obj) >= need and _tensor_list(obj, tensor_type, torch.nn.Parameter)
         ):
@@ -542,12 +519,11 @@ class MemoryMonitor:
         threshold: int,
         warmup: int,
         every: int | None = None,
-        clock: Callable[[], float] = time.perf_counter,
         explain_fn: Callable[[int, FrameType | None], tuple[str, str, str] | None] = explain,
     ) -> None:
         self._make_probes = probes
         self._probeset = ProbeSet({}, {}, [], tuple)
-        self.sampler = Sampler({}, every=every, clock=clock)
+        self.sampler = Sampler({}, every=every)
         self.active = False
         self._policy = policy
         self._threshold = threshold
@@ -581,9 +557,7 @@ class MemoryMonitor:
         if len(steps) - bisect.bisect_left(steps, self._warmup) < self._checkpoint:
             return
         self._checkpoint = math.ceil(self._checkpoint * 1.5)
-        memory = self.report()
-        if memory.leak:
-            self._act(memory, final=False)
+        self._act(final=False)
 
     def finish(self, step: int, *, act: bool) -> None:
         """Last sample, release the probes, and act on the final verdict (may raise
@@ -599,13 +573,14 @@ class MemoryMonitor:
             err, self._pending = self._pending, None
             if act:
                 raise err
-        if not act or self._acted or self._policy == "record":
-            return
-        memory = self.report()
-        if memory.leak:
-            self._act(memory, final=True)
+        if act and not self._acted and self._policy != "record":
+            self._act(final=True)
 
-    def _act(self, memory: MemoryReport, *, final: bool) -> None:
+    def _act(self, *, final: bool) -> None:
+        """Warn or raise on the verdict as of now, if memory is leaking."""
+        memory = self.report()
+        if not memory.leak:
+            return
         self._acted = True
         when = "over the run" if final else f"so far (step {memory.steps[-1]})"
         message = f"memory keeps growing {when}: {memory.reason}"
@@ -631,7 +606,7 @@ class MemoryMonitor:
         }
         growing = tuple(n for n in names if found[n].growing)
         limit = format_bytes(self._threshold)
-        measured = [found[n].samples for n in names]
+        most = max((found[n].samples for n in names), default=0)
         if growing:
             reason = "; ".join(
                 f"{n} grew {format_bytes(found[n].slope or 0)}/step from step "
@@ -640,11 +615,8 @@ class MemoryMonitor:
                 for n in growing
             )
             reason += f", above max_growth_per_step {limit}"
-        elif not measured or max(measured) < MIN_SAMPLES:
-            reason = (
-                f"no verdict: {max(measured, default=0)} samples after warm-up, "
-                f"{MIN_SAMPLES} needed"
-            )
+        elif most < MIN_SAMPLES:
+            reason = f"no verdict: {most} samples after warm-up, {MIN_SAMPLES} needed"
         else:
             reason = f"no series kept growing faster than max_growth_per_step {limit}"
             jumps = [

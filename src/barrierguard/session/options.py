@@ -149,40 +149,31 @@ def _invalid(owner: str, name: str, value: object, expected: str) -> BarrierGuar
     return BarrierGuardError(f"{owner}({name}={value!r}) is not valid: expected {expected}")
 
 
-def _one_of(choices: tuple[str, ...]) -> str:
-    return "one of " + ", ".join(repr(c) for c in choices)
-
-
 def _is_int(value: object, least: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> str:
+def _choice(value: object, choices: tuple[str, ...], what: str, name: str) -> str:
+    """``value`` normalized, when one of ``choices``; ``what``: the setting, as the error shows it."""
     if isinstance(value, str) and value.strip().lower() in choices:
         return value.strip().lower()
     raise BarrierGuardError(
-        f"{owner}({name}={value!r}) is not a valid {name}: expected {_one_of(choices)}"
+        f"{what} is not a valid {name}: expected one of {', '.join(repr(c) for c in choices)}"
     )
 
 
 def resolve_policy(value: str | None, owner: str = "watch") -> str:
     """The policy to use: ``value``, else ``$BARRIERGUARD_POLICY``, else ``"warn"``."""
     if value is not None:
-        return _choice(owner, "policy", value, POLICIES)
+        return _choice(value, POLICIES, f"{owner}(policy={value!r})", "policy")
     env = os.environ.get(POLICY_ENV, "")
     if not env.strip():
         return DEFAULT_POLICY
-    if env.strip().lower() in POLICIES:
-        return env.strip().lower()
-    raise BarrierGuardError(
-        f"{POLICY_ENV}={env!r} is not a valid policy: expected {_one_of(POLICIES)}"
-    )
+    return _choice(env, POLICIES, f"{POLICY_ENV}={env!r}", "policy")
 
 
-def _count(
-    owner: str, name: str, value: object, expected: str, least: int = 0, optional: bool = True
-) -> int | None:
-    if (value is None and optional) or _is_int(value, least):
+def _count(owner: str, name: str, value: object, expected: str, least: int = 0) -> int | None:
+    if value is None or _is_int(value, least):
         return value
     raise _invalid(owner, name, value, expected)
 
@@ -225,12 +216,12 @@ def make_options(
         raise _invalid(
             owner, "allow", allow, f"a rule or a list of rules (() for none), each {_ALLOW_FORMS}"
         )
-    warmup = _count(owner, "warmup_steps", warmup_steps, "a non-negative int", optional=False)
-    assert warmup is not None
+    if not _is_int(warmup_steps, 0):
+        raise _invalid(owner, "warmup_steps", warmup_steps, "a non-negative int")
     return Options(
         policy=resolve_policy(policy, owner),
-        engine=_choice(owner, "engine", engine, ENGINES),
-        warmup_steps=warmup,
+        engine=_choice(engine, ENGINES, f"{owner}(engine={engine!r})", "engine"),
+        warmup_steps=warmup_steps,
         allow=tuple(parse_allow(r) for r in list(allow)),
         max_syncs_per_step=_count(
             owner, "max_syncs_per_step", max_syncs_per_step, "a non-negative int or None"
@@ -322,6 +313,12 @@ class ReportOptions:
     merge_ranks: bool
 
 
+def _setting(owner: str, name: str, value: object, true: str) -> bool | str | os.PathLike[str]:
+    if isinstance(value, (bool, str, os.PathLike)):
+        return value
+    raise _invalid(owner, name, value, f"True ({true}), False, or a file path")
+
+
 def make_report_options(
     owner: str,
     where: str,
@@ -333,20 +330,8 @@ def make_report_options(
 ) -> ReportOptions:
     """Validate an adapter's report options (``where``: the folder ``True`` means)."""
     rank_file = f"barrierguard_report.rank{{rank}}.json in {where}"
-    if not isinstance(save_report, (bool, str, os.PathLike)):
-        raise _invalid(
-            owner,
-            "save_report",
-            save_report,
-            f"True (barrierguard_report.json in {where}), False, or a file path",
-        )
-    if not isinstance(rank_reports, (bool, str, os.PathLike)):
-        raise _invalid(
-            owner,
-            "rank_reports",
-            rank_reports,
-            f"True (each rank writes {rank_file}), False, or a file path",
-        )
+    saved = _setting(owner, "save_report", save_report, f"barrierguard_report.json in {where}")
+    ranks = _setting(owner, "rank_reports", rank_reports, f"each rank writes {rank_file}")
     if not isinstance(rank_reports, bool):
         parse_out(rank_reports, owner=owner, name="rank_reports")
     if merge_ranks is False and rank_reports is False:
@@ -357,7 +342,7 @@ def make_report_options(
         )
     return ReportOptions(
         _flag(owner, "print_report", print_report),
-        save_report,
-        rank_reports,
+        saved,
+        ranks,
         _flag(owner, "merge_ranks", merge_ranks),
     )

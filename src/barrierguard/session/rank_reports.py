@@ -9,6 +9,7 @@ and a note.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -51,10 +52,8 @@ def _ask(what: str, env: str) -> int | None:
     """The process group's ``get_rank``/``get_world_size``, else the launcher's ``$env``."""
     dist = _group()
     if dist is not None:
-        try:
+        with contextlib.suppress(Exception):
             return int(getattr(dist, what)())
-        except Exception:
-            pass
     value = os.environ.get(env, "").strip()
     return int(value) if value.isdigit() else None
 
@@ -189,10 +188,8 @@ def publish(
                 fault(exc)
     # Ranks leave together: rank 1 shutting gloo down while rank 0 still writes
     # the report was seen to abort a spawned rank.
-    try:
+    with contextlib.suppress(Exception):  # a failed barrier must not lose the run
         dist = _group()
         if dist is not None and dist.get_world_size() > 1:
             dist.barrier()
-    except Exception:  # a failed barrier must not lose the run
-        pass
     return local if merged is None else merged, written, saved
