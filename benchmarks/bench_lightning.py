@@ -67,6 +67,13 @@ Reproduce:
             --out benchmarks/results/h200/lightning_blocks_mlp_1b55493.json \
             | tee benchmarks/results/h200/lightning_blocks_mlp_1b55493.txt
 
+    With a step boundary that probes where it last found the loop's frames, at
+    ea4926a::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
+            --out benchmarks/results/h200/lightning_blocks_mlp_ea4926a.json \
+            | tee benchmarks/results/h200/lightning_blocks_mlp_ea4926a.txt
+
     (The committed runs were started as ``--design blocks``, with ``--block-fits``
     for ``--fits``, when the script also had two older designs.) GPU: each
     transformer run takes 6-9 minutes, the MLP run 5.
