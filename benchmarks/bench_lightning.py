@@ -31,7 +31,8 @@ Design:
       batch 256. The GPU works a fraction of each step: Lightning's own loop and
       the DataLoader make it host-bound, the worst case for a callback's host work.
 
-    Where the callback's time goes is ``bench_lightning_costs.py``.
+    Where the callback's time goes was measured once by ``bench_lightning_costs.py``,
+    a study no longer kept here (docs/benchmarks.md, section 7, gives the commit that has it).
 
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer \\
