@@ -48,7 +48,6 @@ class Mechanism:
 
     Attributes:
         name: A short stable name, recorded in each site's ``mechanisms``.
-        framework: The package that makes the sync.
         functions: Where it lives: ``"package/path.py:function"`` (``*`` for
             any function of the file); the innermost match on the stack wins.
         why: One sentence: what the framework reads on the host, and when.
@@ -62,12 +61,16 @@ class Mechanism:
     """
 
     name: str
-    framework: str
     functions: tuple[str, ...]
     why: str
     fix: str = ""
     no_fix: str = ""
     direct: bool = False
+
+    @property
+    def framework(self) -> str:
+        """The package that makes the sync: the first folder of its first function."""
+        return self.functions[0].split("/", 1)[0]
 
     @property
     def hint(self) -> str:
@@ -79,7 +82,6 @@ class Mechanism:
 _LIGHTNING = (
     Mechanism(
         "batch_transfer",
-        "lightning",
         (
             "lightning/pytorch/core/module.py:_apply_batch_transfer_handler",
             "lightning/pytorch/core/hooks.py:transfer_batch_to_device",
@@ -92,7 +94,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "prog_bar",
-        "lightning",
         ("lightning/pytorch/trainer/connectors/logger_connector/result.py:metrics",),
         why="values logged with prog_bar=True are converted to Python numbers (.item()) after "
         "every batch, even with the progress bar disabled or throttled",
@@ -101,7 +102,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "logger",
-        "lightning",
         ("lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py:log_metrics",),
         why="logged values are converted to Python numbers for the loggers every "
         "log_every_n_steps training steps, and at every validation step for on_step=True values",
@@ -110,7 +110,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "self_log",
-        "lightning",
         (
             "lightning/pytorch/core/module.py:log",
             "lightning/pytorch/core/module.py:log_dict",
@@ -122,7 +121,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "sync_dist",
-        "lightning",
         ("lightning/fabric/utilities/distributed.py:_sync_ddp",),
         why="self.log(..., sync_dist=True) reduces each step value across ranks behind a "
         "torch.distributed barrier, which waits for the device",
@@ -131,7 +129,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "results_to_cpu",
-        "lightning",
         (
             "lightning/pytorch/trainer/connectors/logger_connector/result.py:cpu",
             "lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py:teardown",
@@ -141,7 +138,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "dataloader_length",
-        "lightning",
         ("lightning/pytorch/utilities/data.py:has_len_all_ranks",),
         why="the dataloader length is copied to the device, reduced across ranks and read on "
         "the host",
@@ -149,14 +145,12 @@ _LIGHTNING = (
     ),
     Mechanism(
         "finite_loss_check",
-        "lightning",
         ("lightning/pytorch/loops/utilities.py:check_finite_loss",),
         why="Trainer(detect_anomaly=True) checks that the loss is finite after every step",
         fix="Trainer(detect_anomaly=False) outside debugging",
     ),
     Mechanism(
         "ddp_decision",
-        "lightning",
         ("lightning/pytorch/strategies/parallel.py:reduce_boolean_decision",),
         why="a decision (stop, save a checkpoint) is reduced across ranks and read on the host",
         fix="fine at epoch ends; if it runs every batch, check less often (val_check_interval, "
@@ -164,7 +158,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "sigterm_check",
-        "lightning",
         ("lightning/pytorch/loops/training_epoch_loop.py:_broadcast_sigterm_tensor",),
         why="under DDP, every training step broadcasts the SIGTERM flag from rank 0 and reads "
         "it on the host (Lightning issue #21487)",
@@ -172,14 +165,12 @@ _LIGHTNING = (
     ),
     Mechanism(
         "checkpoint",
-        "lightning",
         ("lightning/pytorch/callbacks/model_checkpoint.py:*",),
         why="ModelCheckpoint reads the monitored value on the host",
         fix="check less often (every_n_train_steps, every_n_epochs)",
     ),
     Mechanism(
         "early_stopping",
-        "lightning",
         ("lightning/pytorch/callbacks/early_stopping.py:*",),
         why="EarlyStopping reads the monitored value on the host (and checks it is finite)",
         fix="check less often (check_on_train_epoch_end, fewer validation runs); "
@@ -187,7 +178,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "progress_bar",
-        "lightning",
         (
             "lightning/pytorch/callbacks/progress/rich_progress.py:*",
             "lightning/pytorch/callbacks/progress/tqdm_progress.py:*",
@@ -198,7 +188,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "model_to_device",
-        "lightning",
         (
             "lightning/pytorch/strategies/strategy.py:model_to_device",
             "lightning/pytorch/strategies/strategy.py:teardown",
@@ -213,7 +202,6 @@ _LIGHTNING = (
 _HUGGING_FACE = (
     Mechanism(
         "packed_sequence_check",
-        "transformers",
         ("transformers/masking_utils.py:find_packed_sequence_indices",),
         why="with no attention_mask and no KV cache, every forward checks on the host whether "
         "the batch holds packed sequences (bool of .all()); the Trainer turns the cache off "
@@ -224,7 +212,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "sdpa_mask_check",
-        "transformers",
         ("transformers/masking_utils.py:_ignore_causal_mask_sdpa",),
         why="with a 2-D attention_mask, SDPA attention checks on the host whether the mask can "
         "be dropped for a plain causal mask",
@@ -233,7 +220,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "loss_nan_filter",
-        "transformers",
         ("transformers/trainer.py:_run_epoch",),
         why="TrainingArguments(logging_nan_inf_filter=True), the default, checks every "
         "micro-batch's loss for NaN or Inf on the host (two reads) before adding it to the "
@@ -243,7 +229,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "hf_logging",
-        "transformers",
         ("transformers/trainer.py:_maybe_log_save_evaluate",),
         why="at each logging step the Trainer reads the accumulated loss and the gradient norm "
         "with .item()",
@@ -253,7 +238,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "token_count",
-        "transformers",
         ("transformers/trainer.py:_track_num_input_tokens",),
         why="include_num_input_tokens_seen copies each micro-batch's token count to the "
         "device, gathers it and reads it back",
@@ -261,7 +245,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "store_flos",
-        "transformers",
         ("transformers/trainer.py:store_flos",),
         why="under DDP the Trainer sums the FLOP count across ranks through the device at "
         "every log and save",
@@ -269,21 +252,18 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "eval_to_cpu",
-        "transformers",
         ("transformers/trainer_pt_utils.py:nested_numpify",),
         why="evaluation copies its accumulated losses, predictions and labels to the host",
         no_fix="once per evaluation (eval_accumulation_steps adds more copies, not fewer)",
     ),
     Mechanism(
         "train_loss_total",
-        "transformers",
         ("transformers/trainer.py:_finalize_training",),
         why="after the last step the Trainer reads the total loss for train_loss",
         no_fix="once per train(), after the last step",
     ),
     Mechanism(
         "send_to_device",
-        "accelerate",
         ("accelerate/utils/operations.py:send_to_device",),
         why="accelerate's dataloader copies each batch tensor to the device with "
         "non_blocking=False, which waits for the device queue",
@@ -294,7 +274,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "pad_across_processes",
-        "accelerate",
         ("accelerate/utils/operations.py:pad_across_processes",),
         why="evaluation pads logits and labels across processes by sending each tensor's shape "
         "through the device and back, four reads per batch, even on one GPU",
@@ -305,7 +284,6 @@ _HUGGING_FACE = (
 _TORCHMETRICS = (
     Mechanism(
         "nan_check",
-        "torchmetrics",
         ("torchmetrics/aggregation.py:_cast_and_nan_check_input",),
         why="aggregation metrics (MeanMetric, SumMetric, MaxMetric, MinMetric, CatMetric) look "
         "for NaN in every update (two host reads) under every nan_strategy but 'disable'",
@@ -314,14 +292,12 @@ _TORCHMETRICS = (
     ),
     Mechanism(
         "metric_python_number",
-        "torchmetrics",
         ("torchmetrics/aggregation.py:update",),
         why="update() with a Python number copies it to the device on every call",
         fix="pass a tensor that is already on the device (loss, not loss.item())",
     ),
     Mechanism(
         "compute_groups",
-        "torchmetrics",
         ("torchmetrics/collections.py:_equal_metric_states",),
         why="MetricCollection(compute_groups=True) compares the metrics' states on the host at "
         "the first update to find groups",
@@ -332,7 +308,6 @@ _TORCHMETRICS = (
 _TORCH = (
     Mechanism(
         "grad_scaler_step",
-        "torch",
         ("torch/amp/grad_scaler.py:_maybe_opt_step",),
         why="with fp16 mixed precision, GradScaler.step reads the inf/NaN check "
         "(found_inf.item()) every optimizer step to decide whether to skip the step",
@@ -342,7 +317,6 @@ _TORCH = (
     ),
     Mechanism(
         "clip_grad_nonfinite",
-        "torch",
         (
             "torch/nn/utils/clip_grad.py:_get_total_norm",
             "torch/nn/utils/clip_grad.py:clip_grad_norm_",
@@ -353,7 +327,6 @@ _TORCH = (
     ),
     Mechanism(
         "save_to_host",
-        "torch",
         ("torch/serialization.py:_save", "safetensors/torch.py:_to_ndarray"),
         why="saving copies each device tensor to host memory with a blocking copy, one per tensor",
         fix="save less often (Lightning: ModelCheckpoint(every_n_epochs=...); HF: save_steps, "
@@ -364,11 +337,7 @@ _TORCH = (
 
 MECHANISMS: tuple[Mechanism, ...] = _LIGHTNING + _HUGGING_FACE + _TORCHMETRICS + _TORCH
 
-# Framework functions that mark the phase of a run: "package/path.py:function"
-# -> phase, or a function of the frame that returns the phase. The innermost
-# marker on the stack wins, and the walk stops there.
 Marker = str | Callable[[FrameType], str | None] | None
-PHASES: dict[str, str | Callable[[FrameType], str | None]] = {}
 
 
 def _evaluation_stage(frame: FrameType) -> str | None:
@@ -382,43 +351,44 @@ def _evaluation_stage(frame: FrameType) -> str | None:
     )
 
 
-PHASES.update(
-    {
-        "lightning/pytorch/loops/fit_loop.py:run": "train",
-        "lightning/pytorch/loops/fit_loop.py:advance": "train",
-        "lightning/pytorch/loops/training_epoch_loop.py:run": "train",
-        "lightning/pytorch/loops/training_epoch_loop.py:advance": "train",
-        "lightning/pytorch/loops/evaluation_loop.py:run": _evaluation_stage,
-        "lightning/pytorch/loops/prediction_loop.py:run": "predict",
-        "lightning/pytorch/trainer/trainer.py:_teardown": "teardown",
-        "lightning/pytorch/trainer/trainer.py:save_checkpoint": "checkpoint",
-        "transformers/trainer.py:_inner_training_loop": "train",
-        "transformers/trainer.py:evaluate": "validate",
-        "transformers/trainer.py:predict": "predict",
-        "transformers/trainer.py:_save_checkpoint": "checkpoint",
-        "transformers/trainer.py:save_model": "checkpoint",
-        "transformers/trainer.py:_finalize_training": "teardown",
-        "transformers/trainer.py:_load_best_model": "teardown",
-        # torch.compile at work: dynamo tracing a frame, inductor compiling a
-        # graph (the backward one at the first backward), and inductor's
-        # autotuning, which times kernels at their first call (a cold cache).
-        "torch/_dynamo/convert_frame.py:_compile": "compile",
-        "torch/_inductor/compile_fx.py:compile_fx_inner": "compile",
-        "torch/_inductor/compile_fx.py:fx_codegen_and_compile": "compile",
-        "torch/_inductor/runtime/triton_heuristics.py:precompile": "compile",
-        "torch/_inductor/runtime/triton_heuristics.py:benchmark_all_configs": "compile",
-        "torch/_inductor/runtime/triton_heuristics.py:autotune_to_one_config": "compile",
-        "torch/_inductor/runtime/benchmarking.py:benchmark": "compile",
-        "torch/_inductor/runtime/benchmarking.py:benchmark_gpu": "compile",
-        "torch/_inductor/runtime/coordinate_descent_tuner.py:autotune": "compile",
-        "torch/_inductor/select_algorithm.py:__call__": "compile",
-        # mode="reduce-overhead": CUDA-graph trees' warm-up runs and recordings,
-        # once per graph (a replay is none of these).
-        "torch/_inductor/cudagraph_trees.py:run_eager": "compile",
-        "torch/_inductor/cudagraph_trees.py:record_function": "compile",
-        "torch/_inductor/cudagraph_trees.py:_allocate_and_copy_recording_inputs": "compile",
-    }
-)
+# Framework functions that mark the phase of a run: "package/path.py:function"
+# -> phase, or a function of the frame that returns the phase. The innermost
+# marker on the stack wins, and the walk stops there.
+PHASES: dict[str, str | Callable[[FrameType], str | None]] = {
+    "lightning/pytorch/loops/fit_loop.py:run": "train",
+    "lightning/pytorch/loops/fit_loop.py:advance": "train",
+    "lightning/pytorch/loops/training_epoch_loop.py:run": "train",
+    "lightning/pytorch/loops/training_epoch_loop.py:advance": "train",
+    "lightning/pytorch/loops/evaluation_loop.py:run": _evaluation_stage,
+    "lightning/pytorch/loops/prediction_loop.py:run": "predict",
+    "lightning/pytorch/trainer/trainer.py:_teardown": "teardown",
+    "lightning/pytorch/trainer/trainer.py:save_checkpoint": "checkpoint",
+    "transformers/trainer.py:_inner_training_loop": "train",
+    "transformers/trainer.py:evaluate": "validate",
+    "transformers/trainer.py:predict": "predict",
+    "transformers/trainer.py:_save_checkpoint": "checkpoint",
+    "transformers/trainer.py:save_model": "checkpoint",
+    "transformers/trainer.py:_finalize_training": "teardown",
+    "transformers/trainer.py:_load_best_model": "teardown",
+    # torch.compile at work: dynamo tracing a frame, inductor compiling a
+    # graph (the backward one at the first backward), and inductor's
+    # autotuning, which times kernels at their first call (a cold cache).
+    "torch/_dynamo/convert_frame.py:_compile": "compile",
+    "torch/_inductor/compile_fx.py:compile_fx_inner": "compile",
+    "torch/_inductor/compile_fx.py:fx_codegen_and_compile": "compile",
+    "torch/_inductor/runtime/triton_heuristics.py:precompile": "compile",
+    "torch/_inductor/runtime/triton_heuristics.py:benchmark_all_configs": "compile",
+    "torch/_inductor/runtime/triton_heuristics.py:autotune_to_one_config": "compile",
+    "torch/_inductor/runtime/benchmarking.py:benchmark": "compile",
+    "torch/_inductor/runtime/benchmarking.py:benchmark_gpu": "compile",
+    "torch/_inductor/runtime/coordinate_descent_tuner.py:autotune": "compile",
+    "torch/_inductor/select_algorithm.py:__call__": "compile",
+    # mode="reduce-overhead": CUDA-graph trees' warm-up runs and recordings,
+    # once per graph (a replay is none of these).
+    "torch/_inductor/cudagraph_trees.py:run_eager": "compile",
+    "torch/_inductor/cudagraph_trees.py:record_function": "compile",
+    "torch/_inductor/cudagraph_trees.py:_allocate_and_copy_recording_inputs": "compile",
+}
 
 # Lightning's hook callers hold the name of the hook in flight in `hook_name`.
 _HOOK_CALLERS = frozenset(
@@ -494,7 +464,8 @@ def file_entry(filename: str) -> tuple[bool, dict[str, Function] | None]:
         >>> file_entry("/sp/lightning/pytorch/loops/fit_loop.py")[1]["run"]
         (None, False, 'train', False)
     """
-    real = _real(filename)
+    category, package = classify_file(filename)
+    real = category not in (OWN, TORCH) and not (category == LIBRARY and package == "python")
     rel = package_path(filename)
     if rel is None:
         return real, None
@@ -514,11 +485,6 @@ def file_entry(filename: str) -> tuple[bool, dict[str, Function] | None]:
         direct = name is not None and _BY_NAME[name].direct
         functions[function] = (name, direct, PHASES.get(key), key in _HOOK_CALLERS)
     return real, functions
-
-
-def _real(filename: str) -> bool:
-    category, name = classify_file(filename)
-    return category not in (OWN, TORCH) and not (category == LIBRARY and name == "python")
 
 
 # Packages whose functions mark phases; without one of them imported, no sync
