@@ -14,6 +14,7 @@ import linecache
 import os
 import sysconfig
 import threading
+from dataclasses import dataclass, field
 from types import CodeType, FrameType
 
 from barrierguard.detect.kinds import kind_for_call
@@ -57,7 +58,7 @@ _OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _OWN_EXCEPTIONS = {
     _OWN_ROOT + os.path.join("cli", "demo.py"): (USER, ""),
 }
-_OWN_FRAMEWORK_DIRS = ((_OWN_ROOT + "metrics" + os.sep, "barrierguard"),)
+_OWN_FRAMEWORK_DIR = _OWN_ROOT + "metrics" + os.sep
 
 
 def _inductor_generated(path: str) -> bool:
@@ -126,9 +127,8 @@ class _Classifier:
             return TORCH, "torch"
         if path in _OWN_EXCEPTIONS:
             return _OWN_EXCEPTIONS[path]
-        for prefix, name in _OWN_FRAMEWORK_DIRS:
-            if path.startswith(prefix):
-                return FRAMEWORK, name
+        if path.startswith(_OWN_FRAMEWORK_DIR):
+            return FRAMEWORK, "barrierguard"
         for prefix, category, name in roots:
             if path.startswith(prefix):
                 return category, name
@@ -156,6 +156,7 @@ def classify_file(filename: str) -> tuple[int, str]:
     return _classifier.classify(filename)
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Location:
     """Where a synchronization happened, as seen on the Python stack.
 
@@ -165,41 +166,20 @@ class Location:
     are two sites.
     """
 
-    __slots__ = (
-        "detail",
-        "file",
-        "framework_file",
-        "framework_function",
-        "framework_line",
-        "function",
-        "key",
-        "kind",
-        "line",
-        "origin",
-    )
+    file: str
+    line: int
+    function: str
+    kind: str
+    detail: str
+    origin: str
+    framework_file: str | None = None
+    framework_line: int | None = None
+    framework_function: str | None = None
+    key: tuple[str, int, str, str, str, int] = field(init=False)
 
-    def __init__(
-        self,
-        file: str,
-        line: int,
-        function: str,
-        kind: str,
-        detail: str,
-        origin: str,
-        framework_file: str | None = None,
-        framework_line: int | None = None,
-        framework_function: str | None = None,
-    ) -> None:
-        self.file = file
-        self.line = line
-        self.function = function
-        self.kind = kind
-        self.detail = detail
-        self.origin = origin
-        self.framework_file = framework_file
-        self.framework_line = framework_line
-        self.framework_function = framework_function
-        self.key = (file, line, kind, origin, framework_file or "", framework_line or 0)
+    def __post_init__(self) -> None:
+        fw_file, fw_line = self.framework_file or "", self.framework_line or 0
+        self.key = (self.file, self.line, self.kind, self.origin, fw_file, fw_line)
 
     def __repr__(self) -> str:
         return f"Location({self.file}:{self.line} {self.kind} {self.origin})"
@@ -397,27 +377,21 @@ def place(
         return hit[0]
     if kind is None:
         kind, detail = kind_at(probe)
+    origin = "user"
+    where: tuple[str, int | None, str] | tuple[()] = ()
     if framework is not None:
-        loc = Location(
-            file=absolute(user.f_code.co_filename),
-            line=user.f_lineno,
-            function=user.f_code.co_name,
-            kind=kind,
-            detail=detail,
-            origin="framework:" + framework_name,
-            framework_file=absolute(framework.f_code.co_filename),
-            framework_line=framework.f_lineno,
-            framework_function=framework.f_code.co_name,
-        )
-    else:
-        loc = Location(
-            file=absolute(user.f_code.co_filename),
-            line=user.f_lineno,
-            function=user.f_code.co_name,
-            kind=kind,
-            detail=detail,
-            origin="user",
-        )
+        code = framework.f_code
+        origin = "framework:" + framework_name
+        where = (absolute(code.co_filename), framework.f_lineno, code.co_name)
+    loc = Location(
+        absolute(user_code.co_filename),
+        user.f_lineno,
+        user_code.co_name,
+        kind,
+        detail,
+        origin,
+        *where,
+    )
     if len(_location_cache) < 100_000:
         _location_cache[key] = (loc, user_code, probe_code)
     return loc
