@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from dataclasses import InitVar, dataclass, field
 from types import CodeType, FrameType
 
 from barrierguard.detect import frameworks
@@ -34,6 +35,7 @@ from barrierguard.detect.frames import FRAMEWORK, OWN, USER, Location, classify_
 __all__ = ["Sync", "annotate", "forget", "observe"]
 
 
+@dataclass(slots=True, eq=False)
 class Sync:
     """One sync as the engines hand it to the recorders.
 
@@ -44,12 +46,9 @@ class Sync:
         phase: The phase the stack shows (the innermost marker's), or ``None``.
     """
 
-    __slots__ = ("loc", "mechanism", "phase")
-
-    def __init__(self, loc: Location, mechanism: str | None = None, phase: str | None = None):
-        self.loc = loc
-        self.mechanism = mechanism
-        self.phase = phase
+    loc: Location
+    mechanism: str | None = None
+    phase: str | None = None
 
     def __repr__(self) -> str:
         return f"Sync({self.loc!r}, mechanism={self.mechanism!r}, phase={self.phase!r})"
@@ -176,6 +175,7 @@ class _Anchors:
 _anchors = _Anchors()
 
 
+@dataclass(slots=True, eq=False)
 class _Route:
     """What a walk's answer came from, by depth outward of the sync's frame.
 
@@ -191,45 +191,23 @@ class _Route:
     just outward of it: the route holds while that very frame lives.
     """
 
-    __slots__ = (
-        "caller",
-        "code",
-        "kept",
-        "loc",
-        "markers",
-        "mechanism",
-        "outer",
-        "phase",
-        "phases",
-        "probes",
-        "sync",
-    )
+    code: CodeType  # the sync's frame's (its id is the key)
+    kept: bool  # whether the sync's frame is the user's own (kept as the last)
+    probes: tuple[tuple[int, CodeType, int], ...]
+    outer: tuple[int, FrameType] | None
+    markers: tuple[tuple[int, frameworks.Marker], ...]
+    phase: str | None
+    phases: bool
+    caller: int
+    mechanism: str | None
+    found: InitVar[Sync]
+    loc: Location = field(init=False)
+    sync: Sync | None = field(init=False)
 
-    def __init__(
-        self,
-        code: CodeType,
-        kept: bool,
-        probes: tuple[tuple[int, CodeType, int], ...],
-        outer: tuple[int, FrameType] | None,
-        markers: tuple[tuple[int, frameworks.Marker], ...],
-        phase: str | None,
-        phases: bool,
-        caller: int,
-        mechanism: str | None,
-        found: Sync,
-    ) -> None:
-        self.code = code  # the sync's frame's (its id is the key)
-        self.kept = kept  # whether the sync's frame is the user's own (kept as the last)
-        self.probes = probes
-        self.outer = outer
-        self.markers = markers
-        self.phase = phase
-        self.phases = phases
-        self.caller = caller
-        self.mechanism = mechanism
+    def __post_init__(self, found: Sync) -> None:
         self.loc = found.loc
         # Nothing to read again at each sync: the same answer every time.
-        static = caller < 0 and all(isinstance(m, str) for _, m in markers)
+        static = self.caller < 0 and all(isinstance(m, str) for _, m in self.markers)
         self.sync = found if static else None
 
 
