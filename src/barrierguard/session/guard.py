@@ -15,6 +15,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -60,31 +61,22 @@ APART_PHASES = frozenset(
 )
 
 
-def _thread_name(ident: int) -> str:
-    for thread in threading.enumerate():
-        if thread.ident == ident:
-            return thread.name
-    return f"thread-{ident}"
+def _make_engine(requested: str) -> hub.Engine:
+    if requested != "audit" and _env.cuda_available():
+        from barrierguard.detect.cuda import CudaEngine
 
-
-def _pick_engine(requested: str) -> tuple[str, list[str]]:
-    notes: list[str] = []
+        return CudaEngine()
     if requested == "cuda":
-        if not _env.cuda_available():
-            raise BarrierGuardError(
-                "watch(engine='cuda') needs a CUDA device, but torch.cuda.is_available() is "
-                "False here; use engine='auto' (CUDA when available, else the CPU audit) or "
-                "engine='audit'"
-            )
-        return "cuda", notes
-    if requested == "auto" and _env.cuda_available():
-        return "cuda", notes
+        raise BarrierGuardError(
+            "watch(engine='cuda') needs a CUDA device, but torch.cuda.is_available() is "
+            "False here; use engine='auto' (CUDA when available, else the CPU audit) or "
+            "engine='audit'"
+        )
     # "audit" anywhere, and "auto" without CUDA: the CPU audit reasons about
     # which lines would sync on a GPU.
-    from barrierguard.detect.audit import NOTE
+    from barrierguard.detect.audit import AuditEngine
 
-    notes.append(NOTE)
-    return "audit", notes
+    return AuditEngine()
 
 
 def _make_timeline() -> StepTimeline:
@@ -94,16 +86,7 @@ def _make_timeline() -> StepTimeline:
     return StepTimeline()
 
 
-def _make_engine(name: str) -> hub.Engine:
-    if name == "cuda":
-        from barrierguard.detect.cuda import CudaEngine
-
-        return CudaEngine()
-    from barrierguard.detect.audit import AuditEngine
-
-    return AuditEngine()
-
-
+@dataclass(slots=True, eq=False)
 class _Quiet:
     """A settled site (see ``Guard._settle``), and its tally of repeats since its last count.
 
@@ -114,31 +97,20 @@ class _Quiet:
     the counters at the step's end, or when a report is made.
     """
 
-    __slots__ = (
-        "guard_phase",
-        "mechanism",
-        "n",
-        "phase",
-        "stall",
-        "stats",
-        "step",
-        "sync",
-        "timed",
-        "violating",
-    )
+    stats: SiteStats
+    # Whether its syncs count against the policy (a blocking site not allowed).
+    violating: bool = field(init=False)
+    sync: Sync | None = None
+    step: int = -1
+    guard_phase: str | None = None
+    mechanism: str | None = None
+    phase: str | None = None
+    n: int = 0
+    stall: float = 0.0
+    timed: int = 0
 
-    def __init__(self, stats: SiteStats) -> None:
-        self.stats = stats
-        # Whether its syncs count against the policy (a blocking site not allowed).
-        self.violating = stats.blocking and not stats.allowed
-        self.sync: Sync | None = None
-        self.step = -1
-        self.guard_phase: str | None = None
-        self.mechanism: str | None = None
-        self.phase: str | None = None
-        self.n = 0
-        self.stall = 0.0
-        self.timed = 0
+    def __post_init__(self) -> None:
+        self.violating = self.stats.blocking and not self.stats.allowed
 
 
 class Guard:
@@ -249,12 +221,12 @@ class Guard:
                 "second guard with watch() instead"
             )
         hub.tidy()
-        name, notes = _pick_engine(self._options.engine)
-        engine = _make_engine(name)
-        self._engine_name = name
-        for note in notes:
-            if note not in self._notes:
-                self._notes.append(note)
+        engine = _make_engine(self._options.engine)
+        self._engine_name = name = engine.name
+        if name == "audit":
+            from barrierguard.detect.audit import NOTE
+
+            self.note(NOTE)
         if not self._env:
             self._env = _env.environment(name)
         self._thread_ident = threading.get_ident()
@@ -516,10 +488,7 @@ class Guard:
                         if len(self._violations) < _MAX_VIOLATIONS:
                             self._violations.append((stats.loc, step, reason, thread))
                     if opts.policy == "error" and violation:
-                        self._due[key] = SyncError(
-                            message(stats, step, reason),
-                            site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
-                        )
+                        self._due[key] = self._error(stats, step, reason)
                     elif opts.policy != "record" and first_time:
                         actions.append(functools.partial(self._warn, stats, step, reason))
         for act in actions:
@@ -770,10 +739,7 @@ class Guard:
             if opts.policy == "warn":
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
             self._due.pop(loc.key, None)
-            error = SyncError(
-                message(stats, step, reason),
-                site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
-            )
+            error = self._error(stats, step, reason)
             if ident != self._thread_ident:
                 # Raising in a worker thread would kill it, not the run: the
                 # guard's own thread raises it at stop().
@@ -890,8 +856,13 @@ class Guard:
         # thread keeps the name it had when first seen.
         name = self._thread_names.get(ident)
         if name is None:
-            name = self._thread_names[ident] = _thread_name(ident)
+            named = (t.name for t in threading.enumerate() if t.ident == ident)
+            name = self._thread_names[ident] = next(named, f"thread-{ident}")
         return name
+
+    def _error(self, stats: SiteStats, step: int, reason: str) -> SyncError:
+        measured = max(0, self._steps - self._options.warmup_steps)
+        return SyncError(message(stats, step, reason), site_record(stats, measured).to_dict())
 
     def _warn(self, stats: SiteStats, step: int, reason: str) -> None:
         loc = stats.loc
@@ -911,15 +882,7 @@ class Guard:
             self._fold()
             stats = list(self._sites.values())
             violations = tuple(
-                Violation(
-                    file=loc.file,
-                    line=loc.line,
-                    kind=loc.kind,
-                    origin=loc.origin,
-                    step=step,
-                    reason=reason,
-                    thread=thread,
-                )
+                Violation(loc.file, loc.line, loc.kind, loc.origin, step, reason, thread)
                 for loc, step, reason, thread in self._violations
             )
             extra = self._violation_count - len(self._violations)
