@@ -111,15 +111,9 @@ TIMED_TORCH_FUNCTIONS = (
 TIMED_ON_DEMAND = ("__getitem__", "__setitem__")
 
 
-def _compiling_check() -> Callable[[], bool]:
-    # is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
-    # while tracing: the cheapest way to stay out of compiled graphs.
-    check: Callable[[], bool] = (
-        getattr(torch.compiler, "is_dynamo_compiling", None)
-        or getattr(torch.compiler, "is_compiling", None)
-        or (lambda: False)
-    )
-    return check
+# is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
+# while tracing: the cheapest way to stay out of compiled graphs.
+_compiling = distributed._compiling
 
 
 _HOST_NUMBERS = frozenset({int, float, bool, complex})
@@ -378,11 +372,10 @@ class CudaEngine:
     def _time_indexing(self) -> None:
         # From the second indexing sync on, its stall is known.
         self._index_timed = True
-        compiling = _compiling_check()
         for name in TIMED_ON_DEMAND:
             orig = getattr(torch.Tensor, name, None)
             if orig is not None:
-                self._patches.set(torch.Tensor, name, _timed(orig, compiling))
+                self._patches.set(torch.Tensor, name, _timed(orig, _compiling))
 
     def _read(self, frame: FrameType, stall: float) -> None:
         """A scalar read of a CUDA tensor, timed by its wrapper (see :func:`_timed_no_args`)."""
@@ -402,30 +395,19 @@ class CudaEngine:
         if sync is not None:
             hub.emit(self.name, sync, stall)
 
-    def _emit(
-        self,
-        frame: FrameType | None,
-        kind: str | None,
-        detail: str,
-        stall: float | None,
-        depth: int = -1,
-    ) -> None:
-        """Locate the sync made at ``frame`` (``sys._getframe(depth)`` here) and hand it on."""
+    # -- what the mode misses ---------------------------------------------
+    def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
+        """Locate the sync made by this call's caller and hand it on."""
         try:
-            sync = observe(frame, kind, detail, depth)
+            sync = observe(sys._getframe(1), kind, detail, 1)
         except Exception as exc:  # a fault of ours is reported, never raised
             hub.fault(self.name, exc)
             return
         if sync is not None:
             hub.emit(self.name, sync, stall)
 
-    # -- what the mode misses ---------------------------------------------
-    def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
-        self._emit(sys._getframe(1), kind, detail, stall, 2)
-
     def _patch_calls(self) -> None:
         record = self._record
-        compiling = _compiling_check()
 
         def after(orig: Callable[..., Any], detail: str) -> Callable[..., Any]:
             @functools.wraps(orig)
@@ -451,16 +433,16 @@ class CudaEngine:
             orig = getattr(torch.Tensor, name, None)
             if orig is not None:
                 if name in _SCALAR_READS:
-                    wrapped = _timed_no_args(orig, compiling, self._read)
+                    wrapped = _timed_no_args(orig, _compiling, self._read)
                 elif name in _NO_ARGS:
-                    wrapped = _timed_no_args(orig, compiling)
+                    wrapped = _timed_no_args(orig, _compiling)
                 else:
-                    wrapped = _timed(orig, compiling)
+                    wrapped = _timed(orig, _compiling)
                 self._patches.set(torch.Tensor, name, wrapped)
         for name in TIMED_TORCH_FUNCTIONS:
             orig = getattr(torch, name, None)
             if orig is not None:
-                self._patches.set(torch, name, _timed(orig, compiling))
+                self._patches.set(torch, name, _timed(orig, _compiling))
         # torch.distributed's host barriers: timed around the call, the stall
         # being the wait for the slowest rank.
         distributed.install(
@@ -471,7 +453,7 @@ class CudaEngine:
 
     def _copy_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
         record = self._record
-        compiling = _compiling_check()
+        compiling = _compiling
         tls = _tls
         clock = _clock
 
