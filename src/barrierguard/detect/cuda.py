@@ -75,35 +75,16 @@ _DRAINED = float("-inf")
 # Calls that may synchronize, timed from their entry: the sync-debug warning
 # only arrives once the wait is over, so the stall needs the start time. Only
 # the outermost timed call on a thread keeps time (print(t) -> item() ...).
-TIMED_TENSOR_METHODS = (
-    "item",
-    "tolist",
-    "cpu",
-    "numpy",
-    "__bool__",
-    "__int__",
-    "__float__",
-    "__index__",
-    "__complex__",
-    "__format__",
-    "__repr__",
-    "nonzero",
-    "argwhere",
-    "masked_select",
-    "unique",
-    "repeat_interleave",
-)
-TIMED_TORCH_FUNCTIONS = (
-    "nonzero",
-    "argwhere",
-    "masked_select",
-    "unique",
-    "where",
-    "repeat_interleave",
-    "allclose",
-    "equal",
-    "tensor",
-)
+# Scalar reads: one value, one wait, whenever the tensor is a plain CUDA tensor.
+_SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index__"})
+# Methods that take no argument but self get a wrapper of fixed arity: cheaper
+# to call than one with *args, **kwargs, and optimizers call item() every step.
+_NO_ARGS = _SCALAR_READS | {"tolist"}
+# Reads of a whole tensor or its text, and outputs whose size depends on the values.
+_OTHER_READS = ("cpu", "numpy", "__complex__", "__format__", "__repr__")
+_DATA_SHAPED = ("nonzero", "argwhere", "masked_select", "unique", "repeat_interleave")
+TIMED_TENSOR_METHODS = (*sorted(_NO_ARGS), *_OTHER_READS, *_DATA_SHAPED)
+TIMED_TORCH_FUNCTIONS = (*_DATA_SHAPED, "where", "allclose", "equal", "tensor")
 
 
 # Indexing is timed only once a run has shown an indexing sync: datasets index
@@ -140,11 +121,8 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
     return timed
 
 
-# Methods that take no argument but self get a wrapper of fixed arity: cheaper
-# to call than one with *args, **kwargs, and optimizers call item() every step.
 _on_device: Callable[[Any], bool] = operator.attrgetter("is_cuda")
 """Whether a tensor lives on a CUDA device (only then can reading it wait)."""
-_NO_ARGS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
 
 
 def _no_mode(mode: int = 0) -> int:
@@ -161,10 +139,6 @@ _WARN = 1  # the sync-debug mode's number for "warn"
 # Whether a read of this tensor synchronizes for certain: a plain tensor on a
 # CUDA device (a subclass may run Python of its own, or a collective).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-# Scalar reads: one value, one wait, whenever the tensor is a plain CUDA tensor.
-_SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index__"})
 
 
 def _timed_no_args(
