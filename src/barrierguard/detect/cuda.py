@@ -246,7 +246,6 @@ class CudaEngine:
         self._filter: Any = None
         self._filter_list: list[Any] = []
         self._saved_show: Callable[..., Any] | None = None
-        self._show_attr = "_showwarnmsg"
         self._index_timed = False
 
     # -- install / uninstall ------------------------------------------------
@@ -260,11 +259,9 @@ class CudaEngine:
             # meanwhile works on a copy and puts this list back at its exit.
             self._filter_list = cast("list[Any]", warnings.filters)
             # _showwarnmsg sees warnings even inside catch_warnings(record=True)
-            # (pytest records every test that way); showwarning is the fallback.
-            if not hasattr(warnings, "_showwarnmsg"):
-                self._show_attr = "showwarning"
-            self._saved_show = getattr(warnings, self._show_attr)
-            setattr(warnings, self._show_attr, self._show)
+            # (pytest records every test that way).
+            self._saved_show = warnings._showwarnmsg  # type: ignore[attr-defined]
+            warnings._showwarnmsg = self._show  # type: ignore[attr-defined]
             self._patch_calls()
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_PROTOTYPE_MESSAGE)
@@ -280,8 +277,8 @@ class CudaEngine:
             self._patches.undo()
             self._index_timed = False
             stack.forget()
-            if self._saved_show is not None and getattr(warnings, self._show_attr) == self._show:
-                setattr(warnings, self._show_attr, self._saved_show)
+            if self._saved_show is not None and warnings._showwarnmsg == self._show:  # type: ignore[attr-defined]
+                warnings._showwarnmsg = self._saved_show  # type: ignore[attr-defined]
             self._saved_show = None
             if self._filter is not None:
                 drop_filter(self._filter, self._filter_list)
@@ -289,11 +286,8 @@ class CudaEngine:
                 self._filter = None
 
     # -- the sync-debug warning -------------------------------------------
-    def _show(self, msg: Any, *args: Any) -> None:
-        if args:  # called as showwarning(message, category, filename, lineno, ...)
-            message, category = msg, args[0]
-        else:  # called as _showwarnmsg(WarningMessage)
-            message, category = msg.message, msg.category
+    def _show(self, msg: Any) -> None:
+        message, category = msg.message, msg.category
         if (
             category is UserWarning
             and message.args
@@ -302,7 +296,7 @@ class CudaEngine:
             self._on_sync(sys._getframe(1))
             return
         assert self._saved_show is not None
-        self._saved_show(msg, *args)
+        self._saved_show(msg)
 
     def _on_sync(self, frame: FrameType | None) -> None:
         if distributed.quiet():
