@@ -8,13 +8,14 @@ records and messages are in ``sites``, ``watch()`` in ``watch``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -246,11 +247,9 @@ class Guard:
         self._started = time.perf_counter()
         self._start_memory()
         self._start_timeline()
-        try:
+        with self._faults_noted():
             self._compile.start()
             self._arm_call_probe()
-        except Exception as exc:
-            self.fault(exc)
         return self
 
     def _arm_call_probe(self) -> None:
@@ -271,19 +270,17 @@ class Guard:
         # Step timing reads CUDA events: only where the CUDA engine runs.
         if self._engine_name != "cuda":
             return
-        try:
+        with self._faults_noted():
             if self._timeline is None:
                 self._timeline = _make_timeline()
                 self.add_step_listener(self._timeline.on_step)
             self._timeline.start(self._steps)
-        except Exception as exc:
-            self.fault(exc)
 
     def _start_memory(self) -> None:
         opts = self._options
         if not opts.memory:
             return
-        try:
+        with self._faults_noted():
             if self._memory is None:
                 from barrierguard.session.memory import MemoryMonitor, default_probes
 
@@ -299,8 +296,6 @@ class Guard:
                 self.add_step_listener(self._memory.on_step)
             self._memory.thread_ident = self._thread_ident
             self._memory.start(self._steps)
-        except Exception as exc:
-            self.fault(exc)
 
     def stop(self) -> Report:
         """Remove every hook, restore every global, and return the report.
@@ -334,17 +329,13 @@ class Guard:
             hub.detach(self, self._engine_name)
             unwatch_loaders(self._on_loader_end)
             self._end_loop(act)
-            try:
+            with self._faults_noted():
                 self._compile.stop()
                 self._disarm_call_probe()
-            except Exception as exc:
-                self.fault(exc)
             memory_error = self._stop_memory(act)
             if self._timeline is not None:
-                try:
+                with self._faults_noted():
                     self._timeline.stop()
-                except Exception as exc:
-                    self.fault(exc)
         report = self.report
         if self._options.out is not None:
             self._save(report, self._options.out)
@@ -623,6 +614,14 @@ class Guard:
                 self._faults.append(text)
         if first:
             log.warning("%s (recording goes on; the report lists it)", text, exc_info=exc)
+
+    @contextlib.contextmanager
+    def _faults_noted(self) -> Iterator[None]:
+        """Run the block; a fault of barrierguard's inside it is noted, never raised."""
+        try:
+            yield
+        except Exception as exc:
+            self.fault(exc)
 
     def note(self, text: str) -> None:
         """Add ``text`` to the report's notes, once."""
@@ -914,7 +913,7 @@ class Guard:
         warmup = self._options.warmup_steps
         timeline: Timeline | None = None
         if self._timeline is not None:
-            try:
+            with self._faults_noted():
                 from barrierguard.session.timeline import summarize
 
                 tl = self._timeline
@@ -927,16 +926,12 @@ class Guard:
                     warmup,
                     sampling=tl.sampling,
                 )
-            except Exception as exc:
-                self.fault(exc)
         sites = [site_record(s, max(0, steps - warmup)) for s in stats]
         compiled: Any = None
-        try:
+        with self._faults_noted():
             joined = join(sites, self._compile, running=self._running)
             if joined is not None:
                 sites, compiled = list(joined[0]), joined[1]
-        except Exception as exc:
-            self.fault(exc)
         return Report(
             engine=self._engine_name,
             detection=self._engine_name != "none",
