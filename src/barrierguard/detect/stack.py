@@ -108,11 +108,9 @@ def _learn(filename: str) -> _File:
     table: dict[str, _Function] | None = None
     other: _Function | None = None
     if functions is not None:
-        table = {k: _function(v) for k, v in functions.items() if k != "*"}
-        if "*" in functions:
-            other = _function(functions["*"])
-        every = [*table.values(), *([other] if other is not None else [])]
-        if any(fn[0] & (_MARKER | _CALLER) for fn in every):
+        table = {k: _function(v) for k, v in functions.items()}
+        other = table.pop("*", None)
+        if any(fn[0] & (_MARKER | _CALLER) for fn in (*table.values(), other or _NONE)):
             flags |= _MARKS
     entry: _File = (flags, name, table, other)
     if len(_files) < 100_000:
