@@ -318,34 +318,37 @@ class Guard:
                 return self.report
             self._running = False
             self._elapsed += time.perf_counter() - self._started
-            return self._uninstall(act)
-
-    def _uninstall(self, act: bool) -> Report:
-        try:
-            if self._hook_handle is not None:
-                self._hook_handle.remove()
-                self._hook_handle = None
-        finally:
-            hub.detach(self, self._engine_name)
-            unwatch_loaders(self._on_loader_end)
-            self._end_loop(act)
-            with self._faults_noted():
-                self._compile.stop()
-                self._disarm_call_probe()
-            memory_error = self._stop_memory(act)
-            if self._timeline is not None:
+            memory_error: MemoryGrowthError | None = None
+            try:
+                if self._hook_handle is not None:
+                    self._hook_handle.remove()
+                    self._hook_handle = None
+            finally:
+                hub.detach(self, self._engine_name)
+                unwatch_loaders(self._on_loader_end)
+                self._end_loop(act)
                 with self._faults_noted():
-                    self._timeline.stop()
-        report = self.report
-        if self._options.out is not None:
-            self._save(report, self._options.out)
-        if self._deferred:
-            err = self._deferred[0]
-            self._deferred.clear()
-            raise err
-        if memory_error is not None:
-            raise memory_error
-        return report
+                    self._compile.stop()
+                    self._disarm_call_probe()
+                with self._faults_noted():
+                    try:
+                        if self._memory is not None:
+                            self._memory.finish(self._steps, act=act)
+                    except MemoryGrowthError as grown:
+                        memory_error = grown
+                if self._timeline is not None:
+                    with self._faults_noted():
+                        self._timeline.stop()
+            report = self.report
+            if self._options.out is not None:
+                self._save(report, self._options.out)
+            if self._deferred:
+                err = self._deferred[0]
+                self._deferred.clear()
+                raise err
+            if memory_error is not None:
+                raise memory_error
+            return report
 
     def _save(self, report: Report, path: str) -> None:
         # A report that cannot be written must not cost the run (the training
@@ -369,17 +372,6 @@ class Guard:
                 f"capture probe: no call of {probe.name!r} after warm-up while watching, "
                 "so nothing was captured"
             )
-
-    def _stop_memory(self, act: bool) -> MemoryGrowthError | None:
-        if self._memory is None:
-            return None
-        try:
-            self._memory.finish(self._steps, act=act)
-        except MemoryGrowthError as err:
-            return err
-        except Exception as exc:
-            self.fault(exc)
-        return None
 
     def __enter__(self) -> Guard:
         lifecycle.enter(self)
