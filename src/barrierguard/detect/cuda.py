@@ -309,18 +309,15 @@ class CudaEngine:
         stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
         op = tls.op
         try:
-            if op is not None:
+            kind, detail = None, ""
+            if op is not None:  # inside a copy (the only call that notes one)
                 kind, method, tensor, args, kwargs = op
-                detail = ""
-                if kind == "copy":
-                    if method == "copy_" and args and isinstance(args[0], torch.Tensor):
-                        detail = _direction(args[0].device.type, tensor.device.type)
-                    else:
-                        dst = "cuda" if method == "cuda" else _target_type(args, kwargs)
-                        detail = _direction(tensor.device.type, dst or tensor.device.type)
-                sync = observe(frame, kind, detail, 2)
-            else:
-                sync = observe(frame, None, "", 2)
+                if method == "copy_" and args and isinstance(args[0], torch.Tensor):
+                    detail = _direction(args[0].device.type, tensor.device.type)
+                else:
+                    dst = "cuda" if method == "cuda" else _target_type(args, kwargs)
+                    detail = _direction(tensor.device.type, dst or tensor.device.type)
+            sync = observe(frame, kind, detail, 2)
         except Exception as exc:  # a fault of ours is reported, never raised
             hub.fault(self.name, exc)
             return
