@@ -8,6 +8,7 @@ the instruction a frame is executing is cached per ``(code, offset)``.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dis
 import importlib.util
 import linecache
@@ -254,11 +255,8 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
     segment = _source_segment(code, lasti)
     name: str | None = None
     if segment is not None:
-        try:
-            tree = ast.parse("(" + segment + "\n)", mode="eval")
-            name = _call_name(tree.body)
-        except SyntaxError:
-            name = None
+        with contextlib.suppress(SyntaxError):
+            name = _call_name(ast.parse("(" + segment + "\n)", mode="eval").body)
     if name is None:
         # No column positions (Python 3.10) or no source: fall back to the
         # known synchronizing calls on the line, innermost (rightmost) last.

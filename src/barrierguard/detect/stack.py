@@ -50,9 +50,6 @@ class Sync:
     mechanism: str | None = None
     phase: str | None = None
 
-    def __repr__(self) -> str:
-        return f"Sync({self.loc!r}, mechanism={self.mechanism!r}, phase={self.phase!r})"
-
 
 # What a source file is, as flags (the walk tests a frame's flags first).
 _OWN = 1  # barrierguard's machinery: not a place of the sync
@@ -276,21 +273,19 @@ def forget(live: bool = False) -> None:
     _held[:] = kept
 
 
+@dataclass(slots=True, eq=False)
 class _Trace:
     """What a walk notes for a route: the depth and frame of each of its answers' sources."""
 
-    __slots__ = ("caller", "complete", "framework", "innermost", "markers", "mechanism", "user")
-
-    def __init__(self) -> None:
-        self.innermost = -1
-        self.framework = -1
-        self.user = -1
-        self.mechanism: tuple[int, FrameType] | None = None
-        self.caller: tuple[int, FrameType] | None = None
-        self.markers: list[tuple[int, FrameType, frameworks.Marker]] = []
-        # How the search ended: -1 decided (a phase, or a mechanism with no
-        # phase possible), else the depth where it ran out (None: no route).
-        self.complete: int | None = -1
+    innermost: int = -1
+    framework: int = -1
+    user: int = -1
+    mechanism: tuple[int, FrameType] | None = None
+    caller: tuple[int, FrameType] | None = None
+    markers: list[tuple[int, FrameType, frameworks.Marker]] = field(default_factory=list)
+    # How the search ended: -1 decided (a phase, or a mechanism with no
+    # phase possible), else the depth where it ran out (None: no route).
+    complete: int | None = -1
 
 
 def _walk(
