@@ -23,6 +23,7 @@ a row to ``tests/detect/test_frameworks.py``.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
@@ -436,14 +437,11 @@ def package_path(filename: str) -> str | None:
         'lightning/fabric/utilities/apply_func.py'
     """
     path = filename.replace(os.sep, "/")
-    best: tuple[int, str] | None = None
-    for marker, prefix in _ROOTS:
-        i = path.rfind(marker)
-        # The innermost package wins (transformers vendored under another
-        # package's folder), i.e. the marker found furthest to the right.
-        if i >= 0 and (best is None or i > best[0]):
-            best = (i, prefix + path[i + len(marker) :])
-    return best[1] if best is not None else None
+    # The innermost package wins (transformers vendored under another
+    # package's folder), i.e. the marker found furthest to the right.
+    marker, prefix = max(_ROOTS, key=lambda root: path.rfind(root[0]))
+    i = path.rfind(marker)
+    return prefix + path[i + len(marker) :] if i >= 0 else None
 
 
 Function = tuple["str | None", bool, Marker, bool]
@@ -505,12 +503,8 @@ def mechanism_fixes(mechanisms: Any) -> str | None:
         >>> mechanism_fixes([("prog_bar (on_train_batch_end)", 3), ("logger", 1)]).split(" | ")[1]
         'logger: raise Trainer(log_every_n_steps=...), log with on_step=False, or logger=False for values no logger needs'
     """
-    totals: dict[str, int] = {}
+    totals: Counter[str] = Counter()
     for name, n in mechanisms:
-        base = name.split(" (", 1)[0]
-        if base in _BY_NAME:
-            totals[base] = totals.get(base, 0) + n
-    if not totals:
-        return None
-    ordered = sorted(totals, key=lambda k: -totals[k])
-    return " | ".join(f"{name}: {_BY_NAME[name].hint}" for name in ordered)
+        totals[name.split(" (", 1)[0]] += n
+    known = [name for name, _ in totals.most_common() if name in _BY_NAME]
+    return " | ".join(f"{name}: {_BY_NAME[name].hint}" for name in known) or None

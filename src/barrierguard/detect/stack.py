@@ -507,12 +507,9 @@ def _learn_route(
         caller_of_sync = frame.f_back
         if caller_of_sync is not None:
             probes.setdefault(1, (1, caller_of_sync.f_code, caller_of_sync.f_lasti))
-    for at in (trace.mechanism, trace.caller):
+    for at in (trace.mechanism, trace.caller, *trace.markers):
         if at is not None and at[0] > 0:
             probes.setdefault(at[0], (at[0], at[1].f_code, -1))
-    for depth, f, _ in trace.markers:
-        if depth > 0:
-            probes.setdefault(depth, (depth, f.f_code, -1))
     base_mechanism = mechanism.split(" (", 1)[0] if mechanism is not None else None
     route = _Route(
         frame.f_code,
