@@ -45,9 +45,8 @@ PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
 class _State(threading.local):
     """Per thread: when the outermost timed call began, and the copy in flight.
 
-    Class-level defaults: a thread that never set them reads ``None`` without
-    the ``AttributeError`` a bare ``threading.local`` raises (and ``getattr``
-    with a default catches) on every sync.
+    Class-level defaults: a thread that never set them reads ``None``, not the
+    ``AttributeError`` of a bare ``threading.local`` (caught on every sync).
     """
 
     t0: float | None = None
@@ -192,11 +191,6 @@ def _timed_no_args(
 
     not_a_dynamo_frame(timed.__code__)  # type: ignore[attr-defined]
     return timed
-
-
-def _is_host(tensor: torch.Tensor) -> bool:
-    """Whether a collective on ``tensor`` runs on the host (gloo), not on a stream."""
-    return tensor.device.type == "cpu"
 
 
 def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -409,10 +403,11 @@ class CudaEngine:
             if orig is not None:
                 self._patches.set(torch, name, _timed(orig, _compiling))
         # torch.distributed's host barriers: timed around the call, the stall
-        # being the wait for the slowest rank.
+        # being the wait for the slowest rank. A collective on a CPU tensor
+        # runs on the host (gloo), not on a stream.
         distributed.install(
             self._patches,
-            host=_is_host,
+            host=lambda tensor: tensor.device.type == "cpu",
             record=lambda detail, stall: record("collective", detail, stall),
         )
 

@@ -12,9 +12,6 @@ a checkpoint save, the teardown after the last step).
 innermost mechanism (with the Lightning hook in flight) and the phase of each
 sync.
 
-The module is long because the table is: one reader-facing list of every
-known framework sync, which a contributor would rather see whole.
-
 To add a framework sync: add one :class:`Mechanism` to :data:`MECHANISMS` with
 the functions it lives in, prove its fix on a GPU (docs/frameworks.md), and add
 a row to ``tests/detect/test_frameworks.py``.

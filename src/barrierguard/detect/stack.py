@@ -138,23 +138,20 @@ _NONE: _Function = (0, None, None)
 
 
 class _Anchors:
-    """Two frames that earlier walks passed, and what lies outward of each.
+    """Frames that earlier walks passed, and what lies outward of each.
 
-    A frame object is one activation for as long as it lives, and the frames
-    outward of a live one do not change: a walk that meets the same object
-    (``is``) knows the rest without walking it. ``located``: a frame past
-    which, the search being over, only the location was missing (the frame
-    after a phase marker, inside a framework's loop), with the user's frame
-    and the first framework frame from it on (when the walk noted it: a walk
-    that had met one already only looked for the user's frame), and how many
-    frames outward of it each lies. ``searched``: a frame from which
-    no function of the framework tables lies on the way to the root (a plain
-    loop). Each is one slot, replaced when a walk misses it, and dropped at
-    every step boundary and when an engine uninstalls (:func:`forget`), so
-    that no finished frame is held for long. ``last``: the frame of the last
-    sync, with the instruction it was at and the sync found there: a loop
-    that reads a value in its own body meets the same frame at the same
-    instruction every step, and gets the sync without a walk.
+    A frame object is one activation while it lives, and the frames outward
+    of a live one do not change: a walk that meets the same object (``is``)
+    knows the rest without walking it. ``located``: a frame past which only
+    the location was missing (the frame after a phase marker, inside a
+    framework's loop), with the user's frame and the first framework frame
+    from it on (when the walk noted it), and how far outward each lies.
+    ``searched``: a frame with no table function between it and the root (a
+    plain loop). ``last``: the last sync's frame, its instruction and the sync
+    found: a loop that reads a value in its own body meets them every step and
+    skips the walk. Each slot is replaced when a walk misses it and dropped at
+    every step boundary and uninstall (:func:`forget`): no finished frame is
+    held for long.
     """
 
     located: tuple[FrameType, FrameType, FrameType | None, str, bool, int, int] | None = None
