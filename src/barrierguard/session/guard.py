@@ -1,9 +1,9 @@
 """The guard: one watching session, its steps, its records and its policy.
 
-It stays one module of some 590 lines because :class:`Guard` is one object
-whose parts share one lock and one hot path: the lifecycle installs what the
-recording path reads, and the policy acts inside the recording. Per-site
-records and messages are in ``sites``, ``watch()`` in ``watch``.
+It stays one module because :class:`Guard` is one object whose parts share
+one lock and one hot path: the lifecycle installs what the recording path
+reads, and the policy acts inside the recording. Per-site records and messages
+are in ``site_stats``, ``watch()`` in ``watch``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -100,7 +100,7 @@ class _Quiet:
 
     stats: SiteStats
     # Whether its syncs count against the policy (a blocking site not allowed).
-    violating: bool = field(init=False)
+    violating: bool
     sync: Sync | None = None
     step: int = -1
     guard_phase: str | None = None
@@ -109,9 +109,6 @@ class _Quiet:
     n: int = 0
     stall: float = 0.0
     timed: int = 0
-
-    def __post_init__(self) -> None:
-        self.violating = self.stats.blocking and not self.stats.allowed
 
 
 class Guard:
@@ -763,7 +760,7 @@ class Guard:
         if not stats.in_loop or self._options.max_syncs_per_step is not None:
             return
         if stats.allowed or not stats.blocking or len(self._violations) >= _MAX_VIOLATIONS:
-            self._quiet.setdefault(stats.loc, _Quiet(stats))
+            self._quiet.setdefault(stats.loc, _Quiet(stats, stats.blocking and not stats.allowed))
 
     def _fold(self, every: bool = False) -> None:
         """Count the settled sites' tallies (step boundaries, reports; ``every`` at the end).
