@@ -171,16 +171,13 @@ _anchors = _Anchors()
 class _Route:
     """What a walk's answer came from, by depth outward of the sync's frame.
 
-    A sync met again at the same instruction of the same code is the same
-    sync when the frames the answer came from are where they were: the
-    probes (the user's frame, the framework frame, the frame that called the
-    sync's, each at its depth and instruction; the frames of the mechanism,
-    the hook caller and the phase markers, at their depths), read with
-    ``sys._getframe(depth)``, which makes no frame object on the way. Two
-    user lines that reach one framework sync are two routes (the user's
-    frame's instruction). When the search for a phase ran out (to the root,
-    or its depth limit) outward of the user's frame, ``outer`` holds the frame
-    just outward of it: the route holds while that very frame lives.
+    A sync met again at the same instruction of the same code is the same sync
+    while the frames its answer came from are where they were: the probes (the
+    user's, the framework's and the sync's caller's frames, at their depths and
+    instructions; the mechanism's, the hook caller's and the phase markers',
+    at their depths), read with ``sys._getframe(depth)``, which makes no frame
+    object. When the search for a phase ran out outward of the user's frame,
+    ``outer`` holds the frame just outward of it: the route holds while it lives.
     """
 
     code: CodeType  # the sync's frame's (its id is the key)
