@@ -30,14 +30,10 @@ OWN = 4
 
 # Packages whose syncs are reported as "framework:<name>" rather than "user".
 KNOWN_FRAMEWORKS: dict[str, str] = {
-    "lightning": "lightning",
-    "pytorch_lightning": "lightning",
-    "lightning_fabric": "lightning",
-    "torchmetrics": "torchmetrics",
-    "accelerate": "accelerate",
-    "transformers": "transformers",
-    "deepspeed": "deepspeed",
-    "ignite": "ignite",
+    **dict.fromkeys(("lightning", "pytorch_lightning", "lightning_fabric"), "lightning"),
+    **{
+        name: name for name in ("torchmetrics", "accelerate", "transformers", "deepspeed", "ignite")
+    },
 }
 
 # Parts of torch that are frameworks in their own right: a sync inside them is
@@ -216,6 +212,12 @@ _CALL_OPS = frozenset(
     }
 )
 
+# The direction of a copy by the call that makes it.
+_COPY_DIRECTIONS = {
+    **dict.fromkeys(("cpu", "numpy", "save"), "d2h"),
+    **dict.fromkeys(("cuda", "tensor", "load", "load_state_dict"), "h2d"),
+}
+
 _kind_cache: dict[tuple[CodeType, int], tuple[str, str]] = {}
 
 
@@ -272,16 +274,7 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
         return "call", ""
     kind = kind_for_call(name)
     if kind == "copy":
-        direction = {
-            "cpu": "d2h",
-            "numpy": "d2h",
-            "save": "d2h",
-            "cuda": "h2d",
-            "tensor": "h2d",
-            "load": "h2d",
-            "load_state_dict": "h2d",
-        }.get(name, "")
-        return kind, direction
+        return kind, _COPY_DIRECTIONS.get(name, "")
     return kind, (name if kind in ("call", "collective") else "")
 
 
