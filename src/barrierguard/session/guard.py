@@ -210,44 +210,46 @@ class Guard:
                 cannot run here (``engine='cuda'`` without CUDA).
         """
         with self._life:
-            return self._start()
+            if self._running:
+                raise BarrierGuardError(
+                    "this guard is already running - did you call start() twice? Create a "
+                    "second guard with watch() instead"
+                )
+            hub.tidy()
+            engine = _make_engine(self._options.engine)
+            self._engine_name = name = engine.name
+            if name == "audit":
+                from barrierguard.detect.audit import NOTE
 
-    def _start(self) -> Guard:
-        if self._running:
-            raise BarrierGuardError(
-                "this guard is already running - did you call start() twice? Create a "
-                "second guard with watch() instead"
-            )
-        hub.tidy()
-        engine = _make_engine(self._options.engine)
-        self._engine_name = name = engine.name
-        if name == "audit":
-            from barrierguard.detect.audit import NOTE
+                self.note(NOTE)
+            if not self._env:
+                self._env = _env.environment(name)
+            self._thread_ident = threading.get_ident()
+            hub.attach(self, engine)
+            try:
+                from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            self.note(NOTE)
-        if not self._env:
-            self._env = _env.environment(name)
-        self._thread_ident = threading.get_ident()
-        hub.attach(self, engine)
-        try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
-
-            self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
-            watch_loaders(self._on_loader_end)
-        except BaseException:
-            if self._hook_handle is not None:
-                self._hook_handle.remove()
-                self._hook_handle = None
-            hub.detach(self, name)
-            raise
-        self._running = True
-        self._started = time.perf_counter()
-        self._start_memory()
-        self._start_timeline()
-        with self._faults_noted():
-            self._compile.start()
-            self._arm_call_probe()
-        return self
+                self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+                watch_loaders(self._on_loader_end)
+            except BaseException:
+                if self._hook_handle is not None:
+                    self._hook_handle.remove()
+                    self._hook_handle = None
+                hub.detach(self, name)
+                raise
+            self._running = True
+            self._started = time.perf_counter()
+            self._start_memory()
+            if name == "cuda":  # step timing reads CUDA events
+                with self._faults_noted():
+                    if self._timeline is None:
+                        self._timeline = _make_timeline()
+                        self.add_step_listener(self._timeline.on_step)
+                    self._timeline.start(self._steps)
+            with self._faults_noted():
+                self._compile.start()
+                self._arm_call_probe()
+            return self
 
     def _arm_call_probe(self) -> None:
         name = self._options.capture_probe
@@ -262,16 +264,6 @@ class Guard:
             lambda fn, args, kwargs: self.probe_capture(fn, *args, **kwargs),
         )
         self._call_probe.arm()
-
-    def _start_timeline(self) -> None:
-        # Step timing reads CUDA events: only where the CUDA engine runs.
-        if self._engine_name != "cuda":
-            return
-        with self._faults_noted():
-            if self._timeline is None:
-                self._timeline = _make_timeline()
-                self.add_step_listener(self._timeline.on_step)
-            self._timeline.start(self._steps)
 
     def _start_memory(self) -> None:
         opts = self._options
