@@ -210,23 +210,18 @@ def _direction(src: str, dst: str) -> str:
 
 
 def _target_type(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The device type a ``to``/``cuda`` call copies to, or ``None`` when it names none."""
     device = kwargs.get("device")
-    if device is None:
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                return a.device.type
-            if isinstance(a, (str, torch.device)):
-                device = a
-                break
-            if isinstance(a, int) and not isinstance(a, bool):
-                return "cuda"
-    if device is None:
-        return None
-    if isinstance(device, str):
-        return device.split(":", 1)[0]
-    if isinstance(device, torch.device):
-        return device.type
-    return "cuda" if isinstance(device, int) else None
+    for a in args if device is None else (device,):
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+        if isinstance(a, str):
+            return a.split(":", 1)[0]
+        if isinstance(a, torch.device):
+            return a.type
+        if isinstance(a, int) and not isinstance(a, bool):
+            return "cuda"
+    return None
 
 
 class CudaEngine:
