@@ -58,6 +58,7 @@ _FRAMEWORK = 4  # a framework's code (its name in the entry)
 _REAL = 8  # a frame that can be the one that synchronized (not torch's core nor stdlib)
 _TABLE = 16  # a file with functions in the framework tables
 _MARKS = 32  # ... among them a phase marker or a hook caller
+_CATEGORY_FLAGS = {OWN: _OWN, USER: _USER, FRAMEWORK: _FRAMEWORK}
 # What a function of the framework tables is.
 _MECHANISM = 1
 _DIRECT = 2  # ... a mechanism that counts only syncs made in the function itself
@@ -95,13 +96,8 @@ def _function(entry: frameworks.Function) -> _Function:
 def _learn(filename: str) -> _File:
     category, name = classify_file(filename)
     real, functions = frameworks.file_entry(filename)
-    flags = (
-        (_OWN if category == OWN else 0)
-        | (_USER if category == USER else 0)
-        | (_FRAMEWORK if category == FRAMEWORK else 0)
-        | (_REAL if real else 0)
-        | (_TABLE if functions is not None else 0)
-    )
+    flags = _CATEGORY_FLAGS.get(category, 0) | (_REAL if real else 0)
+    flags |= _TABLE if functions is not None else 0
     table: dict[str, _Function] | None = None
     other: _Function | None = None
     if functions is not None:
