@@ -79,10 +79,9 @@ _SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index_
 # Methods that take no argument but self get a wrapper of fixed arity: cheaper
 # to call than one with *args, **kwargs, and optimizers call item() every step.
 _NO_ARGS = _SCALAR_READS | {"tolist"}
-# Reads of a whole tensor or its text, and outputs whose size depends on the values.
-_OTHER_READS = ("cpu", "numpy", "__complex__", "__format__", "__repr__")
+# The others: outputs whose size depends on the values, reads of a whole tensor or its text.
 _DATA_SHAPED = ("nonzero", "argwhere", "masked_select", "unique", "repeat_interleave")
-TIMED_TENSOR_METHODS = (*sorted(_NO_ARGS), *_OTHER_READS, *_DATA_SHAPED)
+TIMED_TENSOR_METHODS = (*_DATA_SHAPED, "cpu", "numpy", "__complex__", "__format__", "__repr__")
 TIMED_TORCH_FUNCTIONS = (*_DATA_SHAPED, "where", "allclose", "equal", "tensor")
 
 
@@ -326,10 +325,14 @@ class CudaEngine:
     def _time_indexing(self) -> None:
         # From the second indexing sync on, its stall is known.
         self._index_timed = True
-        for name in TIMED_ON_DEMAND:
-            orig = getattr(torch.Tensor, name, None)
+        self._time(torch.Tensor, TIMED_ON_DEMAND)
+
+    def _time(self, owner: Any, names: tuple[str, ...]) -> None:
+        """Wrap ``owner``'s calls ``names`` (those it has) with :func:`_timed`."""
+        for name in names:
+            orig = getattr(owner, name, None)
             if orig is not None:
-                self._patches.set(torch.Tensor, name, _timed(orig, _compiling))
+                self._patches.set(owner, name, _timed(orig, _compiling))
 
     def _read(self, frame: FrameType, stall: float) -> None:
         """A scalar read of a CUDA tensor, timed by its wrapper (see :func:`_timed_no_args`)."""
@@ -383,20 +386,12 @@ class CudaEngine:
         for method in ("to", "cuda", "copy_"):
             orig = getattr(torch.Tensor, method)
             self._patches.set(torch.Tensor, method, self._copy_wrapper(orig, method))
-        for name in TIMED_TENSOR_METHODS:
-            orig = getattr(torch.Tensor, name, None)
-            if orig is not None:
-                if name in _SCALAR_READS:
-                    wrapped = _timed_no_args(orig, _compiling, self._read)
-                elif name in _NO_ARGS:
-                    wrapped = _timed_no_args(orig, _compiling)
-                else:
-                    wrapped = _timed(orig, _compiling)
-                self._patches.set(torch.Tensor, name, wrapped)
-        for name in TIMED_TORCH_FUNCTIONS:
-            orig = getattr(torch, name, None)
-            if orig is not None:
-                self._patches.set(torch, name, _timed(orig, _compiling))
+        for name in sorted(_NO_ARGS):
+            read = self._read if name in _SCALAR_READS else None
+            timed = _timed_no_args(getattr(torch.Tensor, name), _compiling, read)
+            self._patches.set(torch.Tensor, name, timed)
+        self._time(torch.Tensor, TIMED_TENSOR_METHODS)
+        self._time(torch, TIMED_TORCH_FUNCTIONS)
         # torch.distributed's host barriers: timed around the call, the stall
         # being the wait for the slowest rank. A collective on a CPU tensor
         # runs on the host (gloo), not on a stream.
