@@ -317,15 +317,12 @@ class CudaEngine:
                 tls.t0 = _DRAINED
         if sync is not None:
             if t0 is None and sync.loc.kind == "index" and not self._index_timed:
-                self._time_indexing()
+                # From the second indexing sync on, its stall is known.
+                self._index_timed = True
+                self._time(torch.Tensor, TIMED_ON_DEMAND)
             # A further sync inside the same timed call (print(t) syncs about ten
             # times) is an event of the occurrence already counted.
             hub.emit(self.name, sync, stall, again=t0 is _DRAINED)
-
-    def _time_indexing(self) -> None:
-        # From the second indexing sync on, its stall is known.
-        self._index_timed = True
-        self._time(torch.Tensor, TIMED_ON_DEMAND)
 
     def _time(self, owner: Any, names: tuple[str, ...]) -> None:
         """Wrap ``owner``'s calls ``names`` (those it has) with :func:`_timed`."""
