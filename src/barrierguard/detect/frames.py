@@ -15,7 +15,6 @@ import linecache
 import os
 import sysconfig
 import threading
-from dataclasses import dataclass, field
 from types import CodeType, FrameType
 
 from barrierguard.detect.kinds import kind_for_call
@@ -153,7 +152,6 @@ def classify_file(filename: str) -> tuple[int, str]:
     return _classifier.classify(filename)
 
 
-@dataclass(slots=True, eq=False, repr=False)
 class Location:
     """Where a synchronization happened, as seen on the Python stack.
 
@@ -163,20 +161,41 @@ class Location:
     are two sites.
     """
 
-    file: str
-    line: int
-    function: str
-    kind: str
-    detail: str
-    origin: str
-    framework_file: str | None = None
-    framework_line: int | None = None
-    framework_function: str | None = None
-    key: tuple[str, int, str, str, str, int] = field(init=False)
+    __slots__ = (
+        "detail",
+        "file",
+        "framework_file",
+        "framework_function",
+        "framework_line",
+        "function",
+        "key",
+        "kind",
+        "line",
+        "origin",
+    )
 
-    def __post_init__(self) -> None:
-        fw_file, fw_line = self.framework_file or "", self.framework_line or 0
-        self.key = (self.file, self.line, self.kind, self.origin, fw_file, fw_line)
+    def __init__(
+        self,
+        file: str,
+        line: int,
+        function: str,
+        kind: str,
+        detail: str,
+        origin: str,
+        framework_file: str | None = None,
+        framework_line: int | None = None,
+        framework_function: str | None = None,
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.function = function
+        self.kind = kind
+        self.detail = detail
+        self.origin = origin
+        self.framework_file = framework_file
+        self.framework_line = framework_line
+        self.framework_function = framework_function
+        self.key = (file, line, kind, origin, framework_file or "", framework_line or 0)
 
     def __repr__(self) -> str:
         return f"Location({self.file}:{self.line} {self.kind} {self.origin})"
