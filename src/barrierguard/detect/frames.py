@@ -132,11 +132,9 @@ class _Classifier:
         for marker in ("site-packages", "dist-packages"):
             if marker in parts:
                 i = parts.index(marker)
-                top = parts[i + 1] if i + 1 < len(parts) else ""
-                top = top[:-3] if top.endswith(".py") else top
-                if top in KNOWN_FRAMEWORKS:
-                    return FRAMEWORK, KNOWN_FRAMEWORKS[top]
-                return LIBRARY, top
+                top = parts[i + 1].removesuffix(".py") if i + 1 < len(parts) else ""
+                known = KNOWN_FRAMEWORKS.get(top)
+                return (LIBRARY, top) if known is None else (FRAMEWORK, known)
         for key in ("stdlib", "platstdlib"):
             stdlib = sysconfig.get_paths().get(key)
             if stdlib and path.startswith(os.path.abspath(stdlib) + os.sep):
