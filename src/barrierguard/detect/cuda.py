@@ -45,9 +45,8 @@ PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
 class _State(threading.local):
     """Per thread: when the outermost timed call began, and the copy in flight.
 
-    Class-level defaults: a thread that never set them reads ``None`` without
-    the ``AttributeError`` a bare ``threading.local`` raises (and ``getattr``
-    with a default catches) on every sync.
+    Class-level defaults: a thread that never set them reads ``None``, not the
+    ``AttributeError`` of a bare ``threading.local`` (caught on every sync).
     """
 
     t0: float | None = None
@@ -75,35 +74,15 @@ _DRAINED = float("-inf")
 # Calls that may synchronize, timed from their entry: the sync-debug warning
 # only arrives once the wait is over, so the stall needs the start time. Only
 # the outermost timed call on a thread keeps time (print(t) -> item() ...).
-TIMED_TENSOR_METHODS = (
-    "item",
-    "tolist",
-    "cpu",
-    "numpy",
-    "__bool__",
-    "__int__",
-    "__float__",
-    "__index__",
-    "__complex__",
-    "__format__",
-    "__repr__",
-    "nonzero",
-    "argwhere",
-    "masked_select",
-    "unique",
-    "repeat_interleave",
-)
-TIMED_TORCH_FUNCTIONS = (
-    "nonzero",
-    "argwhere",
-    "masked_select",
-    "unique",
-    "where",
-    "repeat_interleave",
-    "allclose",
-    "equal",
-    "tensor",
-)
+# Scalar reads: one value, one wait, whenever the tensor is a plain CUDA tensor.
+_SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index__"})
+# Methods that take no argument but self get a wrapper of fixed arity: cheaper
+# to call than one with *args, **kwargs, and optimizers call item() every step.
+_NO_ARGS = _SCALAR_READS | {"tolist"}
+# The others: outputs whose size depends on the values, reads of a whole tensor or its text.
+_DATA_SHAPED = ("nonzero", "argwhere", "masked_select", "unique", "repeat_interleave")
+TIMED_TENSOR_METHODS = (*_DATA_SHAPED, "cpu", "numpy", "__complex__", "__format__", "__repr__")
+TIMED_TORCH_FUNCTIONS = (*_DATA_SHAPED, "where", "allclose", "equal", "tensor")
 
 
 # Indexing is timed only once a run has shown an indexing sync: datasets index
@@ -111,15 +90,9 @@ TIMED_TORCH_FUNCTIONS = (
 TIMED_ON_DEMAND = ("__getitem__", "__setitem__")
 
 
-def _compiling_check() -> Callable[[], bool]:
-    # is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
-    # while tracing: the cheapest way to stay out of compiled graphs.
-    check: Callable[[], bool] = (
-        getattr(torch.compiler, "is_dynamo_compiling", None)
-        or getattr(torch.compiler, "is_compiling", None)
-        or (lambda: False)
-    )
-    return check
+# is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
+# while tracing: the cheapest way to stay out of compiled graphs.
+_compiling = distributed._compiling
 
 
 _HOST_NUMBERS = frozenset({int, float, bool, complex})
@@ -146,11 +119,8 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
     return timed
 
 
-# Methods that take no argument but self get a wrapper of fixed arity: cheaper
-# to call than one with *args, **kwargs, and optimizers call item() every step.
 _on_device: Callable[[Any], bool] = operator.attrgetter("is_cuda")
 """Whether a tensor lives on a CUDA device (only then can reading it wait)."""
-_NO_ARGS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__"})
 
 
 def _no_mode(mode: int = 0) -> int:
@@ -167,10 +137,6 @@ _WARN = 1  # the sync-debug mode's number for "warn"
 # Whether a read of this tensor synchronizes for certain: a plain tensor on a
 # CUDA device (a subclass may run Python of its own, or a collective).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-# Scalar reads: one value, one wait, whenever the tensor is a plain CUDA tensor.
-_SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index__"})
 
 
 def _timed_no_args(
@@ -226,11 +192,6 @@ def _timed_no_args(
     return timed
 
 
-def _is_host(tensor: torch.Tensor) -> bool:
-    """Whether a collective on ``tensor`` runs on the host (gloo), not on a stream."""
-    return tensor.device.type == "cpu"
-
-
 def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a ``to``/``cuda``/``copy_`` call asked for ``non_blocking``."""
     flag = kwargs.get("non_blocking")
@@ -248,23 +209,18 @@ def _direction(src: str, dst: str) -> str:
 
 
 def _target_type(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The device type a ``to``/``cuda`` call copies to, or ``None`` when it names none."""
     device = kwargs.get("device")
-    if device is None:
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                return a.device.type
-            if isinstance(a, (str, torch.device)):
-                device = a
-                break
-            if isinstance(a, int) and not isinstance(a, bool):
-                return "cuda"
-    if device is None:
-        return None
-    if isinstance(device, str):
-        return device.split(":", 1)[0]
-    if isinstance(device, torch.device):
-        return device.type
-    return "cuda" if isinstance(device, int) else None
+    for a in args if device is None else (device,):
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+        if isinstance(a, str):
+            return a.split(":", 1)[0]
+        if isinstance(a, torch.device):
+            return a.type
+        if isinstance(a, int) and not isinstance(a, bool):
+            return "cuda"
+    return None
 
 
 class CudaEngine:
@@ -278,7 +234,6 @@ class CudaEngine:
         self._filter: Any = None
         self._filter_list: list[Any] = []
         self._saved_show: Callable[..., Any] | None = None
-        self._show_attr = "_showwarnmsg"
         self._index_timed = False
 
     # -- install / uninstall ------------------------------------------------
@@ -292,11 +247,9 @@ class CudaEngine:
             # meanwhile works on a copy and puts this list back at its exit.
             self._filter_list = cast("list[Any]", warnings.filters)
             # _showwarnmsg sees warnings even inside catch_warnings(record=True)
-            # (pytest records every test that way); showwarning is the fallback.
-            if not hasattr(warnings, "_showwarnmsg"):
-                self._show_attr = "showwarning"
-            self._saved_show = getattr(warnings, self._show_attr)
-            setattr(warnings, self._show_attr, self._show)
+            # (pytest records every test that way).
+            self._saved_show = warnings._showwarnmsg  # type: ignore[attr-defined]
+            warnings._showwarnmsg = self._show  # type: ignore[attr-defined]
             self._patch_calls()
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_PROTOTYPE_MESSAGE)
@@ -312,8 +265,8 @@ class CudaEngine:
             self._patches.undo()
             self._index_timed = False
             stack.forget()
-            if self._saved_show is not None and getattr(warnings, self._show_attr) == self._show:
-                setattr(warnings, self._show_attr, self._saved_show)
+            if self._saved_show is not None and warnings._showwarnmsg == self._show:  # type: ignore[attr-defined]
+                warnings._showwarnmsg = self._saved_show  # type: ignore[attr-defined]
             self._saved_show = None
             if self._filter is not None:
                 drop_filter(self._filter, self._filter_list)
@@ -321,11 +274,8 @@ class CudaEngine:
                 self._filter = None
 
     # -- the sync-debug warning -------------------------------------------
-    def _show(self, msg: Any, *args: Any) -> None:
-        if args:  # called as showwarning(message, category, filename, lineno, ...)
-            message, category = msg, args[0]
-        else:  # called as _showwarnmsg(WarningMessage)
-            message, category = msg.message, msg.category
+    def _show(self, msg: Any) -> None:
+        message, category = msg.message, msg.category
         if (
             category is UserWarning
             and message.args
@@ -334,7 +284,7 @@ class CudaEngine:
             self._on_sync(sys._getframe(1))
             return
         assert self._saved_show is not None
-        self._saved_show(msg, *args)
+        self._saved_show(msg)
 
     def _on_sync(self, frame: FrameType | None) -> None:
         if distributed.quiet():
@@ -347,18 +297,15 @@ class CudaEngine:
         stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
         op = tls.op
         try:
-            if op is not None:
+            kind, detail = None, ""
+            if op is not None:  # inside a copy (the only call that notes one)
                 kind, method, tensor, args, kwargs = op
-                detail = ""
-                if kind == "copy":
-                    if method == "copy_" and args and isinstance(args[0], torch.Tensor):
-                        detail = _direction(args[0].device.type, tensor.device.type)
-                    else:
-                        dst = "cuda" if method == "cuda" else _target_type(args, kwargs)
-                        detail = _direction(tensor.device.type, dst or tensor.device.type)
-                sync = observe(frame, kind, detail, 2)
-            else:
-                sync = observe(frame, None, "", 2)
+                if method == "copy_" and args and isinstance(args[0], torch.Tensor):
+                    detail = _direction(args[0].device.type, tensor.device.type)
+                else:
+                    dst = "cuda" if method == "cuda" else _target_type(args, kwargs)
+                    detail = _direction(tensor.device.type, dst or tensor.device.type)
+            sync = observe(frame, kind, detail, 2)
         except Exception as exc:  # a fault of ours is reported, never raised
             hub.fault(self.name, exc)
             return
@@ -370,19 +317,19 @@ class CudaEngine:
                 tls.t0 = _DRAINED
         if sync is not None:
             if t0 is None and sync.loc.kind == "index" and not self._index_timed:
-                self._time_indexing()
+                # From the second indexing sync on, its stall is known.
+                self._index_timed = True
+                self._time(torch.Tensor, TIMED_ON_DEMAND)
             # A further sync inside the same timed call (print(t) syncs about ten
             # times) is an event of the occurrence already counted.
             hub.emit(self.name, sync, stall, again=t0 is _DRAINED)
 
-    def _time_indexing(self) -> None:
-        # From the second indexing sync on, its stall is known.
-        self._index_timed = True
-        compiling = _compiling_check()
-        for name in TIMED_ON_DEMAND:
-            orig = getattr(torch.Tensor, name, None)
+    def _time(self, owner: Any, names: tuple[str, ...]) -> None:
+        """Wrap ``owner``'s calls ``names`` (those it has) with :func:`_timed`."""
+        for name in names:
+            orig = getattr(owner, name, None)
             if orig is not None:
-                self._patches.set(torch.Tensor, name, _timed(orig, compiling))
+                self._patches.set(owner, name, _timed(orig, _compiling))
 
     def _read(self, frame: FrameType, stall: float) -> None:
         """A scalar read of a CUDA tensor, timed by its wrapper (see :func:`_timed_no_args`)."""
@@ -402,30 +349,19 @@ class CudaEngine:
         if sync is not None:
             hub.emit(self.name, sync, stall)
 
-    def _emit(
-        self,
-        frame: FrameType | None,
-        kind: str | None,
-        detail: str,
-        stall: float | None,
-        depth: int = -1,
-    ) -> None:
-        """Locate the sync made at ``frame`` (``sys._getframe(depth)`` here) and hand it on."""
+    # -- what the mode misses ---------------------------------------------
+    def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
+        """Locate the sync made by this call's caller and hand it on."""
         try:
-            sync = observe(frame, kind, detail, depth)
+            sync = observe(sys._getframe(1), kind, detail, 1)
         except Exception as exc:  # a fault of ours is reported, never raised
             hub.fault(self.name, exc)
             return
         if sync is not None:
             hub.emit(self.name, sync, stall)
 
-    # -- what the mode misses ---------------------------------------------
-    def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
-        self._emit(sys._getframe(1), kind, detail, stall, 2)
-
     def _patch_calls(self) -> None:
         record = self._record
-        compiling = _compiling_check()
 
         def after(orig: Callable[..., Any], detail: str) -> Callable[..., Any]:
             @functools.wraps(orig)
@@ -447,31 +383,24 @@ class CudaEngine:
         for method in ("to", "cuda", "copy_"):
             orig = getattr(torch.Tensor, method)
             self._patches.set(torch.Tensor, method, self._copy_wrapper(orig, method))
-        for name in TIMED_TENSOR_METHODS:
-            orig = getattr(torch.Tensor, name, None)
-            if orig is not None:
-                if name in _SCALAR_READS:
-                    wrapped = _timed_no_args(orig, compiling, self._read)
-                elif name in _NO_ARGS:
-                    wrapped = _timed_no_args(orig, compiling)
-                else:
-                    wrapped = _timed(orig, compiling)
-                self._patches.set(torch.Tensor, name, wrapped)
-        for name in TIMED_TORCH_FUNCTIONS:
-            orig = getattr(torch, name, None)
-            if orig is not None:
-                self._patches.set(torch, name, _timed(orig, compiling))
+        for name in sorted(_NO_ARGS):
+            read = self._read if name in _SCALAR_READS else None
+            timed = _timed_no_args(getattr(torch.Tensor, name), _compiling, read)
+            self._patches.set(torch.Tensor, name, timed)
+        self._time(torch.Tensor, TIMED_TENSOR_METHODS)
+        self._time(torch, TIMED_TORCH_FUNCTIONS)
         # torch.distributed's host barriers: timed around the call, the stall
-        # being the wait for the slowest rank.
+        # being the wait for the slowest rank. A collective on a CPU tensor
+        # runs on the host (gloo), not on a stream.
         distributed.install(
             self._patches,
-            host=_is_host,
+            host=lambda tensor: tensor.device.type == "cpu",
             record=lambda detail, stall: record("collective", detail, stall),
         )
 
     def _copy_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
         record = self._record
-        compiling = _compiling_check()
+        compiling = _compiling
         tls = _tls
         clock = _clock
 

@@ -8,6 +8,7 @@ the instruction a frame is executing is cached per ``(code, offset)``.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dis
 import importlib.util
 import linecache
@@ -28,14 +29,10 @@ OWN = 4
 
 # Packages whose syncs are reported as "framework:<name>" rather than "user".
 KNOWN_FRAMEWORKS: dict[str, str] = {
-    "lightning": "lightning",
-    "pytorch_lightning": "lightning",
-    "lightning_fabric": "lightning",
-    "torchmetrics": "torchmetrics",
-    "accelerate": "accelerate",
-    "transformers": "transformers",
-    "deepspeed": "deepspeed",
-    "ignite": "ignite",
+    **dict.fromkeys(("lightning", "pytorch_lightning", "lightning_fabric"), "lightning"),
+    **{
+        name: name for name in ("torchmetrics", "accelerate", "transformers", "deepspeed", "ignite")
+    },
 }
 
 # Parts of torch that are frameworks in their own right: a sync inside them is
@@ -57,7 +54,7 @@ _OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _OWN_EXCEPTIONS = {
     _OWN_ROOT + os.path.join("cli", "demo.py"): (USER, ""),
 }
-_OWN_FRAMEWORK_DIRS = ((_OWN_ROOT + "metrics" + os.sep, "barrierguard"),)
+_OWN_FRAMEWORK_DIR = _OWN_ROOT + "metrics" + os.sep
 
 
 def _inductor_generated(path: str) -> bool:
@@ -126,9 +123,8 @@ class _Classifier:
             return TORCH, "torch"
         if path in _OWN_EXCEPTIONS:
             return _OWN_EXCEPTIONS[path]
-        for prefix, name in _OWN_FRAMEWORK_DIRS:
-            if path.startswith(prefix):
-                return FRAMEWORK, name
+        if path.startswith(_OWN_FRAMEWORK_DIR):
+            return FRAMEWORK, "barrierguard"
         for prefix, category, name in roots:
             if path.startswith(prefix):
                 return category, name
@@ -136,11 +132,9 @@ class _Classifier:
         for marker in ("site-packages", "dist-packages"):
             if marker in parts:
                 i = parts.index(marker)
-                top = parts[i + 1] if i + 1 < len(parts) else ""
-                top = top[:-3] if top.endswith(".py") else top
-                if top in KNOWN_FRAMEWORKS:
-                    return FRAMEWORK, KNOWN_FRAMEWORKS[top]
-                return LIBRARY, top
+                top = parts[i + 1].removesuffix(".py") if i + 1 < len(parts) else ""
+                known = KNOWN_FRAMEWORKS.get(top)
+                return (LIBRARY, top) if known is None else (FRAMEWORK, known)
         for key in ("stdlib", "platstdlib"):
             stdlib = sysconfig.get_paths().get(key)
             if stdlib and path.startswith(os.path.abspath(stdlib) + os.sep):
@@ -235,6 +229,12 @@ _CALL_OPS = frozenset(
     }
 )
 
+# The direction of a copy by the call that makes it.
+_COPY_DIRECTIONS = {
+    **dict.fromkeys(("cpu", "numpy", "save"), "d2h"),
+    **dict.fromkeys(("cuda", "tensor", "load", "load_state_dict"), "h2d"),
+}
+
 _kind_cache: dict[tuple[CodeType, int], tuple[str, str]] = {}
 
 
@@ -274,11 +274,8 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
     segment = _source_segment(code, lasti)
     name: str | None = None
     if segment is not None:
-        try:
-            tree = ast.parse("(" + segment + "\n)", mode="eval")
-            name = _call_name(tree.body)
-        except SyntaxError:
-            name = None
+        with contextlib.suppress(SyntaxError):
+            name = _call_name(ast.parse("(" + segment + "\n)", mode="eval").body)
     if name is None:
         # No column positions (Python 3.10) or no source: fall back to the
         # known synchronizing calls on the line, innermost (rightmost) last.
@@ -294,16 +291,7 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
         return "call", ""
     kind = kind_for_call(name)
     if kind == "copy":
-        direction = {
-            "cpu": "d2h",
-            "numpy": "d2h",
-            "save": "d2h",
-            "cuda": "h2d",
-            "tensor": "h2d",
-            "load": "h2d",
-            "load_state_dict": "h2d",
-        }.get(name, "")
-        return kind, direction
+        return kind, _COPY_DIRECTIONS.get(name, "")
     return kind, (name if kind in ("call", "collective") else "")
 
 
@@ -397,27 +385,21 @@ def place(
         return hit[0]
     if kind is None:
         kind, detail = kind_at(probe)
+    origin = "user"
+    where: tuple[str, int | None, str] | tuple[()] = ()
     if framework is not None:
-        loc = Location(
-            file=absolute(user.f_code.co_filename),
-            line=user.f_lineno,
-            function=user.f_code.co_name,
-            kind=kind,
-            detail=detail,
-            origin="framework:" + framework_name,
-            framework_file=absolute(framework.f_code.co_filename),
-            framework_line=framework.f_lineno,
-            framework_function=framework.f_code.co_name,
-        )
-    else:
-        loc = Location(
-            file=absolute(user.f_code.co_filename),
-            line=user.f_lineno,
-            function=user.f_code.co_name,
-            kind=kind,
-            detail=detail,
-            origin="user",
-        )
+        code = framework.f_code
+        origin = "framework:" + framework_name
+        where = (absolute(code.co_filename), framework.f_lineno, code.co_name)
+    loc = Location(
+        absolute(user_code.co_filename),
+        user.f_lineno,
+        user_code.co_name,
+        kind,
+        detail,
+        origin,
+        *where,
+    )
     if len(_location_cache) < 100_000:
         _location_cache[key] = (loc, user_code, probe_code)
     return loc

@@ -12,9 +12,6 @@ a checkpoint save, the teardown after the last step).
 innermost mechanism (with the Lightning hook in flight) and the phase of each
 sync.
 
-The module is long because the table is: one reader-facing list of every
-known framework sync, which a contributor would rather see whole.
-
 To add a framework sync: add one :class:`Mechanism` to :data:`MECHANISMS` with
 the functions it lives in, prove its fix on a GPU (docs/frameworks.md), and add
 a row to ``tests/detect/test_frameworks.py``.
@@ -23,6 +20,7 @@ a row to ``tests/detect/test_frameworks.py``.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
@@ -48,7 +46,6 @@ class Mechanism:
 
     Attributes:
         name: A short stable name, recorded in each site's ``mechanisms``.
-        framework: The package that makes the sync.
         functions: Where it lives: ``"package/path.py:function"`` (``*`` for
             any function of the file); the innermost match on the stack wins.
         why: One sentence: what the framework reads on the host, and when.
@@ -62,12 +59,16 @@ class Mechanism:
     """
 
     name: str
-    framework: str
     functions: tuple[str, ...]
     why: str
     fix: str = ""
     no_fix: str = ""
     direct: bool = False
+
+    @property
+    def framework(self) -> str:
+        """The package that makes the sync: the first folder of its first function."""
+        return self.functions[0].split("/", 1)[0]
 
     @property
     def hint(self) -> str:
@@ -79,7 +80,6 @@ class Mechanism:
 _LIGHTNING = (
     Mechanism(
         "batch_transfer",
-        "lightning",
         (
             "lightning/pytorch/core/module.py:_apply_batch_transfer_handler",
             "lightning/pytorch/core/hooks.py:transfer_batch_to_device",
@@ -92,7 +92,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "prog_bar",
-        "lightning",
         ("lightning/pytorch/trainer/connectors/logger_connector/result.py:metrics",),
         why="values logged with prog_bar=True are converted to Python numbers (.item()) after "
         "every batch, even with the progress bar disabled or throttled",
@@ -101,7 +100,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "logger",
-        "lightning",
         ("lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py:log_metrics",),
         why="logged values are converted to Python numbers for the loggers every "
         "log_every_n_steps training steps, and at every validation step for on_step=True values",
@@ -110,7 +108,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "self_log",
-        "lightning",
         (
             "lightning/pytorch/core/module.py:log",
             "lightning/pytorch/core/module.py:log_dict",
@@ -122,7 +119,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "sync_dist",
-        "lightning",
         ("lightning/fabric/utilities/distributed.py:_sync_ddp",),
         why="self.log(..., sync_dist=True) reduces each step value across ranks behind a "
         "torch.distributed barrier, which waits for the device",
@@ -131,7 +127,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "results_to_cpu",
-        "lightning",
         (
             "lightning/pytorch/trainer/connectors/logger_connector/result.py:cpu",
             "lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py:teardown",
@@ -141,7 +136,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "dataloader_length",
-        "lightning",
         ("lightning/pytorch/utilities/data.py:has_len_all_ranks",),
         why="the dataloader length is copied to the device, reduced across ranks and read on "
         "the host",
@@ -149,14 +143,12 @@ _LIGHTNING = (
     ),
     Mechanism(
         "finite_loss_check",
-        "lightning",
         ("lightning/pytorch/loops/utilities.py:check_finite_loss",),
         why="Trainer(detect_anomaly=True) checks that the loss is finite after every step",
         fix="Trainer(detect_anomaly=False) outside debugging",
     ),
     Mechanism(
         "ddp_decision",
-        "lightning",
         ("lightning/pytorch/strategies/parallel.py:reduce_boolean_decision",),
         why="a decision (stop, save a checkpoint) is reduced across ranks and read on the host",
         fix="fine at epoch ends; if it runs every batch, check less often (val_check_interval, "
@@ -164,7 +156,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "sigterm_check",
-        "lightning",
         ("lightning/pytorch/loops/training_epoch_loop.py:_broadcast_sigterm_tensor",),
         why="under DDP, every training step broadcasts the SIGTERM flag from rank 0 and reads "
         "it on the host (Lightning issue #21487)",
@@ -172,14 +163,12 @@ _LIGHTNING = (
     ),
     Mechanism(
         "checkpoint",
-        "lightning",
         ("lightning/pytorch/callbacks/model_checkpoint.py:*",),
         why="ModelCheckpoint reads the monitored value on the host",
         fix="check less often (every_n_train_steps, every_n_epochs)",
     ),
     Mechanism(
         "early_stopping",
-        "lightning",
         ("lightning/pytorch/callbacks/early_stopping.py:*",),
         why="EarlyStopping reads the monitored value on the host (and checks it is finite)",
         fix="check less often (check_on_train_epoch_end, fewer validation runs); "
@@ -187,7 +176,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "progress_bar",
-        "lightning",
         (
             "lightning/pytorch/callbacks/progress/rich_progress.py:*",
             "lightning/pytorch/callbacks/progress/tqdm_progress.py:*",
@@ -198,7 +186,6 @@ _LIGHTNING = (
     ),
     Mechanism(
         "model_to_device",
-        "lightning",
         (
             "lightning/pytorch/strategies/strategy.py:model_to_device",
             "lightning/pytorch/strategies/strategy.py:teardown",
@@ -213,7 +200,6 @@ _LIGHTNING = (
 _HUGGING_FACE = (
     Mechanism(
         "packed_sequence_check",
-        "transformers",
         ("transformers/masking_utils.py:find_packed_sequence_indices",),
         why="with no attention_mask and no KV cache, every forward checks on the host whether "
         "the batch holds packed sequences (bool of .all()); the Trainer turns the cache off "
@@ -224,7 +210,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "sdpa_mask_check",
-        "transformers",
         ("transformers/masking_utils.py:_ignore_causal_mask_sdpa",),
         why="with a 2-D attention_mask, SDPA attention checks on the host whether the mask can "
         "be dropped for a plain causal mask",
@@ -233,7 +218,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "loss_nan_filter",
-        "transformers",
         ("transformers/trainer.py:_run_epoch",),
         why="TrainingArguments(logging_nan_inf_filter=True), the default, checks every "
         "micro-batch's loss for NaN or Inf on the host (two reads) before adding it to the "
@@ -243,7 +227,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "hf_logging",
-        "transformers",
         ("transformers/trainer.py:_maybe_log_save_evaluate",),
         why="at each logging step the Trainer reads the accumulated loss and the gradient norm "
         "with .item()",
@@ -253,7 +236,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "token_count",
-        "transformers",
         ("transformers/trainer.py:_track_num_input_tokens",),
         why="include_num_input_tokens_seen copies each micro-batch's token count to the "
         "device, gathers it and reads it back",
@@ -261,7 +243,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "store_flos",
-        "transformers",
         ("transformers/trainer.py:store_flos",),
         why="under DDP the Trainer sums the FLOP count across ranks through the device at "
         "every log and save",
@@ -269,21 +250,18 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "eval_to_cpu",
-        "transformers",
         ("transformers/trainer_pt_utils.py:nested_numpify",),
         why="evaluation copies its accumulated losses, predictions and labels to the host",
         no_fix="once per evaluation (eval_accumulation_steps adds more copies, not fewer)",
     ),
     Mechanism(
         "train_loss_total",
-        "transformers",
         ("transformers/trainer.py:_finalize_training",),
         why="after the last step the Trainer reads the total loss for train_loss",
         no_fix="once per train(), after the last step",
     ),
     Mechanism(
         "send_to_device",
-        "accelerate",
         ("accelerate/utils/operations.py:send_to_device",),
         why="accelerate's dataloader copies each batch tensor to the device with "
         "non_blocking=False, which waits for the device queue",
@@ -294,7 +272,6 @@ _HUGGING_FACE = (
     ),
     Mechanism(
         "pad_across_processes",
-        "accelerate",
         ("accelerate/utils/operations.py:pad_across_processes",),
         why="evaluation pads logits and labels across processes by sending each tensor's shape "
         "through the device and back, four reads per batch, even on one GPU",
@@ -305,7 +282,6 @@ _HUGGING_FACE = (
 _TORCHMETRICS = (
     Mechanism(
         "nan_check",
-        "torchmetrics",
         ("torchmetrics/aggregation.py:_cast_and_nan_check_input",),
         why="aggregation metrics (MeanMetric, SumMetric, MaxMetric, MinMetric, CatMetric) look "
         "for NaN in every update (two host reads) under every nan_strategy but 'disable'",
@@ -314,14 +290,12 @@ _TORCHMETRICS = (
     ),
     Mechanism(
         "metric_python_number",
-        "torchmetrics",
         ("torchmetrics/aggregation.py:update",),
         why="update() with a Python number copies it to the device on every call",
         fix="pass a tensor that is already on the device (loss, not loss.item())",
     ),
     Mechanism(
         "compute_groups",
-        "torchmetrics",
         ("torchmetrics/collections.py:_equal_metric_states",),
         why="MetricCollection(compute_groups=True) compares the metrics' states on the host at "
         "the first update to find groups",
@@ -332,7 +306,6 @@ _TORCHMETRICS = (
 _TORCH = (
     Mechanism(
         "grad_scaler_step",
-        "torch",
         ("torch/amp/grad_scaler.py:_maybe_opt_step",),
         why="with fp16 mixed precision, GradScaler.step reads the inf/NaN check "
         "(found_inf.item()) every optimizer step to decide whether to skip the step",
@@ -342,7 +315,6 @@ _TORCH = (
     ),
     Mechanism(
         "clip_grad_nonfinite",
-        "torch",
         (
             "torch/nn/utils/clip_grad.py:_get_total_norm",
             "torch/nn/utils/clip_grad.py:clip_grad_norm_",
@@ -353,7 +325,6 @@ _TORCH = (
     ),
     Mechanism(
         "save_to_host",
-        "torch",
         ("torch/serialization.py:_save", "safetensors/torch.py:_to_ndarray"),
         why="saving copies each device tensor to host memory with a blocking copy, one per tensor",
         fix="save less often (Lightning: ModelCheckpoint(every_n_epochs=...); HF: save_steps, "
@@ -364,11 +335,7 @@ _TORCH = (
 
 MECHANISMS: tuple[Mechanism, ...] = _LIGHTNING + _HUGGING_FACE + _TORCHMETRICS + _TORCH
 
-# Framework functions that mark the phase of a run: "package/path.py:function"
-# -> phase, or a function of the frame that returns the phase. The innermost
-# marker on the stack wins, and the walk stops there.
 Marker = str | Callable[[FrameType], str | None] | None
-PHASES: dict[str, str | Callable[[FrameType], str | None]] = {}
 
 
 def _evaluation_stage(frame: FrameType) -> str | None:
@@ -382,43 +349,44 @@ def _evaluation_stage(frame: FrameType) -> str | None:
     )
 
 
-PHASES.update(
-    {
-        "lightning/pytorch/loops/fit_loop.py:run": "train",
-        "lightning/pytorch/loops/fit_loop.py:advance": "train",
-        "lightning/pytorch/loops/training_epoch_loop.py:run": "train",
-        "lightning/pytorch/loops/training_epoch_loop.py:advance": "train",
-        "lightning/pytorch/loops/evaluation_loop.py:run": _evaluation_stage,
-        "lightning/pytorch/loops/prediction_loop.py:run": "predict",
-        "lightning/pytorch/trainer/trainer.py:_teardown": "teardown",
-        "lightning/pytorch/trainer/trainer.py:save_checkpoint": "checkpoint",
-        "transformers/trainer.py:_inner_training_loop": "train",
-        "transformers/trainer.py:evaluate": "validate",
-        "transformers/trainer.py:predict": "predict",
-        "transformers/trainer.py:_save_checkpoint": "checkpoint",
-        "transformers/trainer.py:save_model": "checkpoint",
-        "transformers/trainer.py:_finalize_training": "teardown",
-        "transformers/trainer.py:_load_best_model": "teardown",
-        # torch.compile at work: dynamo tracing a frame, inductor compiling a
-        # graph (the backward one at the first backward), and inductor's
-        # autotuning, which times kernels at their first call (a cold cache).
-        "torch/_dynamo/convert_frame.py:_compile": "compile",
-        "torch/_inductor/compile_fx.py:compile_fx_inner": "compile",
-        "torch/_inductor/compile_fx.py:fx_codegen_and_compile": "compile",
-        "torch/_inductor/runtime/triton_heuristics.py:precompile": "compile",
-        "torch/_inductor/runtime/triton_heuristics.py:benchmark_all_configs": "compile",
-        "torch/_inductor/runtime/triton_heuristics.py:autotune_to_one_config": "compile",
-        "torch/_inductor/runtime/benchmarking.py:benchmark": "compile",
-        "torch/_inductor/runtime/benchmarking.py:benchmark_gpu": "compile",
-        "torch/_inductor/runtime/coordinate_descent_tuner.py:autotune": "compile",
-        "torch/_inductor/select_algorithm.py:__call__": "compile",
-        # mode="reduce-overhead": CUDA-graph trees' warm-up runs and recordings,
-        # once per graph (a replay is none of these).
-        "torch/_inductor/cudagraph_trees.py:run_eager": "compile",
-        "torch/_inductor/cudagraph_trees.py:record_function": "compile",
-        "torch/_inductor/cudagraph_trees.py:_allocate_and_copy_recording_inputs": "compile",
-    }
-)
+# Framework functions that mark the phase of a run: "package/path.py:function"
+# -> phase, or a function of the frame that returns the phase. The innermost
+# marker on the stack wins, and the walk stops there.
+PHASES: dict[str, str | Callable[[FrameType], str | None]] = {
+    "lightning/pytorch/loops/fit_loop.py:run": "train",
+    "lightning/pytorch/loops/fit_loop.py:advance": "train",
+    "lightning/pytorch/loops/training_epoch_loop.py:run": "train",
+    "lightning/pytorch/loops/training_epoch_loop.py:advance": "train",
+    "lightning/pytorch/loops/evaluation_loop.py:run": _evaluation_stage,
+    "lightning/pytorch/loops/prediction_loop.py:run": "predict",
+    "lightning/pytorch/trainer/trainer.py:_teardown": "teardown",
+    "lightning/pytorch/trainer/trainer.py:save_checkpoint": "checkpoint",
+    "transformers/trainer.py:_inner_training_loop": "train",
+    "transformers/trainer.py:evaluate": "validate",
+    "transformers/trainer.py:predict": "predict",
+    "transformers/trainer.py:_save_checkpoint": "checkpoint",
+    "transformers/trainer.py:save_model": "checkpoint",
+    "transformers/trainer.py:_finalize_training": "teardown",
+    "transformers/trainer.py:_load_best_model": "teardown",
+    # torch.compile at work: dynamo tracing a frame, inductor compiling a
+    # graph (the backward one at the first backward), and inductor's
+    # autotuning, which times kernels at their first call (a cold cache).
+    "torch/_dynamo/convert_frame.py:_compile": "compile",
+    "torch/_inductor/compile_fx.py:compile_fx_inner": "compile",
+    "torch/_inductor/compile_fx.py:fx_codegen_and_compile": "compile",
+    "torch/_inductor/runtime/triton_heuristics.py:precompile": "compile",
+    "torch/_inductor/runtime/triton_heuristics.py:benchmark_all_configs": "compile",
+    "torch/_inductor/runtime/triton_heuristics.py:autotune_to_one_config": "compile",
+    "torch/_inductor/runtime/benchmarking.py:benchmark": "compile",
+    "torch/_inductor/runtime/benchmarking.py:benchmark_gpu": "compile",
+    "torch/_inductor/runtime/coordinate_descent_tuner.py:autotune": "compile",
+    "torch/_inductor/select_algorithm.py:__call__": "compile",
+    # mode="reduce-overhead": CUDA-graph trees' warm-up runs and recordings,
+    # once per graph (a replay is none of these).
+    "torch/_inductor/cudagraph_trees.py:run_eager": "compile",
+    "torch/_inductor/cudagraph_trees.py:record_function": "compile",
+    "torch/_inductor/cudagraph_trees.py:_allocate_and_copy_recording_inputs": "compile",
+}
 
 # Lightning's hook callers hold the name of the hook in flight in `hook_name`.
 _HOOK_CALLERS = frozenset(
@@ -466,14 +434,11 @@ def package_path(filename: str) -> str | None:
         'lightning/fabric/utilities/apply_func.py'
     """
     path = filename.replace(os.sep, "/")
-    best: tuple[int, str] | None = None
-    for marker, prefix in _ROOTS:
-        i = path.rfind(marker)
-        # The innermost package wins (transformers vendored under another
-        # package's folder), i.e. the marker found furthest to the right.
-        if i >= 0 and (best is None or i > best[0]):
-            best = (i, prefix + path[i + len(marker) :])
-    return best[1] if best is not None else None
+    # The innermost package wins (transformers vendored under another
+    # package's folder), i.e. the marker found furthest to the right.
+    marker, prefix = max(_ROOTS, key=lambda root: path.rfind(root[0]))
+    i = path.rfind(marker)
+    return prefix + path[i + len(marker) :] if i >= 0 else None
 
 
 Function = tuple["str | None", bool, Marker, bool]
@@ -494,7 +459,8 @@ def file_entry(filename: str) -> tuple[bool, dict[str, Function] | None]:
         >>> file_entry("/sp/lightning/pytorch/loops/fit_loop.py")[1]["run"]
         (None, False, 'train', False)
     """
-    real = _real(filename)
+    category, package = classify_file(filename)
+    real = category not in (OWN, TORCH) and not (category == LIBRARY and package == "python")
     rel = package_path(filename)
     if rel is None:
         return real, None
@@ -516,11 +482,6 @@ def file_entry(filename: str) -> tuple[bool, dict[str, Function] | None]:
     return real, functions
 
 
-def _real(filename: str) -> bool:
-    category, name = classify_file(filename)
-    return category not in (OWN, TORCH) and not (category == LIBRARY and name == "python")
-
-
 # Packages whose functions mark phases; without one of them imported, no sync
 # can be inside such a function and the walk looks only for mechanisms.
 PHASE_PACKAGES = ("lightning", "pytorch_lightning", "transformers", "torch._dynamo")
@@ -539,12 +500,8 @@ def mechanism_fixes(mechanisms: Any) -> str | None:
         >>> mechanism_fixes([("prog_bar (on_train_batch_end)", 3), ("logger", 1)]).split(" | ")[1]
         'logger: raise Trainer(log_every_n_steps=...), log with on_step=False, or logger=False for values no logger needs'
     """
-    totals: dict[str, int] = {}
+    totals: Counter[str] = Counter()
     for name, n in mechanisms:
-        base = name.split(" (", 1)[0]
-        if base in _BY_NAME:
-            totals[base] = totals.get(base, 0) + n
-    if not totals:
-        return None
-    ordered = sorted(totals, key=lambda k: -totals[k])
-    return " | ".join(f"{name}: {_BY_NAME[name].hint}" for name in ordered)
+        totals[name.split(" (", 1)[0]] += n
+    known = [name for name, _ in totals.most_common() if name in _BY_NAME]
+    return " | ".join(f"{name}: {_BY_NAME[name].hint}" for name in known) or None

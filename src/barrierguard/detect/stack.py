@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from dataclasses import InitVar, dataclass, field
 from types import CodeType, FrameType
 
 from barrierguard.detect import frameworks
@@ -34,6 +35,7 @@ from barrierguard.detect.frames import FRAMEWORK, OWN, USER, Location, classify_
 __all__ = ["Sync", "annotate", "forget", "observe"]
 
 
+@dataclass(slots=True, eq=False)
 class Sync:
     """One sync as the engines hand it to the recorders.
 
@@ -44,15 +46,9 @@ class Sync:
         phase: The phase the stack shows (the innermost marker's), or ``None``.
     """
 
-    __slots__ = ("loc", "mechanism", "phase")
-
-    def __init__(self, loc: Location, mechanism: str | None = None, phase: str | None = None):
-        self.loc = loc
-        self.mechanism = mechanism
-        self.phase = phase
-
-    def __repr__(self) -> str:
-        return f"Sync({self.loc!r}, mechanism={self.mechanism!r}, phase={self.phase!r})"
+    loc: Location
+    mechanism: str | None = None
+    phase: str | None = None
 
 
 # What a source file is, as flags (the walk tests a frame's flags first).
@@ -62,6 +58,7 @@ _FRAMEWORK = 4  # a framework's code (its name in the entry)
 _REAL = 8  # a frame that can be the one that synchronized (not torch's core nor stdlib)
 _TABLE = 16  # a file with functions in the framework tables
 _MARKS = 32  # ... among them a phase marker or a hook caller
+_CATEGORY_FLAGS = {OWN: _OWN, USER: _USER, FRAMEWORK: _FRAMEWORK}
 # What a function of the framework tables is.
 _MECHANISM = 1
 _DIRECT = 2  # ... a mechanism that counts only syncs made in the function itself
@@ -99,21 +96,14 @@ def _function(entry: frameworks.Function) -> _Function:
 def _learn(filename: str) -> _File:
     category, name = classify_file(filename)
     real, functions = frameworks.file_entry(filename)
-    flags = (
-        (_OWN if category == OWN else 0)
-        | (_USER if category == USER else 0)
-        | (_FRAMEWORK if category == FRAMEWORK else 0)
-        | (_REAL if real else 0)
-        | (_TABLE if functions is not None else 0)
-    )
+    flags = _CATEGORY_FLAGS.get(category, 0) | (_REAL if real else 0)
+    flags |= _TABLE if functions is not None else 0
     table: dict[str, _Function] | None = None
     other: _Function | None = None
     if functions is not None:
-        table = {k: _function(v) for k, v in functions.items() if k != "*"}
-        if "*" in functions:
-            other = _function(functions["*"])
-        every = [*table.values(), *([other] if other is not None else [])]
-        if any(fn[0] & (_MARKER | _CALLER) for fn in every):
+        table = {k: _function(v) for k, v in functions.items()}
+        other = table.pop("*", None)
+        if any(fn[0] & (_MARKER | _CALLER) for fn in (*table.values(), other or _NONE)):
             flags |= _MARKS
     entry: _File = (flags, name, table, other)
     if len(_files) < 100_000:
@@ -144,23 +134,20 @@ _NONE: _Function = (0, None, None)
 
 
 class _Anchors:
-    """Two frames that earlier walks passed, and what lies outward of each.
+    """Frames that earlier walks passed, and what lies outward of each.
 
-    A frame object is one activation for as long as it lives, and the frames
-    outward of a live one do not change: a walk that meets the same object
-    (``is``) knows the rest without walking it. ``located``: a frame past
-    which, the search being over, only the location was missing (the frame
-    after a phase marker, inside a framework's loop), with the user's frame
-    and the first framework frame from it on (when the walk noted it: a walk
-    that had met one already only looked for the user's frame), and how many
-    frames outward of it each lies. ``searched``: a frame from which
-    no function of the framework tables lies on the way to the root (a plain
-    loop). Each is one slot, replaced when a walk misses it, and dropped at
-    every step boundary and when an engine uninstalls (:func:`forget`), so
-    that no finished frame is held for long. ``last``: the frame of the last
-    sync, with the instruction it was at and the sync found there: a loop
-    that reads a value in its own body meets the same frame at the same
-    instruction every step, and gets the sync without a walk.
+    A frame object is one activation while it lives, and the frames outward
+    of a live one do not change: a walk that meets the same object (``is``)
+    knows the rest without walking it. ``located``: a frame past which only
+    the location was missing (the frame after a phase marker, inside a
+    framework's loop), with the user's frame and the first framework frame
+    from it on (when the walk noted it), and how far outward each lies.
+    ``searched``: a frame with no table function between it and the root (a
+    plain loop). ``last``: the last sync's frame, its instruction and the sync
+    found: a loop that reads a value in its own body meets them every step and
+    skips the walk. Each slot is replaced when a walk misses it and dropped at
+    every step boundary and uninstall (:func:`forget`): no finished frame is
+    held for long.
     """
 
     located: tuple[FrameType, FrameType, FrameType | None, str, bool, int, int] | None = None
@@ -176,60 +163,36 @@ class _Anchors:
 _anchors = _Anchors()
 
 
+@dataclass(slots=True, eq=False)
 class _Route:
     """What a walk's answer came from, by depth outward of the sync's frame.
 
-    A sync met again at the same instruction of the same code is the same
-    sync when the frames the answer came from are where they were: the
-    probes (the user's frame, the framework frame, the frame that called the
-    sync's, each at its depth and instruction; the frames of the mechanism,
-    the hook caller and the phase markers, at their depths), read with
-    ``sys._getframe(depth)``, which makes no frame object on the way. Two
-    user lines that reach one framework sync are two routes (the user's
-    frame's instruction). When the search for a phase ran out (to the root,
-    or its depth limit) outward of the user's frame, ``outer`` holds the frame
-    just outward of it: the route holds while that very frame lives.
+    A sync met again at the same instruction of the same code is the same sync
+    while the frames its answer came from are where they were: the probes (the
+    user's, the framework's and the sync's caller's frames, at their depths and
+    instructions; the mechanism's, the hook caller's and the phase markers',
+    at their depths), read with ``sys._getframe(depth)``, which makes no frame
+    object. When the search for a phase ran out outward of the user's frame,
+    ``outer`` holds the frame just outward of it: the route holds while it lives.
     """
 
-    __slots__ = (
-        "caller",
-        "code",
-        "kept",
-        "loc",
-        "markers",
-        "mechanism",
-        "outer",
-        "phase",
-        "phases",
-        "probes",
-        "sync",
-    )
+    code: CodeType  # the sync's frame's (its id is the key)
+    kept: bool  # whether the sync's frame is the user's own (kept as the last)
+    probes: tuple[tuple[int, CodeType, int], ...]
+    outer: tuple[int, FrameType] | None
+    markers: tuple[tuple[int, frameworks.Marker], ...]
+    phase: str | None
+    phases: bool
+    caller: int
+    mechanism: str | None
+    found: InitVar[Sync]
+    loc: Location = field(init=False)
+    sync: Sync | None = field(init=False)
 
-    def __init__(
-        self,
-        code: CodeType,
-        kept: bool,
-        probes: tuple[tuple[int, CodeType, int], ...],
-        outer: tuple[int, FrameType] | None,
-        markers: tuple[tuple[int, frameworks.Marker], ...],
-        phase: str | None,
-        phases: bool,
-        caller: int,
-        mechanism: str | None,
-        found: Sync,
-    ) -> None:
-        self.code = code  # the sync's frame's (its id is the key)
-        self.kept = kept  # whether the sync's frame is the user's own (kept as the last)
-        self.probes = probes
-        self.outer = outer
-        self.markers = markers
-        self.phase = phase
-        self.phases = phases
-        self.caller = caller
-        self.mechanism = mechanism
+    def __post_init__(self, found: Sync) -> None:
         self.loc = found.loc
         # Nothing to read again at each sync: the same answer every time.
-        static = caller < 0 and all(isinstance(m, str) for _, m in markers)
+        static = self.caller < 0 and all(isinstance(m, str) for _, m in self.markers)
         self.sync = found if static else None
 
 
@@ -300,21 +263,19 @@ def forget(live: bool = False) -> None:
     _held[:] = kept
 
 
+@dataclass(slots=True, eq=False)
 class _Trace:
     """What a walk notes for a route: the depth and frame of each of its answers' sources."""
 
-    __slots__ = ("caller", "complete", "framework", "innermost", "markers", "mechanism", "user")
-
-    def __init__(self) -> None:
-        self.innermost = -1
-        self.framework = -1
-        self.user = -1
-        self.mechanism: tuple[int, FrameType] | None = None
-        self.caller: tuple[int, FrameType] | None = None
-        self.markers: list[tuple[int, FrameType, frameworks.Marker]] = []
-        # How the search ended: -1 decided (a phase, or a mechanism with no
-        # phase possible), else the depth where it ran out (None: no route).
-        self.complete: int | None = -1
+    innermost: int = -1
+    framework: int = -1
+    user: int = -1
+    mechanism: tuple[int, FrameType] | None = None
+    caller: tuple[int, FrameType] | None = None
+    markers: list[tuple[int, FrameType, frameworks.Marker]] = field(default_factory=list)
+    # How the search ended: -1 decided (a phase, or a mechanism with no
+    # phase possible), else the depth where it ran out (None: no route).
+    complete: int | None = -1
 
 
 def _walk(
@@ -536,12 +497,9 @@ def _learn_route(
         caller_of_sync = frame.f_back
         if caller_of_sync is not None:
             probes.setdefault(1, (1, caller_of_sync.f_code, caller_of_sync.f_lasti))
-    for at in (trace.mechanism, trace.caller):
+    for at in (trace.mechanism, trace.caller, *trace.markers):
         if at is not None and at[0] > 0:
             probes.setdefault(at[0], (at[0], at[1].f_code, -1))
-    for depth, f, _ in trace.markers:
-        if depth > 0:
-            probes.setdefault(depth, (depth, f.f_code, -1))
     base_mechanism = mechanism.split(" (", 1)[0] if mechanism is not None else None
     route = _Route(
         frame.f_code,

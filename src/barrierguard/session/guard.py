@@ -1,20 +1,22 @@
 """The guard: one watching session, its steps, its records and its policy.
 
-It stays one module of some 590 lines because :class:`Guard` is one object
-whose parts share one lock and one hot path: the lifecycle installs what the
-recording path reads, and the policy acts inside the recording. Per-site
-records and messages are in ``sites``, ``watch()`` in ``watch``.
+It stays one module because :class:`Guard` is one object whose parts share
+one lock and one hot path: the lifecycle installs what the recording path
+reads, and the policy acts inside the recording. Per-site records and messages
+are in ``site_stats``, ``watch()`` in ``watch``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -60,31 +62,22 @@ APART_PHASES = frozenset(
 )
 
 
-def _thread_name(ident: int) -> str:
-    for thread in threading.enumerate():
-        if thread.ident == ident:
-            return thread.name
-    return f"thread-{ident}"
+def _make_engine(requested: str) -> hub.Engine:
+    if requested != "audit" and _env.cuda_available():
+        from barrierguard.detect.cuda import CudaEngine
 
-
-def _pick_engine(requested: str) -> tuple[str, list[str]]:
-    notes: list[str] = []
+        return CudaEngine()
     if requested == "cuda":
-        if not _env.cuda_available():
-            raise BarrierGuardError(
-                "watch(engine='cuda') needs a CUDA device, but torch.cuda.is_available() is "
-                "False here; use engine='auto' (CUDA when available, else the CPU audit) or "
-                "engine='audit'"
-            )
-        return "cuda", notes
-    if requested == "auto" and _env.cuda_available():
-        return "cuda", notes
+        raise BarrierGuardError(
+            "watch(engine='cuda') needs a CUDA device, but torch.cuda.is_available() is "
+            "False here; use engine='auto' (CUDA when available, else the CPU audit) or "
+            "engine='audit'"
+        )
     # "audit" anywhere, and "auto" without CUDA: the CPU audit reasons about
     # which lines would sync on a GPU.
-    from barrierguard.detect.audit import NOTE
+    from barrierguard.detect.audit import AuditEngine
 
-    notes.append(NOTE)
-    return "audit", notes
+    return AuditEngine()
 
 
 def _make_timeline() -> StepTimeline:
@@ -94,16 +87,7 @@ def _make_timeline() -> StepTimeline:
     return StepTimeline()
 
 
-def _make_engine(name: str) -> hub.Engine:
-    if name == "cuda":
-        from barrierguard.detect.cuda import CudaEngine
-
-        return CudaEngine()
-    from barrierguard.detect.audit import AuditEngine
-
-    return AuditEngine()
-
-
+@dataclass(slots=True, eq=False)
 class _Quiet:
     """A settled site (see ``Guard._settle``), and its tally of repeats since its last count.
 
@@ -114,31 +98,17 @@ class _Quiet:
     the counters at the step's end, or when a report is made.
     """
 
-    __slots__ = (
-        "guard_phase",
-        "mechanism",
-        "n",
-        "phase",
-        "stall",
-        "stats",
-        "step",
-        "sync",
-        "timed",
-        "violating",
-    )
-
-    def __init__(self, stats: SiteStats) -> None:
-        self.stats = stats
-        # Whether its syncs count against the policy (a blocking site not allowed).
-        self.violating = stats.blocking and not stats.allowed
-        self.sync: Sync | None = None
-        self.step = -1
-        self.guard_phase: str | None = None
-        self.mechanism: str | None = None
-        self.phase: str | None = None
-        self.n = 0
-        self.stall = 0.0
-        self.timed = 0
+    stats: SiteStats
+    # Whether its syncs count against the policy (a blocking site not allowed).
+    violating: bool
+    sync: Sync | None = None
+    step: int = -1
+    guard_phase: str | None = None
+    mechanism: str | None = None
+    phase: str | None = None
+    n: int = 0
+    stall: float = 0.0
+    timed: int = 0
 
 
 class Guard:
@@ -240,46 +210,46 @@ class Guard:
                 cannot run here (``engine='cuda'`` without CUDA).
         """
         with self._life:
-            return self._start()
+            if self._running:
+                raise BarrierGuardError(
+                    "this guard is already running - did you call start() twice? Create a "
+                    "second guard with watch() instead"
+                )
+            hub.tidy()
+            engine = _make_engine(self._options.engine)
+            self._engine_name = name = engine.name
+            if name == "audit":
+                from barrierguard.detect.audit import NOTE
 
-    def _start(self) -> Guard:
-        if self._running:
-            raise BarrierGuardError(
-                "this guard is already running - did you call start() twice? Create a "
-                "second guard with watch() instead"
-            )
-        hub.tidy()
-        name, notes = _pick_engine(self._options.engine)
-        engine = _make_engine(name)
-        self._engine_name = name
-        for note in notes:
-            if note not in self._notes:
-                self._notes.append(note)
-        if not self._env:
-            self._env = _env.environment(name)
-        self._thread_ident = threading.get_ident()
-        hub.attach(self, engine)
-        try:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
+                self.note(NOTE)
+            if not self._env:
+                self._env = _env.environment(name)
+            self._thread_ident = threading.get_ident()
+            hub.attach(self, engine)
+            try:
+                from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
-            watch_loaders(self._on_loader_end)
-        except BaseException:
-            if self._hook_handle is not None:
-                self._hook_handle.remove()
-                self._hook_handle = None
-            hub.detach(self, name)
-            raise
-        self._running = True
-        self._started = time.perf_counter()
-        self._start_memory()
-        self._start_timeline()
-        try:
-            self._compile.start()
-            self._arm_call_probe()
-        except Exception as exc:
-            self.fault(exc)
-        return self
+                self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+                watch_loaders(self._on_loader_end)
+            except BaseException:
+                if self._hook_handle is not None:
+                    self._hook_handle.remove()
+                    self._hook_handle = None
+                hub.detach(self, name)
+                raise
+            self._running = True
+            self._started = time.perf_counter()
+            self._start_memory()
+            if name == "cuda":  # step timing reads CUDA events
+                with self._faults_noted():
+                    if self._timeline is None:
+                        self._timeline = _make_timeline()
+                        self.add_step_listener(self._timeline.on_step)
+                    self._timeline.start(self._steps)
+            with self._faults_noted():
+                self._compile.start()
+                self._arm_call_probe()
+            return self
 
     def _arm_call_probe(self) -> None:
         name = self._options.capture_probe
@@ -295,23 +265,11 @@ class Guard:
         )
         self._call_probe.arm()
 
-    def _start_timeline(self) -> None:
-        # Step timing reads CUDA events: only where the CUDA engine runs.
-        if self._engine_name != "cuda":
-            return
-        try:
-            if self._timeline is None:
-                self._timeline = _make_timeline()
-                self.add_step_listener(self._timeline.on_step)
-            self._timeline.start(self._steps)
-        except Exception as exc:
-            self.fault(exc)
-
     def _start_memory(self) -> None:
         opts = self._options
         if not opts.memory:
             return
-        try:
+        with self._faults_noted():
             if self._memory is None:
                 from barrierguard.session.memory import MemoryMonitor, default_probes
 
@@ -327,8 +285,6 @@ class Guard:
                 self.add_step_listener(self._memory.on_step)
             self._memory.thread_ident = self._thread_ident
             self._memory.start(self._steps)
-        except Exception as exc:
-            self.fault(exc)
 
     def stop(self) -> Report:
         """Remove every hook, restore every global, and return the report.
@@ -351,38 +307,37 @@ class Guard:
                 return self.report
             self._running = False
             self._elapsed += time.perf_counter() - self._started
-            return self._uninstall(act)
-
-    def _uninstall(self, act: bool) -> Report:
-        try:
-            if self._hook_handle is not None:
-                self._hook_handle.remove()
-                self._hook_handle = None
-        finally:
-            hub.detach(self, self._engine_name)
-            unwatch_loaders(self._on_loader_end)
-            self._end_loop(act)
+            memory_error: MemoryGrowthError | None = None
             try:
-                self._compile.stop()
-                self._disarm_call_probe()
-            except Exception as exc:
-                self.fault(exc)
-            memory_error = self._stop_memory(act)
-            if self._timeline is not None:
-                try:
-                    self._timeline.stop()
-                except Exception as exc:
-                    self.fault(exc)
-        report = self.report
-        if self._options.out is not None:
-            self._save(report, self._options.out)
-        if self._deferred:
-            err = self._deferred[0]
-            self._deferred.clear()
-            raise err
-        if memory_error is not None:
-            raise memory_error
-        return report
+                if self._hook_handle is not None:
+                    self._hook_handle.remove()
+                    self._hook_handle = None
+            finally:
+                hub.detach(self, self._engine_name)
+                unwatch_loaders(self._on_loader_end)
+                self._end_loop(act)
+                with self._faults_noted():
+                    self._compile.stop()
+                    self._disarm_call_probe()
+                with self._faults_noted():
+                    try:
+                        if self._memory is not None:
+                            self._memory.finish(self._steps, act=act)
+                    except MemoryGrowthError as grown:
+                        memory_error = grown
+                if self._timeline is not None:
+                    with self._faults_noted():
+                        self._timeline.stop()
+            report = self.report
+            if self._options.out is not None:
+                self._save(report, self._options.out)
+            if self._deferred:
+                err = self._deferred[0]
+                self._deferred.clear()
+                raise err
+            if memory_error is not None:
+                raise memory_error
+            return report
 
     def _save(self, report: Report, path: str) -> None:
         # A report that cannot be written must not cost the run (the training
@@ -406,17 +361,6 @@ class Guard:
                 f"capture probe: no call of {probe.name!r} after warm-up while watching, "
                 "so nothing was captured"
             )
-
-    def _stop_memory(self, act: bool) -> MemoryGrowthError | None:
-        if self._memory is None:
-            return None
-        try:
-            self._memory.finish(self._steps, act=act)
-        except MemoryGrowthError as err:
-            return err
-        except Exception as exc:
-            self.fault(exc)
-        return None
 
     def __enter__(self) -> Guard:
         lifecycle.enter(self)
@@ -516,10 +460,7 @@ class Guard:
                         if len(self._violations) < _MAX_VIOLATIONS:
                             self._violations.append((stats.loc, step, reason, thread))
                     if opts.policy == "error" and violation:
-                        self._due[key] = SyncError(
-                            message(stats, step, reason),
-                            site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
-                        )
+                        self._due[key] = self._error(stats, step, reason)
                     elif opts.policy != "record" and first_time:
                         actions.append(functools.partial(self._warn, stats, step, reason))
         for act in actions:
@@ -655,6 +596,14 @@ class Guard:
         if first:
             log.warning("%s (recording goes on; the report lists it)", text, exc_info=exc)
 
+    @contextlib.contextmanager
+    def _faults_noted(self) -> Iterator[None]:
+        """Run the block; a fault of barrierguard's inside it is noted, never raised."""
+        try:
+            yield
+        except Exception as exc:
+            self.fault(exc)
+
     def note(self, text: str) -> None:
         """Add ``text`` to the report's notes, once."""
         with self._lock:
@@ -770,10 +719,7 @@ class Guard:
             if opts.policy == "warn":
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
             self._due.pop(loc.key, None)
-            error = SyncError(
-                message(stats, step, reason),
-                site_record(stats, max(0, self._steps - opts.warmup_steps)).to_dict(),
-            )
+            error = self._error(stats, step, reason)
             if ident != self._thread_ident:
                 # Raising in a worker thread would kill it, not the run: the
                 # guard's own thread raises it at stop().
@@ -806,7 +752,7 @@ class Guard:
         if not stats.in_loop or self._options.max_syncs_per_step is not None:
             return
         if stats.allowed or not stats.blocking or len(self._violations) >= _MAX_VIOLATIONS:
-            self._quiet.setdefault(stats.loc, _Quiet(stats))
+            self._quiet.setdefault(stats.loc, _Quiet(stats, stats.blocking and not stats.allowed))
 
     def _fold(self, every: bool = False) -> None:
         """Count the settled sites' tallies (step boundaries, reports; ``every`` at the end).
@@ -890,8 +836,13 @@ class Guard:
         # thread keeps the name it had when first seen.
         name = self._thread_names.get(ident)
         if name is None:
-            name = self._thread_names[ident] = _thread_name(ident)
+            named = (t.name for t in threading.enumerate() if t.ident == ident)
+            name = self._thread_names[ident] = next(named, f"thread-{ident}")
         return name
+
+    def _error(self, stats: SiteStats, step: int, reason: str) -> SyncError:
+        measured = max(0, self._steps - self._options.warmup_steps)
+        return SyncError(message(stats, step, reason), site_record(stats, measured).to_dict())
 
     def _warn(self, stats: SiteStats, step: int, reason: str) -> None:
         loc = stats.loc
@@ -911,15 +862,7 @@ class Guard:
             self._fold()
             stats = list(self._sites.values())
             violations = tuple(
-                Violation(
-                    file=loc.file,
-                    line=loc.line,
-                    kind=loc.kind,
-                    origin=loc.origin,
-                    step=step,
-                    reason=reason,
-                    thread=thread,
-                )
+                Violation(loc.file, loc.line, loc.kind, loc.origin, step, reason, thread)
                 for loc, step, reason, thread in self._violations
             )
             extra = self._violation_count - len(self._violations)
@@ -951,7 +894,7 @@ class Guard:
         warmup = self._options.warmup_steps
         timeline: Timeline | None = None
         if self._timeline is not None:
-            try:
+            with self._faults_noted():
                 from barrierguard.session.timeline import summarize
 
                 tl = self._timeline
@@ -964,16 +907,12 @@ class Guard:
                     warmup,
                     sampling=tl.sampling,
                 )
-            except Exception as exc:
-                self.fault(exc)
         sites = [site_record(s, max(0, steps - warmup)) for s in stats]
         compiled: Any = None
-        try:
+        with self._faults_noted():
             joined = join(sites, self._compile, running=self._running)
             if joined is not None:
                 sites, compiled = list(joined[0]), joined[1]
-        except Exception as exc:
-            self.fault(exc)
         return Report(
             engine=self._engine_name,
             detection=self._engine_name != "none",
