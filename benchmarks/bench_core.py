@@ -56,7 +56,9 @@ Reproduce:
     add the by-part table (a step boundary that probes where the loop's held
     frames were, a framework sync's routes kept from one replay to the next);
     ``benchmarks/results/h200/core_340c4a3_pin2.json`` and ``core_340c4a3_pin2.txt``
-    are ``--pin 2`` at 340c4a3 on a slower host;
+    are ``--pin 2`` at 340c4a3 on a slower host, and
+    ``benchmarks/results/h200/core_74ab12c_pin2.json`` and ``core_74ab12c_pin2.txt``
+    the same at 74ab12c (the by-part rows holding their inner meters' cost);
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
