@@ -64,3 +64,28 @@ def test_audit_times_a_step_with_no_sync(tmp_path: Path) -> None:
     assert gpt["model"] == "mingpt-nano" and data["gpt_ratio"] == gpt["ratio_median"]["audit"]
     (read,) = data["reads"]
     assert read["depth"] == 3 and read["calls"] == 20
+
+
+def test_core_meters_each_part_of_a_step_in_place(
+    fake_cuda: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bench_core
+
+    from barrierguard.detect import cuda as cuda_engine
+
+    # Host tensors stay host tensors: the optimizer's step counters pass through.
+    monkeypatch.setattr(cuda_engine, "_on_device", lambda tensor: tensor.is_cuda)
+    before = cuda_engine._timed_no_args, cuda_engine._timed
+    pp = bench_core.parts("cpu", 5, 1, 32)
+    assert (cuda_engine._timed_no_args, cuda_engine._timed) == before  # meters removed
+    rows = pp["parts"]
+    assert pp["steps"] == 6 * 5
+    assert rows["optimizer hook (with the boundary)"]["calls_per_step"] == 1
+    assert rows["  of which the step boundary"]["calls_per_step"] == 1
+    assert rows["wrapper of to"]["calls_per_step"] == 1
+    # Adam reads each parameter's host step counter (weight and bias): once a step on
+    # a CPU (its single-tensor path), twice on a GPU (its foreach path).
+    assert rows["wrapper of item"]["calls_per_step"] == 2
+    named = sum(r["us_per_step"] for name, r in rows.items() if not name.startswith(" "))
+    assert pp["named_us_per_step"] == pytest.approx(named)
+    assert pp["meter_us"] > 0 and set(pp["thread_us_per_step"]) == {"bare", "watch"}
