@@ -124,7 +124,7 @@ def test_bad_options_are_named(tmp_path: Path) -> None:
 def test_missing_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "transformers", None)
     monkeypatch.delitem(sys.modules, "barrierguard.integrations.hf_callback", raising=False)
-    monkeypatch.delattr(barrierguard, "HFBarrierGuard", raising=False)
+    monkeypatch.delitem(vars(barrierguard), "HFBarrierGuard", raising=False)  # not via __getattr__
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'barrierguard\[hf\]'"):
         barrierguard.HFBarrierGuard()
 
