@@ -290,3 +290,41 @@ def test_a_threads_tally_is_counted_by_that_thread_or_at_the_end(fake_cuda: Fake
     assert mid == 5 - tallied
     # ... and the end counts it.
     assert guard.report.sites[0].count == 5
+
+
+def test_step_listeners_are_called_when_one_is_due() -> None:
+    seen: dict[str, list[int]] = {"sparse": [], "every": []}
+
+    def sparse(step: int) -> int:
+        seen["sparse"].append(step)
+        return step + 3  # its next step
+
+    def every(step: int) -> None:
+        seen["every"].append(step)
+
+    with barrierguard.watch(policy="record", memory=False) as guard:
+        guard.add_step_listener(sparse)
+        for _ in range(7):
+            guard.step()
+        assert seen["sparse"] == [1, 4, 7]
+        guard.add_step_listener(every)  # None: every step, so all are called
+        for _ in range(2):
+            guard.step()
+    assert seen == {"sparse": [1, 4, 7, 8, 9], "every": [8, 9]}
+
+
+def test_a_restarted_guard_asks_its_listeners_again() -> None:
+    seen: list[int] = []
+
+    def sparse(step: int) -> int:
+        seen.append(step)
+        return step + 100
+
+    guard = barrierguard.watch(policy="record", memory=False)
+    guard.add_step_listener(sparse)
+    with guard:
+        guard.step()
+        guard.step()
+    with guard:  # its samplers start again: each says anew when it is due
+        guard.step()
+    assert seen == [1, 3]

@@ -122,20 +122,23 @@ class StepTimeline:
                 self._pool.append(done[1])
             self._done = (step, event)
 
-    def on_step(self, step: int) -> None:
+    def on_step(self, step: int) -> int:
         """At each step end: host time, retire reached events, measure run-ahead.
 
-        Only steps inside a window are timed; any other costs a modulo and a comparison.
+        Only steps inside a window are timed. Returns the next step it needs
+        to see: the next of a window, or the step before the next window.
         """
         phase = (step - self._origin) % self._period
+        last = self._period - 1
+        due = step + 1 if phase + 1 < self._window or phase == last else step + last - phase
         if phase >= self._window:
-            if phase == self._period - 1:
+            if phase == last:
                 self._t_prev = self._clock()  # the next step opens a window
-            return
+            return due
         now = self._clock()
         if self._t_prev is None:
             self._t_prev = now
-            return
+            return due
         self._retire()
         ahead = len(self._pending)
         self._ahead_at[step] = ahead
@@ -145,6 +148,7 @@ class StepTimeline:
         self.ahead.append(ahead)
         # Time our own work out of the next step.
         self._t_prev = self._clock()
+        return due
 
     @property
     def sampling(self) -> str:
