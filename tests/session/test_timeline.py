@@ -156,27 +156,6 @@ def test_only_steps_in_a_window_are_timed() -> None:
     assert device.recorded == 1 + len(tl.steps)
 
 
-@pytest.mark.parametrize(("window", "period"), [(3, 10), (1, 4), (4, 4), (1, 1), (16, 256)])
-def test_the_steps_it_asks_for_are_the_steps_it_times(window: int, period: int) -> None:
-    # Driven only at the steps on_step says it needs (as the guard does), a
-    # timeline times what it times when it sees every step.
-    runs = []
-    for every in (True, False):
-        clock, device = FakeClock(), FakeDevice()
-        tl = StepTimeline(clock=clock, make_event=device.event, window=window, period=period)
-        tl.start(0)
-        due = 1
-        for step in range(1, 600):
-            clock.advance(0.001)
-            device.reach(device.recorded, clock.now)
-            if every or step >= due:
-                due = tl.on_step(step)
-                assert due > step or due == step == 0 or window == period
-        runs.append((tl.steps, tl.host_s, device.recorded))
-    assert runs[0] == runs[1]
-    assert runs[0][0]
-
-
 def test_the_first_window_reports_its_steps_past_setup(
     guard_timeline: tuple[FakeClock, FakeDevice],
 ) -> None:

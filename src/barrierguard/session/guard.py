@@ -178,8 +178,7 @@ class Guard:
         self._started = 0.0
         self._elapsed = 0.0
         self._env: dict[str, str] = {}
-        self._step_listeners: list[Callable[[int], int | None]] = []
-        self._listen_at = 0  # the first step boundary a listener must see
+        self._step_listeners: list[Callable[[int], None]] = []
         self._memory: MemoryMonitor | None = None
         self._timeline: StepTimeline | None = None
         self._compile = CompileWatch()
@@ -239,7 +238,6 @@ class Guard:
                 hub.detach(self, name)
                 raise
             self._running = True
-            self._listen_at = 0  # the samplers start again: each says when it is due
             self._started = time.perf_counter()
             self._start_memory()
             if name == "cuda":  # step timing reads CUDA events
@@ -394,15 +392,9 @@ class Guard:
         self._manual = True
         self._advance()
 
-    def add_step_listener(self, listener: Callable[[int], int | None]) -> None:
-        """Call ``listener(step)`` at step boundaries (samplers hook in here).
-
-        A listener may return the next step it needs to see: boundaries before
-        it, when no other listener needs them, call no listener. ``None``: every
-        boundary.
-        """
+    def add_step_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(step)`` at every step boundary (samplers hook in here)."""
         self._step_listeners.append(listener)
-        self._listen_at = 0
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._probing:
@@ -430,20 +422,13 @@ class Guard:
         stack.forget(live=True)
         step = self._steps
         late = self._close_step() if self._holding or self._due else None
-        if step >= self._listen_at:
-            # Every listener is called when the soonest is due (a sampler
-            # between its samples answers at once).
-            due = 1 << 62
-            for listener in self._step_listeners:
-                wants: int | None = None
-                try:
-                    wants = listener(step)
-                except MemoryGrowthError:
-                    raise  # the error policy's verdict, raised from the step boundary
-                except Exception as exc:
-                    self.fault(exc)
-                due = min(due, step + 1 if wants is None else wants)
-            self._listen_at = due
+        for listener in self._step_listeners:
+            try:
+                listener(step)
+            except MemoryGrowthError:
+                raise  # the error policy's verdict, raised from the step boundary
+            except Exception as exc:
+                self.fault(exc)
         if late is not None:
             raise late
 

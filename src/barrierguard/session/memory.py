@@ -252,7 +252,7 @@ class Sampler:
         self.notes = notes if notes is not None else []
         self.steps: list[int] = []
         self.values: dict[str, list[int | None]] = {}
-        self.next_step = 0  # the step of the next sample
+        self._next = 0
         self._min_stride = 1
         self._cost: float | None = None
         self._step_s: float | None = None
@@ -289,7 +289,7 @@ class Sampler:
         """Called at every step boundary; returns whether a sample was taken."""
         # Steps between samples cost one comparison: the step time is measured
         # over the whole stride, at the next sample.
-        if step < self.next_step:
+        if step < self._next:
             return False
         now = self._clock()
         if self._last_t is not None and step > self._last_step:
@@ -307,7 +307,7 @@ class Sampler:
         else:
             stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (BUDGET * self._step_s))))
         self.stride = max(stride, self._min_stride)
-        self.next_step = step + self.stride
+        self._next = step + self.stride
         # Steps are timed from here, so the sample's own cost is not step time.
         self._last_t, self._last_step = self._clock(), step
         return True
@@ -545,26 +545,19 @@ class MemoryMonitor:
         self.active = True
         self.sampler.sample(step)
 
-    def on_step(self, step: int) -> int | None:
-        """The guard's step listener: sample, and act once a leak is seen.
-
-        Returns the step of the next sample (``None`` once finished).
-        """
-        if not self.active:
-            return None
-        sampler = self.sampler
-        if sampler.on_step(step):
-            self._strides.add(sampler.stride)
-            # Samples are in step order: count the measured ones without a scan.
-            steps = sampler.steps
-            if (
-                not self._acted
-                and self._policy != "record"
-                and len(steps) - bisect.bisect_left(steps, self._warmup) >= self._checkpoint
-            ):
-                self._checkpoint = math.ceil(self._checkpoint * 1.5)
-                self._act(final=False)
-        return sampler.next_step
+    def on_step(self, step: int) -> None:
+        """The guard's step listener: sample, and act once a leak is seen."""
+        if not self.active or not self.sampler.on_step(step):
+            return
+        self._strides.add(self.sampler.stride)
+        if self._acted or self._policy == "record":
+            return
+        # Samples are in step order: count the measured ones without a scan.
+        steps = self.sampler.steps
+        if len(steps) - bisect.bisect_left(steps, self._warmup) < self._checkpoint:
+            return
+        self._checkpoint = math.ceil(self._checkpoint * 1.5)
+        self._act(final=False)
 
     def finish(self, step: int, *, act: bool) -> None:
         """Last sample, release the probes, and act on the final verdict (may raise

@@ -122,23 +122,20 @@ class StepTimeline:
                 self._pool.append(done[1])
             self._done = (step, event)
 
-    def on_step(self, step: int) -> int:
+    def on_step(self, step: int) -> None:
         """At each step end: host time, retire reached events, measure run-ahead.
 
-        Only steps inside a window are timed. Returns the next step it needs
-        to see: the next of a window, or the step before the next window.
+        Only steps inside a window are timed; any other costs a modulo and a comparison.
         """
         phase = (step - self._origin) % self._period
-        last = self._period - 1
-        due = step + 1 if phase + 1 < self._window or phase == last else step + last - phase
         if phase >= self._window:
-            if phase == last:
+            if phase == self._period - 1:
                 self._t_prev = self._clock()  # the next step opens a window
-            return due
+            return
         now = self._clock()
         if self._t_prev is None:
             self._t_prev = now
-            return due
+            return
         self._retire()
         ahead = len(self._pending)
         self._ahead_at[step] = ahead
@@ -148,7 +145,6 @@ class StepTimeline:
         self.ahead.append(ahead)
         # Time our own work out of the next step.
         self._t_prev = self._clock()
-        return due
 
     @property
     def sampling(self) -> str:
