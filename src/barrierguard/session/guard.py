@@ -161,7 +161,6 @@ class Guard:
         # Syncs after the latest boundary of sites not yet seen in a closed
         # step, and the errors of confirmed ones not yet raised (``loop_end``).
         self._open = OpenStep()
-        self._holding = False  # whether _open holds a sync (read at every boundary)
         self._due: dict[tuple[str, int, str, str, str, int], SyncError] = {}
         self._loader_end = -1
         self._warned: set[tuple[str, int, str, str, str, int]] = set()
@@ -421,7 +420,7 @@ class Guard:
         # The walk's anchors hold frames: none that finished outlives a step.
         stack.forget(live=True)
         step = self._steps
-        late = self._close_step() if self._holding or self._due else None
+        late = self._close_step() if self._open or self._due else None
         for listener in self._step_listeners:
             try:
                 listener(step)
@@ -446,7 +445,6 @@ class Guard:
         with self._lock:
             late = next(iter(self._due.values()), None)
             self._due.clear()
-            self._holding = False
             for held in self._open.close():
                 stats = held.stats
                 key = stats.loc.key
@@ -472,7 +470,6 @@ class Guard:
         with self._lock:
             self._fold(every=True)  # the engines are detached: no tally moves now
             self._open.finish(self._steps, self._per_step, self._step_stall)
-            self._holding = bool(self._open)
             due = next(iter(self._due.values()), None)
             self._due.clear()
         if act and due is not None and not self._deferred:
@@ -681,7 +678,6 @@ class Guard:
             held = not stats.in_loop
             if held:
                 self._open.hold(stats, stall)
-                self._holding = True
             self._count_in_step(stats, step, stall)
             if not stats.blocking:
                 if opts.policy == "record" or loc.key in self._warned:
