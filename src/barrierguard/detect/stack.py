@@ -176,7 +176,7 @@ class _Route:
     ``outer`` holds the frame just outward of it: the route holds while it lives.
     """
 
-    code: CodeType  # the sync's frame's (its id is the key)
+    code: CodeType  # the sync's frame's: held, so that its id in the key stays its own
     kept: bool  # whether the sync's frame is the user's own (kept as the last)
     probes: tuple[tuple[int, CodeType, int], ...]
     outer: tuple[int, FrameType] | None
@@ -527,10 +527,13 @@ def _learn_route(
         _held.append((key, route))
 
 
-def _replay(route: _Route, frame: FrameType, base: int) -> Sync | None:
-    """The route's sync if its frames are where they were (``frame`` is ``sys._getframe(base)`` here)."""
-    if route.code is not frame.f_code:
-        return None
+def _replay(route: _Route, base: int) -> Sync | None:
+    """The route's sync if its frames are where they were, the sync's frame being
+    ``sys._getframe(base)`` here.
+
+    That frame runs ``route.code``: the route's key holds that code's id, and
+    the route holds the code, so no other code object can have that id.
+    """
     getframe = sys._getframe
     try:
         for depth, code, lasti in route.probes:
@@ -616,7 +619,7 @@ def observe(
         # From _replay and _learn_route, one call further in, frame is
         # sys._getframe(depth + 2).
         for route in routes:
-            sync = _replay(route, frame, depth + 2)
+            sync = _replay(route, depth + 2)
             if sync is not None:
                 kept = route.kept
                 if hot is None or routes is not hot[4]:
