@@ -59,6 +59,8 @@ Reproduce:
     are ``--pin 2`` at 340c4a3 on a slower host, and
     ``benchmarks/results/h200/core_74ab12c_pin2.json`` and ``core_74ab12c_pin2.txt``
     the same at 74ab12c (the by-part rows holding their inner meters' cost);
+    ``benchmarks/results/h200/core_e889810_pin2.json`` and ``core_e889810_pin2.txt``
+    the same at e889810 on a fast host;
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
