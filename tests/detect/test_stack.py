@@ -292,6 +292,30 @@ def test_a_step_boundary_finds_held_frames_where_the_last_one_did() -> None:
     assert not stack._held
 
 
+def test_a_boundary_with_nothing_new_probes_the_kept_frames_and_still_drops_finished_ones() -> None:
+    def probe() -> stack.Sync | None:
+        return stack.observe(sys._getframe(), "item", "", 0)
+
+    def loop() -> None:
+        probe()
+        probe()  # a route that holds this frame
+        me = sys._getframe()
+        stack.forget(live=True)  # something new since the last boundary: checked in full
+        checked = stack._depths
+        assert [route.outer[1] for _, route in stack._held] == [me]  # type: ignore[index]
+        for _ in range(3):
+            stack.forget(live=True)  # nothing new: its frames probed where they were
+            assert stack._depths is checked
+            assert [route.outer[1] for _, route in stack._held] == [me]  # type: ignore[index]
+
+    stack.forget()
+    loop()
+    # No sync since the last boundary, but the frame it kept has returned.
+    stack.forget(live=True)
+    assert not stack._held
+    assert stack._depths == {}
+
+
 _CALL = _define(
     "lightning/pytorch/trainer/call.py",
     "def _call_callback_hooks(hook_name, inner):\n    return inner()\n",

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import itertools
 
+import pytest
+import torch
+
+import barrierguard
 from barrierguard.session.steps import OptimizerSteps
 
 
@@ -12,7 +16,7 @@ def _count(order: str) -> int:
     return sum(rule.boundaries(o) for o in order)
 
 
-@pytest.mark.parametrize(
+_PATTERNS = pytest.mark.parametrize(
     ("order", "steps"),
     [
         ("A" * 5, 5),  # one optimizer: every step
@@ -26,6 +30,9 @@ def _count(order: str) -> int:
         ("", 0),
     ],
 )
+
+
+@_PATTERNS
 def test_boundaries_per_pattern(order: str, steps: int) -> None:
     assert _count(order) == steps
 
@@ -33,3 +40,25 @@ def test_boundaries_per_pattern(order: str, steps: int) -> None:
 def test_a_follower_that_steps_twice_counts_its_first_step_then() -> None:
     rule = OptimizerSteps()
     assert [rule.boundaries(o) for o in "AABBB"] == [1, 1, 0, 2, 1]
+
+
+@_PATTERNS
+@pytest.mark.parametrize("pattern", ["AABBBA", ""])
+def test_a_guard_counts_the_rules_boundaries_after_each_optimizer_step(
+    order: str, steps: int, pattern: str
+) -> None:
+    # The guard skips the rule while one optimizer steps alone: after each
+    # step its count must still be the rule's, whatever came before.
+    order = pattern + order
+    params = {name: torch.zeros(1, requires_grad=True) for name in set(order)}
+    optimizers = {name: torch.optim.SGD([p], lr=0.1) for name, p in params.items()}
+    rule = OptimizerSteps()
+    expected = list(itertools.accumulate(rule.boundaries(name) for name in order))
+    seen = []
+    with barrierguard.watch(policy="record", memory=False) as guard:
+        for name in order:
+            params[name].grad = torch.ones(1)
+            optimizers[name].step()
+            seen.append(guard.steps)
+    assert seen == expected
+    assert guard.steps == (expected[-1] if expected else 0)

@@ -205,6 +205,11 @@ _held: list[tuple[tuple[int, int, str | None, str], _Route]] = []
 # The depth (as forget's sys._getframe(depth)) at which each held frame, by
 # id, was on the stack at the last boundary.
 _depths: dict[int, int] = {}
+# Counts the changes to _held outside forget (a route learnt or dropped).
+_held_version = 0
+# What the last boundary kept, by id (no frame held here): searched, located's
+# frame, last's frame, the _held_version, and each kept frame's (depth, id).
+_kept: tuple[int, int, int, int, tuple[tuple[int, int], ...]] | None = None
 
 
 def forget(live: bool = False) -> None:
@@ -213,11 +218,33 @@ def forget(live: bool = False) -> None:
     With ``live`` (a step boundary), what holds a frame that is on the stack
     now (the training loop's, running on) is kept: it is no finished frame.
     """
-    global _phases_seen, _depths
+    global _phases_seen, _depths, _kept
     _phases_seen = (-1, False)
     located, searched, last = _anchors.located, _anchors.searched, _anchors.last
     if not (_held or located or searched or last):
         return
+    kept = _kept
+    if (
+        live
+        and kept is not None
+        and kept[0] == id(searched)
+        and kept[1] == id(located and located[0])
+        and kept[2] == id(last and last[0])
+        and kept[3] == _held_version
+    ):
+        # Nothing held changed since the last boundary (a loop whose syncs
+        # all met their anchors, or none): the frames it kept are still on
+        # the stack if each is where that boundary found it.
+        getframe = sys._getframe
+        try:
+            for depth, held in kept[4]:
+                if id(getframe(depth)) != held:
+                    break
+            else:
+                return
+        except ValueError:
+            pass
+    _kept = None
     on_stack: set[int] = set()
     if live:
         # The held frames that are on the stack: the walk ends once all are met.
@@ -255,12 +282,21 @@ def forget(live: bool = False) -> None:
         _anchors.searched = None
     if last is None or id(last[0]) not in on_stack:
         _anchors.last = None
-    kept = [(key, route) for key, route in _held if id(route.outer[1]) in on_stack]  # type: ignore[index]
+    still = [(key, route) for key, route in _held if id(route.outer[1]) in on_stack]  # type: ignore[index]
     for key, route in _held:
         routes = _routes.get(key)
         if routes is not None and route in routes and id(route.outer[1]) not in on_stack:  # type: ignore[index]
             routes.remove(route)
-    _held[:] = kept
+    _held[:] = still
+    if live:
+        located, last = _anchors.located, _anchors.last
+        _kept = (
+            id(_anchors.searched),
+            id(located and located[0]),
+            id(last and last[0]),
+            _held_version,
+            tuple((depth, held) for held, depth in _depths.items()),
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -518,13 +554,16 @@ def _learn_route(
         if len(_routes) >= 100_000:
             return
         routes = _routes[key] = []
+    global _held_version
     if len(routes) >= _ROUTES_PER_KEY:
         dropped = routes.pop()
         if dropped.outer is not None:
             _held[:] = [(k, r) for k, r in _held if r is not dropped]
+            _held_version += 1
     routes.insert(0, route)  # the newest first: a loop replays the route it just took
     if outer is not None:
         _held.append((key, route))
+        _held_version += 1
 
 
 def _replay(route: _Route, base: int) -> Sync | None:

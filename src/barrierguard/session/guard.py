@@ -47,6 +47,8 @@ log = logging.getLogger("barrierguard")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _MAX_VIOLATIONS = 1000
+# Per-step counters are made this many steps ahead (see Guard._advance).
+_STEPS_AHEAD = 1024
 # This thread's open allowed() blocks, read on the quiet path (see _Quiet).
 _allowing_tls = allowing._TLS
 _get_ident = threading.get_ident
@@ -152,6 +154,9 @@ class Guard:
         self._step_stall: list[float] = [0.0]
         self._manual = False
         self._optimizer_steps = OptimizerSteps()
+        # The id of the optimizer whose next step makes one boundary, no
+        # questions asked (see _on_optimizer_step); None when it must ask.
+        self._alone: int | None = None
         # (site, step, reason, thread name): made into Violations by report(),
         # off the hot path.
         self._violations: list[tuple[Location, int, str, str]] = []
@@ -389,6 +394,7 @@ class Guard:
         Once called, optimizer steps no longer mark steps for this guard.
         """
         self._manual = True
+        self._alone = None
         self._advance()
 
     def add_step_listener(self, listener: Callable[[int], None]) -> None:
@@ -396,31 +402,41 @@ class Guard:
         self._step_listeners.append(listener)
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        key = id(optimizer)
+        if key == self._alone:
+            # The optimizer that made the last boundary, and none other since:
+            # this step makes one (the common loop: one call, one boundary).
+            self._advance()
+            return
+        self._alone = None
         if self._probing:
             return  # a captured step runs no kernel: not a step of the training
-        key = id(optimizer)
         if key not in self._optimizers:
-            self._optimizers[key] = optimizer
+            self._optimizers[key] = optimizer  # held: its id stays its own
         if self._manual:
             return
-        boundaries = self._optimizer_steps.boundaries(key)
+        rule = self._optimizer_steps
+        boundaries = rule.boundaries(key)
+        if rule.alone(key):
+            self._alone = key
         while boundaries:
             boundaries -= 1
             self._advance()
 
     def _advance(self) -> None:
         # Only the training thread advances steps, so no lock on this hot path:
-        # the new step's counter exists before the step number that indexes it.
+        # the new step's counters exist before the step number that indexes them.
         if self._quiet:
             self._fold()
-        self._per_step.append(0)
-        self._step_stall.append(0.0)
         self._step_syncs = 0
-        self._steps += 1
+        self._steps = step = self._steps + 1
+        if step == len(self._per_step):
+            # Counters for the steps ahead, made a block at a time, not a step at a time.
+            self._per_step += [0] * _STEPS_AHEAD
+            self._step_stall += [0.0] * _STEPS_AHEAD
         # The walk's anchors hold frames: none that finished outlives a step.
         stack.forget(live=True)
-        step = self._steps
-        late = self._close_step() if self._open or self._due else None
+        late = self._close_step() if self._open.held or self._due else None
         for listener in self._step_listeners:
             try:
                 listener(step)
@@ -514,6 +530,7 @@ class Guard:
         ]
         saved, self._phase = self._phase, "probe"
         self._probing = True
+        self._alone = None
         try:
             result = probe(fn, args, kwargs, params, self._compile.skips())
         except Exception as exc:  # the probe's own failure must not cost the run
@@ -561,12 +578,13 @@ class Guard:
         The optimizer hook stops counting them, before the first ``step()``.
         """
         self._manual = True
+        self._alone = None
 
     def syncs_in_steps(self, start: int, end: int) -> list[int]:
         """The blocking syncs of each measured step from ``start`` to ``end`` (steps seen)."""
         # _per_step[k] holds the syncs recorded after k steps, i.e. in step k + 1.
         self._fold()
-        return self._per_step[start:end]
+        return self._per_step[start : min(end, self._steps + 1)]
 
     def memory_slopes(self) -> dict[str, float]:
         """Memory growth per step by series so far (empty when memory is not sampled)."""
@@ -864,7 +882,7 @@ class Guard:
             extra = self._violation_count - len(self._violations)
             notes = list(self._notes) + list(self._faults)
             steps = self._steps
-            per_step = tuple(self._per_step)
+            per_step = tuple(self._per_step[: steps + 1])
         if extra > 0:
             notes.append(f"{extra} further policy violations were counted but not listed")
         if steps == 0:
@@ -899,7 +917,7 @@ class Guard:
                     tl.host_s,
                     tl.ahead,
                     tl.device_s,
-                    list(self._step_stall),
+                    self._step_stall[: self._steps + 1],
                     warmup,
                     sampling=tl.sampling,
                 )

@@ -43,19 +43,17 @@ class Held:
 class OpenStep:
     """The syncs of sites not yet known to be in the loop, since the latest boundary."""
 
-    __slots__ = ("_held",)
+    __slots__ = ("held",)
 
     def __init__(self) -> None:
-        self._held: dict[object, Held] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._held)
+        # Read as a plain attribute at every step boundary (a method would be a call).
+        self.held: dict[object, Held] = {}
 
     def hold(self, stats: SiteStats, stall: float | None) -> None:
         """Note one sync of ``stats``'s site in the open step (counted there for now)."""
-        held = self._held.get(stats.loc.key)
+        held = self.held.get(stats.loc.key)
         if held is None:
-            held = self._held[stats.loc.key] = Held(stats)
+            held = self.held[stats.loc.key] = Held(stats)
         held.count += 1
         held.blocking += stats.blocking
         if stall is not None:
@@ -64,7 +62,7 @@ class OpenStep:
 
     def pend(self, stats: SiteStats, step: int, reason: str, thread: str, violation: bool) -> None:
         """Keep the policy's verdict on a held sync until the step is closed."""
-        held = self._held[stats.loc.key]
+        held = self.held[stats.loc.key]
         if not held.pending:
             held.pending.append((step, reason, thread, violation))
         elif violation and not held.pending[0][3]:
@@ -72,15 +70,15 @@ class OpenStep:
 
     def close(self) -> list[Held]:
         """A boundary closed the step: its held sites are loop sites. Returns them."""
-        held = list(self._held.values())
-        self._held.clear()
+        held = list(self.held.values())
+        self.held.clear()
         for h in held:
             h.stats.in_loop = True
         return held
 
     def finish(self, step: int, per_step: list[int], step_stall: list[float]) -> int:
         """``stop()``: move the held syncs of ``step`` to :data:`AFTER_LOOP`; returns how many."""
-        for h in self._held.values():
+        for h in self.held.values():
             s = h.stats
             s.step_count -= h.count
             s.stall -= h.stall
@@ -92,8 +90,8 @@ class OpenStep:
                 s.ranges.pop()
             elif s.ranges and s.ranges[-1][1] == step:
                 s.ranges[-1][1] = step - 1
-        moved = sum(h.count for h in self._held.values())
-        self._held.clear()
+        moved = sum(h.count for h in self.held.values())
+        self.held.clear()
         return moved
 
 

@@ -45,3 +45,15 @@ class OptimizerSteps:
         self._lead = optimizer
         self._followers.clear()
         return boundaries
+
+    def alone(self, optimizer: Hashable) -> bool:
+        """Whether ``optimizer`` leads with no follower: its next step makes one boundary.
+
+        Example:
+            >>> rule = OptimizerSteps()
+            >>> rule.boundaries("A"), rule.alone("A")
+            (1, True)
+            >>> rule.boundaries("B"), rule.alone("A")
+            (0, False)
+        """
+        return optimizer == self._lead and not self._followers
