@@ -208,8 +208,9 @@ _depths: dict[int, int] = {}
 # Counts the changes to _held outside forget (a route learnt or dropped).
 _held_version = 0
 # What the last boundary kept, by id (no frame held here): searched, located's
-# frame, last's frame, the _held_version, and each kept frame's (depth, id).
-_kept: tuple[int, int, int, int, tuple[tuple[int, int], ...]] | None = None
+# frame, last's frame and the _held_version; and each kept frame's (depth, id).
+_kept: tuple[int, int, int, int] | None = None
+_kept_depths: tuple[tuple[int, int], ...] = ()
 
 
 def forget(live: bool = False) -> None:
@@ -218,26 +219,23 @@ def forget(live: bool = False) -> None:
     With ``live`` (a step boundary), what holds a frame that is on the stack
     now (the training loop's, running on) is kept: it is no finished frame.
     """
-    global _phases_seen, _depths, _kept
+    global _phases_seen, _depths, _kept, _kept_depths
     _phases_seen = (-1, False)
     located, searched, last = _anchors.located, _anchors.searched, _anchors.last
     if not (_held or located or searched or last):
         return
-    kept = _kept
-    if (
-        live
-        and kept is not None
-        and kept[0] == id(searched)
-        and kept[1] == id(located and located[0])
-        and kept[2] == id(last and last[0])
-        and kept[3] == _held_version
+    if live and _kept == (
+        id(searched),
+        id(located and located[0]),
+        id(last and last[0]),
+        _held_version,
     ):
         # Nothing held changed since the last boundary (a loop whose syncs
         # all met their anchors, or none): the frames it kept are still on
         # the stack if each is where that boundary found it.
         getframe = sys._getframe
         try:
-            for depth, held in kept[4]:
+            for depth, held in _kept_depths:
                 if id(getframe(depth)) != held:
                     break
             else:
@@ -295,8 +293,8 @@ def forget(live: bool = False) -> None:
             id(located and located[0]),
             id(last and last[0]),
             _held_version,
-            tuple((depth, held) for held, depth in _depths.items()),
         )
+        _kept_depths = tuple((depth, held) for held, depth in _depths.items())
 
 
 @dataclass(slots=True, eq=False)
