@@ -148,6 +148,7 @@ class Guard:
         self._sites: dict[tuple[str, int, str, str, str, int], SiteStats] = {}
         # Settled sites by their interned location (see _settle).
         self._quiet: dict[Location, _Quiet] = {}
+        self._tallied = False  # a tally grew since the last boundary's fold
         self._steps = 0
         self._step_syncs = 0
         self._per_step: list[int] = [0]
@@ -426,7 +427,8 @@ class Guard:
     def _advance(self) -> None:
         # Only the training thread advances steps, so no lock on this hot path:
         # the new step's counters exist before the step number that indexes them.
-        if self._quiet:
+        if self._tallied:
+            self._tallied = False
             self._fold()
         self._step_syncs = 0
         self._steps = step = self._steps + 1
@@ -647,6 +649,7 @@ class Guard:
             # The same sync as the site's last one in this step: a tally,
             # folded into the counters at the step's end (_fold).
             quiet.n += 1
+            self._tallied = True
             if stall is not None:
                 quiet.stall += stall
                 quiet.timed += 1
