@@ -364,12 +364,9 @@ def _ci_output(tr: Any, config: pytest.Config, merged: Report, outs: Sequence[_O
     """GitHub annotations or a SARIF log of the watched tests' sites."""
     fmt = config.getoption("barrierguard_format", "text")
     # A site fails where a test that barrierguard failed has a violation there.
-    broke = {
-        (v.file, v.line, v.kind, v.origin) for o in outs if o.failed for v in o.report.violations
-    }
-    failing = {s.key for s in merged.sites if (s.file, s.line, s.kind, s.origin) in broke}
-    text = ci_text(replace(merged, policy="error") if failing else merged, fmt, failing)
-    if text is None:
+    broke = tuple(v for o in outs if o.failed for v in o.report.violations)
+    shown = replace(merged, violations=broke, policy="error" if broke else merged.policy)
+    if (text := ci_text(shown, fmt)) is None:
         return
     path = config.getoption("barrierguard_format_out", None)
     path = path or ("barrierguard.sarif" if fmt == "sarif" else None)
