@@ -167,6 +167,35 @@ def test_baseline_round_trips(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["schema"] == BASELINE_SCHEMA
 
 
+GOLDEN = Path(__file__).parent / "data" / "baseline.json"
+
+
+def test_golden_baseline_reads_back_and_writes_the_same_bytes(tmp_path: Path) -> None:
+    base = Baseline.load(GOLDEN)
+    assert (base.engine, base.source, base.schema) == ("cuda", "barrierguard.json", BASELINE_SCHEMA)
+    assert [(e.file, e.code, e.lines, e.count, e.line) for e in base.entries] == [
+        ("pkg/data.py", "batch = batch.to('cuda')", 1, 3, 7),
+        ("pkg/train.py", "if (pred > 0.9).any():", 1, 27, 22),
+        ("pkg/train.py", "value = loss.item()", 2, 82, 10),
+        ("util.py", "log(f'\u00e9 {float(x)}')", 1, 5, 99),
+    ]
+    assert base.entries[1].per_step == 2 / 3
+    out = tmp_path / "again.json"
+    base.save(out)
+    assert out.read_bytes() == GOLDEN.read_bytes()
+    assert Baseline.load(out) == base
+
+
+def test_a_baseline_with_only_the_keys_needed_loads() -> None:
+    # The optional keys take their defaults; a key this release does not know is ignored.
+    base = Baseline.load(GOLDEN.with_name("baseline_minimal.json"))
+    assert (base.engine, base.source) == ("", "")
+    assert [(e.code, e.kind, e.lines, e.per_step, e.count, e.line) for e in base.entries] == [
+        ("value = loss.item()", "item", 1, 0.0, 0, 0),
+        ("x.cpu()", "copy", 1, 0.0, 0, 0),
+    ]
+
+
 @pytest.mark.parametrize(
     ("content", "problem"),
     [

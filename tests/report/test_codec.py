@@ -71,3 +71,18 @@ def test_values_are_converted_to_the_field_type() -> None:
 def test_malformed_data_raises(data: dict[str, object], error: type[Exception]) -> None:
     with pytest.raises(error):
         from_json(_Outer, data)
+
+
+def test_an_element_that_does_not_read_names_its_index() -> None:
+    with pytest.raises(ValueError, match=r"^\[1\]: KeyError\('x'\)$"):
+        from_json(_Outer, {"name": "a", "inners": [{"x": 1}, {"tag": "t"}]})
+
+
+@dataclass(frozen=True)
+class _Renamed:
+    entries: tuple[int, ...] = field(default=(), metadata={"key": "sites"})
+
+
+def test_a_field_can_name_its_json_key() -> None:
+    assert to_json(_Renamed((1, 2))) == {"sites": [1, 2]}
+    assert from_json(_Renamed, {"sites": [3], "entries": [4]}) == _Renamed((3,))

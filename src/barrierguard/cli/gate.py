@@ -13,16 +13,16 @@ import glob
 import json
 import os
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.baseline import Baseline, Finding, compare, make_baseline
-from barrierguard.report.records import Report, SiteKey
-from barrierguard.report.render import github, html, sarif
-from barrierguard.session.site_stats import rule_table
+from barrierguard.report.records import Report
+from barrierguard.report.render import html
+from barrierguard.session.site_stats import ci_text
 
-__all__ = ["CI_FORMATS", "FORMAT_HELP", "dispatch", "emit", "expand", "merge_files", "write"]
+__all__ = ["CI_FORMATS", "FORMAT_HELP", "dispatch", "expand", "merge_files", "write"]
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -47,24 +47,6 @@ def write(path: str | None, text: str, what: str) -> None:
     except OSError as err:
         raise BarrierGuardError(f"{path}: {err.strerror or err}") from err
     print(f"barrierguard: {what} written to {path}", file=sys.stderr)
-
-
-def emit(
-    report: Report,
-    fmt: str,
-    path: str | None = None,
-    failing: Collection[SiteKey] | None = None,
-    messages: Mapping[SiteKey, str] | None = None,
-) -> None:
-    """Write ``report`` as ``fmt`` (``github`` or ``sarif``) to ``path`` or stdout;
-    ``text`` writes nothing here (the console report goes to stderr)."""
-    if fmt == "text":
-        return
-    if fmt == "github":
-        text = github.render(report, failing=failing, messages=messages)
-    else:
-        text = sarif.render(report, rules=rule_table(), failing=failing, messages=messages)
-    write(path, text, f"{fmt} output")
 
 
 def _render(report: Report, fmt: str) -> str:
@@ -116,13 +98,9 @@ def _check(ns: argparse.Namespace) -> int:
     # Only the regressions are annotated, each with what the check says of it.
     failed = {f.site: f.explain() for f in findings if f.fails and f.site is not None}
     messages = {site.key: text for site, text in failed.items()}
-    emit(
-        replace(report, policy="error", sites=tuple(failed)),
-        ns.format,
-        ns.format_out,
-        set(messages),
-        messages,
-    )
+    annotated = replace(report, policy="error", sites=tuple(failed))
+    if (text := ci_text(annotated, ns.format, set(messages), messages)) is not None:
+        write(ns.format_out, text, f"{ns.format} output")
     return code
 
 

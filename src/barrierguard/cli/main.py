@@ -24,6 +24,7 @@ from barrierguard.report.render import html
 from barrierguard.session import rank_reports
 from barrierguard.session.guard import Guard
 from barrierguard.session.options import ENGINES, POLICIES
+from barrierguard.session.site_stats import ci_text
 from barrierguard.session.watch import watch
 
 __all__ = ["main"]
@@ -238,7 +239,8 @@ def _finish(
         if world > 1 and not report.rank:
             _say_rank_files(ns.out, world, started)
     if first:
-        gate.emit(report, ns.format, ns.format_out)
+        if (text := ci_text(report, ns.format)) is not None:
+            gate.write(ns.format_out, text, f"{ns.format} output")
         if ns.html:
             gate.write(ns.html, html.render(report), "HTML report")
     return EXIT_POLICY if report.policy == "error" and not report.ok else code

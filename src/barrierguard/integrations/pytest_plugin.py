@@ -34,6 +34,7 @@ from barrierguard.session.options import (
     make_options,
     resolve_policy,
 )
+from barrierguard.session.site_stats import ci_text
 
 __all__: list[str] = []
 
@@ -362,24 +363,13 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 def _ci_output(tr: Any, config: pytest.Config, merged: Report, outs: Sequence[_Outcome]) -> None:
     """GitHub annotations or a SARIF log of the watched tests' sites."""
     fmt = config.getoption("barrierguard_format", "text")
-    if fmt == "text":
-        return
-    from barrierguard.report.render import github, sarif
-    from barrierguard.session.site_stats import rule_table
-
     # A site fails where a test that barrierguard failed has a violation there.
-    broke = {
-        (v.file, v.line, v.kind, v.origin) for o in outs if o.failed for v in o.report.violations
-    }
-    failing = {s.key for s in merged.sites if (s.file, s.line, s.kind, s.origin) in broke}
-    if failing:
-        merged = replace(merged, policy="error")
+    broke = tuple(v for o in outs if o.failed for v in o.report.violations)
+    shown = replace(merged, violations=broke, policy="error" if broke else merged.policy)
+    if (text := ci_text(shown, fmt)) is None:
+        return
     path = config.getoption("barrierguard_format_out", None)
-    if fmt == "github":
-        text = github.render(merged, failing=failing)
-    else:
-        text = sarif.render(merged, rules=rule_table(), failing=failing)
-        path = path or "barrierguard.sarif"
+    path = path or ("barrierguard.sarif" if fmt == "sarif" else None)
     if path is None:
         for line in text.splitlines():
             tr.write_line(line)

@@ -12,11 +12,11 @@ import io
 import os
 import tokenize
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.report.codec import Record
+from barrierguard.report.codec import Record, from_json
 from barrierguard.report.jsonio import read_json, write_json
 from barrierguard.report.records import Report, Site
 from barrierguard.report.render.github import relative
@@ -110,24 +110,16 @@ def _entries(sites: Iterable[Site], root: str | None) -> dict[Key, Entry]:
 
 
 @dataclass(frozen=True)
-class Baseline:
+class Baseline(Record):
     """Today's accepted sites, saved with :meth:`save` and read with :meth:`load`."""
 
-    entries: tuple[Entry, ...] = ()
+    schema: str = BASELINE_SCHEMA
     engine: str = ""
     source: str = ""
-    schema: str = BASELINE_SCHEMA
+    entries: tuple[Entry, ...] = field(default=(), metadata={"key": "sites"})
 
     def by_key(self) -> dict[Key, Entry]:
         return {e.key: e for e in self.entries}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": self.schema,
-            "engine": self.engine,
-            "source": self.source,
-            "sites": [e.to_dict() for e in self.entries],
-        }
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "baseline") -> Baseline:
@@ -152,22 +144,15 @@ class Baseline:
                 f"{source}: schema {schema!r} is not supported; this barrierguard reads "
                 f"{BASELINE_SCHEMA!r}{hint if report else ''}"
             )
-        if not isinstance(sites := data.get("sites"), list):
+        if not isinstance(data.get("sites"), list):
             raise BarrierGuardError(f"{source}: malformed baseline ('sites' must be a list)")
-        entries = []
-        for i, raw in enumerate(sites):
-            try:
-                entries.append(Entry.from_dict(raw))
-            except (KeyError, TypeError, ValueError) as err:
-                raise BarrierGuardError(
-                    f"{source}: malformed baseline (sites[{i}]: {err!r}; each site needs "
-                    "file, function, code and kind)"
-                ) from err
-        return cls(
-            entries=tuple(entries),
-            engine=str(data.get("engine", "")),
-            source=str(data.get("source", "")),
-        )
+        try:
+            return from_json(cls, data)
+        except ValueError as err:  # only a site can fail to read: "[INDEX]: ERROR"
+            raise BarrierGuardError(
+                f"{source}: malformed baseline (sites{err}; each site needs "
+                "file, function, code and kind)"
+            ) from err
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the baseline as JSON to ``path``."""

@@ -12,7 +12,10 @@ Two field options, in ``dataclasses.field(metadata=...)``:
 * ``OMIT_EMPTY`` / ``OMIT_NONE``: the key is left out when the value is empty
   (or ``None``), so optional sections appear only when set;
 * ``AS_MAP``: pairs ``((key, value), ...)`` are written as the JSON object
-  ``{"key": value}`` (keys as strings, converted back on reading).
+  ``{"key": value}`` (keys as strings, converted back on reading);
+* ``{"key": NAME}``: the JSON key is ``NAME`` instead of the field's name.
+
+An element of a list that does not read raises ``ValueError("[INDEX]: ERROR")``.
 """
 
 from __future__ import annotations
@@ -51,10 +54,11 @@ def to_json(record: Any) -> dict[str, Any]:
         omit: Omit | None = f.metadata.get("omit")
         if omit is not None and omit(record, value):
             continue
+        key = f.metadata.get("key", f.name)
         if f.metadata.get("as_map"):
-            out[f.name] = {str(k): _encode(v) for k, v in value}
+            out[key] = {str(k): _encode(v) for k, v in value}
         else:
-            out[f.name] = _encode(value)
+            out[key] = _encode(value)
     return out
 
 
@@ -81,11 +85,12 @@ def from_json(cls: type[T], data: Any) -> T:
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name not in data:
+        key = f.metadata.get("key", f.name)
+        if key not in data:
             if f.init and f.default is f.default_factory is dataclasses.MISSING:
-                raise KeyError(f.name)
+                raise KeyError(key)
             continue
-        raw = data[f.name]
+        raw = data[key]
         if f.metadata.get("as_map"):
             raw = list(dict(raw).items())
         kwargs[f.name] = _decode(hints[f.name], raw)
@@ -104,7 +109,7 @@ def _decode(hint: Any, raw: Any) -> Any:
         if not isinstance(raw, list | tuple):
             raise TypeError(f"expected a list, got {type(raw).__name__}")
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v) for v in raw)
+            return tuple(_element(args[0], i, v) for i, v in enumerate(raw))
         return tuple(_decode(a, v) for a, v in zip(args, raw, strict=True))
     if origin in (Mapping, dict) or hint in (Mapping, dict):
         key, value = args or (Any, Any)
@@ -115,6 +120,13 @@ def _decode(hint: Any, raw: Any) -> Any:
     if hint in (int, float, str, bool):
         return hint(raw)
     return raw
+
+
+def _element(hint: Any, index: int, raw: Any) -> Any:
+    try:
+        return _decode(hint, raw)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"[{index}]: {err!r}") from err
 
 
 R = TypeVar("R", bound="Record")

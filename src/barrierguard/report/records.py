@@ -40,6 +40,7 @@ __all__ = [
     "Timeline",
     "Violation",
     "consequence",
+    "format_bytes",
     "hidden_fraction",
     "job_cost",
     "rank_ranges",
@@ -103,6 +104,16 @@ class MemoryReport(Record):
     evidence: str = ""
     sampling: str = ""
     notes: tuple[str, ...] = ()
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in the largest decimal unit that keeps it above 1."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{n:.0f} B"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from types import FrameType
 from typing import Any
 
 from barrierguard._errors import MemoryGrowthError, MemoryGrowthWarning
-from barrierguard.report.records import MemoryReport
+from barrierguard.report.records import MemoryReport, format_bytes
 
 __all__ = ["MemoryMonitor", "ProbeSet", "Sampler", "analyze_series", "default_probes", "explain"]
 
@@ -332,16 +332,6 @@ class Sampler:
 
 
 # -- the growth verdict, and the known causes of a leak ----------------------------
-
-
-def format_bytes(n: float) -> str:
-    """``n`` bytes in the largest decimal unit that keeps it above 1."""
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{sign}{n / size:.2f} {unit}"
-    return f"{sign}{n:.0f} B"
 
 
 @dataclass(frozen=True)

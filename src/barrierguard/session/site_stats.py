@@ -1,17 +1,19 @@
-"""One site's counters while a guard runs, and how the site reads in a report or a message."""
+"""One site's counters while a guard runs, and how the site reads in a report, a message or CI."""
 
 from __future__ import annotations
 
 import linecache
 import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from barrierguard.detect import frameworks
 from barrierguard.detect.frames import Location
 from barrierguard.detect.kinds import CODES, KINDS, code_for, fix_for
-from barrierguard.report.records import Site
+from barrierguard.report.records import Report, Site, SiteKey
+from barrierguard.report.render import github, sarif
 
-__all__ = ["SiteStats", "cause", "code_at", "fix", "message", "rule_table", "site_record"]
+__all__ = ["SiteStats", "ci_text", "code_at", "message", "rule_table", "site_record"]
 
 
 @dataclass(slots=True, eq=False)
@@ -44,12 +46,26 @@ def rule_table() -> dict[str, tuple[str, str, str]]:
     }
 
 
+def ci_text(
+    report: Report,
+    fmt: str,
+    failing: Collection[SiteKey] | None = None,
+    messages: Mapping[SiteKey, str] | None = None,
+) -> str | None:
+    """``report`` as ``github`` annotations or a ``sarif`` log; None for ``text``."""
+    if fmt == "text":
+        return None
+    if fmt == "github":
+        return github.render(report, failing=failing, messages=messages)
+    return sarif.render(report, rules=rule_table(), failing=failing, messages=messages)
+
+
 def code_at(file: str, line: int) -> str:
     """The source text of ``file``'s ``line``, stripped."""
     return linecache.getline(file, line).strip()
 
 
-def cause(mechanisms: dict[str, int]) -> str:
+def _cause(mechanisms: dict[str, int]) -> str:
     """Why a framework sync syncs: its most frequent known mechanism's reason, or ``""``."""
     for name, _ in sorted(mechanisms.items(), key=lambda kv: -kv[1]):
         known = frameworks.mechanism(name)
@@ -58,7 +74,7 @@ def cause(mechanisms: dict[str, int]) -> str:
     return ""
 
 
-def fix(loc: Location, mechanisms: dict[str, int]) -> str:
+def _fix(loc: Location, mechanisms: dict[str, int]) -> str:
     """The fix of a site: its framework mechanisms' when known, else its kind's."""
     known = frameworks.mechanism_fixes(mechanisms.items()) if mechanisms else None
     if known is not None:
@@ -83,7 +99,7 @@ def message(stats: SiteStats, step: int, reason: str) -> str:
         inside = f" inside {os.path.basename(loc.framework_file)}:{loc.framework_line}"
     return (
         f"{code} {kind} sync at {loc.file}:{loc.line} in step {step} [{loc.origin}{inside}]: "
-        f"{code_at(loc.file, loc.line)!r} - {reason}. Fix: {fix(loc, stats.mechanisms)}. "
+        f"{code_at(loc.file, loc.line)!r} - {reason}. Fix: {_fix(loc, stats.mechanisms)}. "
         f"To accept it: '# barrierguard: allow[{code}]' on the line, "
         f"allow=[{loc.kind!r}] or allow=['{os.path.basename(loc.file)}:{loc.line}']"
     )
@@ -112,12 +128,12 @@ def site_record(stats: SiteStats, measured: int) -> Site:
         threads=tuple(stats.threads),
         allowed=stats.allowed,
         blocking=stats.blocking,
-        fix=fix(loc, stats.mechanisms),
+        fix=_fix(loc, stats.mechanisms),
         framework_file=loc.framework_file,
         framework_line=loc.framework_line,
         framework_function=loc.framework_function,
         phases=tuple(stats.phases.items()),
         mechanisms=tuple(stats.mechanisms.items()),
-        cause=cause(stats.mechanisms),
+        cause=_cause(stats.mechanisms),
         events=stats.events,
     )

@@ -15,6 +15,7 @@ import html
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -36,11 +37,11 @@ from barrierguard.report.render.console import (
     violations_heading,
     wait_share,
 )
+from barrierguard.report.render.memory_chart import render_svg
 
 __all__ = ["render"]
 
-_PALETTE = ("#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#be185d")
-# Both charts: width, height, and the padding above, right of and below the plot.
+# The syncs chart: width, height, and the padding above, right of and below the plot.
 _W, _H, _TOP, _RIGHT, _BOTTOM = 520, 180, 10, 10, 30
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -80,33 +81,17 @@ def _asset(name: str) -> str:
     return (Path(__file__).parent / name).read_text(encoding="utf-8")
 
 
-def _svg(chart: str, label: str) -> str:
-    return (
-        f'<svg id="{chart}" xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" '
-        f'viewBox="0 0 {_W} {_H}" role="img" aria-label="{label}">'
-    )
-
-
-def _axes(left: int, ymax_label: str, x_last: str) -> str:
-    bottom = _H - _BOTTOM
-    return (
-        f'<line x1="{left}" y1="{bottom}" x2="{_W - _RIGHT}" y2="{bottom}" stroke="#9ca3af"/>'
-        f'<line x1="{left}" y1="{_TOP}" x2="{left}" y2="{bottom}" stroke="#9ca3af"/>'
-        f'<text x="{left - 4}" y="{_TOP + 8}" text-anchor="end">{_e(ymax_label)}</text>'
-        f'<text x="{left - 4}" y="{bottom}" text-anchor="end">0</text>'
-        f'<text x="{_W - _RIGHT}" y="{bottom + 13}" text-anchor="end">{_e(x_last)}</text>'
-        f'<text x="{left}" y="{bottom + 13}">0</text>'
-    )
-
-
 def _syncs_chart(per_step: Sequence[int], warmup: int) -> str:
     if not per_step:
         return '<div class="empty" id="no-syncs-chart">no per-step series in this report</div>'
-    left = 44
-    pw, ph = _W - left - _RIGHT, _H - _TOP - _BOTTOM
+    left, bottom = 44, _H - _BOTTOM
+    pw, ph = _W - left - _RIGHT, bottom - _TOP
     ymax = _nice_max(float(max(per_step)))
     bw = pw / len(per_step)
-    parts = [_svg("syncs-chart", "blocking syncs per step")]
+    parts = [
+        f'<svg id="syncs-chart" xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" '
+        f'viewBox="0 0 {_W} {_H}" role="img" aria-label="blocking syncs per step">'
+    ]
     for i, n in enumerate(per_step):
         bh = ph * n / ymax
         color = "#9ca3af" if i <= warmup else "#2563eb"
@@ -116,56 +101,31 @@ def _syncs_chart(per_step: Sequence[int], warmup: int) -> str:
             f'width="{max(bw - 0.6, 0.6):.2f}" height="{bh:.2f}" fill="{color}" data-step="{i}" '
             f'data-syncs="{n}"><title>{_e(label)}: {n} syncs</title></rect>'
         )
-    parts.append(_axes(left, _fmt_num(ymax), f"step {len(per_step) - 1}"))
     parts.append(
+        f'<line x1="{left}" y1="{bottom}" x2="{_W - _RIGHT}" y2="{bottom}" stroke="#9ca3af"/>'
+        f'<line x1="{left}" y1="{_TOP}" x2="{left}" y2="{bottom}" stroke="#9ca3af"/>'
+        f'<text x="{left - 4}" y="{_TOP + 8}" text-anchor="end">{_fmt_num(ymax)}</text>'
+        f'<text x="{left - 4}" y="{bottom}" text-anchor="end">0</text>'
+        f'<text x="{_W - _RIGHT}" y="{bottom + 13}" text-anchor="end">step {len(per_step) - 1}'
+        f'</text><text x="{left}" y="{bottom + 13}">0</text>'
         f'<text x="{left + pw / 2:.0f}" y="{_H - 4}" text-anchor="middle">'
         "step (grey: setup and warm-up)</text></svg>"
     )
     return "".join(parts)
 
 
-def _bytes_unit(peak: float) -> tuple[float, str]:
-    # Decimal units, as the console and the memory verdict write them.
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if peak >= size:
-            return size, unit
-    return 1.0, "B"
-
-
 def _memory_chart(memory: MemoryReport | None) -> str:
     steps = memory.steps if memory is not None else ()
-    same = [(n, v) for n, v in (memory.series.items() if memory else ()) if len(v) == len(steps)]
-    # A series with a sample that could not be read (None) leaves the chart out.
-    if not steps or not same or any(None in v for _, v in same):
+    # A series is drawn when it has a value per step and at least one was read.
+    same = {
+        name: values
+        for name, values in (memory.series.items() if memory else ())
+        if len(values) == len(steps) and any(v is not None for v in values)
+    }
+    if memory is None or not same:
         return '<div class="empty" id="no-memory">no memory samples in this report</div>'
-    xs = [float(s) for s in steps]
-    series = {name: [float(v) for v in values] for name, values in same}  # type: ignore[arg-type]
-    left = 54
-    pw, ph = _W - left - _RIGHT, _H - _TOP - _BOTTOM
-    peak = max(max(v) for v in series.values())
-    size, unit = _bytes_unit(peak)
-    ymax = _nice_max(peak / size) * size
-    x0, x1 = min(xs), max(xs)
-    span = (x1 - x0) or 1.0
-    parts = [_svg("memory-chart", "memory per step")]
-    legend = []
-    for n, (name, values) in enumerate(sorted(series.items())):
-        color = _PALETTE[n % len(_PALETTE)]
-        points = " ".join(
-            f"{left + pw * (x - x0) / span:.1f},{_TOP + ph - ph * v / ymax:.1f}"
-            for x, v in zip(xs, values, strict=True)
-        )
-        parts.append(
-            f'<polyline class="series" data-series="{_e(name)}" fill="none" stroke="{color}" '
-            f'stroke-width="1.6" points="{points}"><title>{_e(name)}</title></polyline>'
-        )
-        legend.append(
-            f'<span style="color:{color}">&#9632;</span> {_e(name)} '
-            f'<span class="small">(last {values[-1] / size:.3g} {unit})</span>'
-        )
-    parts.append(_axes(left, f"{ymax / size:.3g} {unit}", f"step {_fmt_num(x1)}"))
-    leak = ' <span class="badge bad">leak suspected</span>' if memory and memory.leak else ""
-    return "".join(parts) + f'</svg><div class="small">{" &nbsp; ".join(legend)}{leak}</div>'
+    leak = '<div><span class="badge bad">leak suspected</span></div>' if memory.leak else ""
+    return render_svg(replace(memory, series=same)) + leak
 
 
 def _site_row(rank: int, site: Site, gate: Site | None) -> str:

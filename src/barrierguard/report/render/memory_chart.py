@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from barrierguard.report.records import MemoryReport
+from barrierguard.report.records import MemoryReport, format_bytes
 
 __all__ = ["render_svg"]
 
@@ -24,7 +24,8 @@ def _panel(memory: MemoryReport, name: str, top: float) -> list[str]:
     plot_w = _WIDTH - _LEFT - _RIGHT
     growing = name in memory.growing
     slope = memory.slopes.get(name)
-    title = name + (f"  {slope / 1e6:+,.3f} MB/step" if slope is not None else "")
+    title = name + (f"  last {format_bytes(pts[-1][1])}" if pts else "")
+    title += f"  {slope / 1e6:+,.3f} MB/step" if slope is not None else ""
     title += "  GROWING" if growing else ""
     out = [
         f'<text x="{_LEFT}" y="{top - 6:.1f}" font-size="12" fill="#222">{escape(title)}</text>',
@@ -66,7 +67,10 @@ def _panel(memory: MemoryReport, name: str, top: float) -> list[str]:
         ]
     color = _COLORS.get(name, "#333")
     path = " ".join(f"{px(s):.1f},{py(v):.1f}" for s, v in pts)
-    out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{path}"/>')
+    out.append(
+        f'<polyline class="series" data-series="{escape(name)}" fill="none" stroke="{color}" '
+        f'stroke-width="1.6" points="{path}"><title>{escape(name)}</title></polyline>'
+    )
     return out
 
 
@@ -89,8 +93,9 @@ def render_svg(memory: MemoryReport) -> str:
     head = f"memory per step - {'LEAK' if memory.leak else 'no leak'}"
     head += f" ({memory.pattern})" if memory.pattern else ""
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
-        f'viewBox="0 0 {_WIDTH} {height}" font-family="sans-serif">',
+        f'<svg id="memory-chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" '
+        f'height="{height}" viewBox="0 0 {_WIDTH} {height}" font-family="sans-serif" '
+        'role="img" aria-label="memory per step">',
         f'<rect width="{_WIDTH}" height="{height}" fill="white"/>',
         f'<text x="{_LEFT}" y="18" font-size="14" font-weight="bold" '
         f'fill="{"#d62728" if memory.leak else "#222"}">{escape(head)}</text>',
