@@ -23,8 +23,9 @@ Design:
       inner meter's cost per call (an empty metered call after each step gives
       it, cold: its upper bound).
       Beside it, the step's host CPU time (``thread_time``), bare and watched
-      without meters, in rotating blocks: what the parts do not explain is the
-      indirect cost (caches, the Python calls' own frames).
+      without meters, in ``--parts-rounds`` rounds of rotating blocks (the
+      median of the rounds' paired differences, with its IQR): what the parts
+      do not explain is the indirect cost (caches, the Python calls' own frames).
     * Per sync (GPU only): loops of ``--calls`` ``.item()`` on an idle GPU, one
       in user code and one inside a framework's code ``--depth`` (20) frames
       deep (a function chain compiled as Lightning's logger-connector file),
@@ -178,14 +179,15 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
     }
 
 
-def parts(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
+def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> dict[str, Any]:
     """Host microseconds per step of each part of ``watch(memory=False)``, measured in place.
 
-    Blocks of ``steps`` steps rotate: bare, watched, and watched with a meter
-    on each part (and on each wrapper's original call, and on an empty call
-    after each step: a meter's own cost, cold). The step's host CPU time is
-    compared between the bare and the plain watched blocks, which carry no
-    meter.
+    ``rounds`` rounds of blocks of ``steps`` steps: bare, watched, and watched
+    with a meter on each part (and on each wrapper's original call, and on an
+    empty call after each step: a meter's own cost, cold). The step's host CPU
+    time is compared between the bare and the plain watched block of each
+    round, which carry no meter: the median of the rounds' differences, with
+    its quartiles.
     """
     import functools
 
@@ -244,8 +246,9 @@ def parts(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
     }
     cpu: dict[str, list[float]] = {"bare": [], "watch": []}
     try:
-        for block in range(6):
-            for name in ("bare", "watch", "metered"):
+        names = ("bare", "watch", "metered")
+        for block in range(rounds):
+            for name in names[block % 3 :] + names[: block % 3]:  # the order rotates
                 if name == "metered":
                     for owner, attr, value in metered_parts:
                         setattr(owner, attr, value)
@@ -292,15 +295,18 @@ def parts(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
         "calls_per_step": calls.get("step boundary", 0.0),
     }
     bare, watched = median(cpu["bare"]), median(cpu["watch"])
+    added = [(w - b) * 1e6 for w, b in zip(cpu["watch"], cpu["bare"], strict=True)]
     named = sum(r["us_per_step"] for k, r in rows.items() if not k.startswith("  "))
     return {
         "steps": counted,
         "layers": layers,
+        "rounds": rounds,
         "meter_us": per_meter,
         "parts": rows,
         "named_us_per_step": named,
         "thread_us_per_step": {"bare": bare * 1e6, "watch": watched * 1e6},
-        "added_thread_us_per_step": (watched - bare) * 1e6,
+        "added_thread_us_per_step": median(added),
+        "added_thread_us_quartiles": list(quartiles(added)),
     }
 
 
@@ -315,11 +321,14 @@ def print_parts(pp: dict[str, Any]) -> None:
     rows.append(["named parts, in all", "", f"{pp['named_us_per_step']:.1f}"])
     rows.append(["(one meter's own cost per call, in each row)", "", f"{pp['meter_us']:.2f}"])
     t = pp["thread_us_per_step"]
+    q = pp.get("added_thread_us_quartiles")
+    spread = f" (IQR {q[0]:.1f} to {q[1]:.1f})" if q else ""
     rows.append(
         [
-            f"host CPU time added per step (bare {t['bare']:.0f} us)",
+            f"host CPU time added per step, median of {pp.get('rounds', 6)} paired blocks"
+            f" (bare {t['bare']:.0f} us)",
             "",
-            f"{pp['added_thread_us_per_step']:.1f}",
+            f"{pp['added_thread_us_per_step']:.1f}{spread}",
         ]
     )
     print(table(["part", "calls per step", "us per step"], rows))
@@ -505,6 +514,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=500,
         help="steps per block of the by-part rounds (0: none)",
     )
+    ap.add_argument("--parts-rounds", type=int, default=6, help="rounds of the by-part blocks")
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
         "--sync-stand-in",
@@ -552,7 +562,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps; one start()+stop(): {ov['start_stop_us']:.0f} us"
     )
     if args.device == "cuda" and args.parts_steps:
-        pp = parts(args.device, args.parts_steps, layers, args.width)
+        pp = parts(args.device, args.parts_steps, layers, args.width, args.parts_rounds)
         results["parts"] = pp
         print_parts(pp)
     if args.device == "cuda" or args.sync_stand_in:
