@@ -129,10 +129,16 @@ class _ModeOnly:
 
 def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> dict[str, Any]:
     step = adam_mlp_step(device, layers, width)
+    # The host CPU time of each block's steps (not its closing synchronize),
+    # in the order paired_rounds runs them: round i is entry i of each list.
+    cpu: dict[str, list[float]] = {}
+    current = ["bare"]
 
     def block() -> None:
+        c0 = time.thread_time()
         for _ in range(steps):
             step()
+        cpu.setdefault(current[0], []).append(time.thread_time() - c0)
 
     # Each guard is started before its timed block and stopped after it: the
     # per-step cost, not the one-time start/stop (measured apart below).
@@ -144,6 +150,7 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
     if device == "cuda":
         names.append("mode_only")
     block()
+    cpu.clear()
     starts = []
     probe = barrierguard.watch(policy="record")
     for _ in range(20):
@@ -153,6 +160,7 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         starts.append(time.perf_counter() - t0)
 
     def run(name: str) -> float:
+        current[0] = name
         if name in guards:
             guards[name].start()
             seconds = timed(block)
@@ -169,8 +177,16 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         # The only syncs are timed()'s own synchronize calls around each block.
         assert all(s.file.endswith("_common.py") for s in report.sites), report
         assert report.steps == steps * pairs, report.steps
+    added = {
+        name: [(c - b) / steps * 1e6 for c, b in zip(cpu[name], cpu["bare"], strict=True)]
+        for name in names
+        if name != "bare"
+    }
     return {
         "start_stop_us": median(starts) * 1e6,
+        "thread_us_per_step": {name: median(c) / steps * 1e6 for name, c in cpu.items()},
+        "added_thread_us_median": {name: median(a) for name, a in added.items()},
+        "added_thread_us_quartiles": {name: quartiles(a) for name, a in added.items()},
         "steps_per_block": steps,
         "pairs": pairs,
         "layers": layers,
@@ -506,7 +522,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--target-ms", type=float, default=1.0)
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--sync-pairs", type=int, default=15, help="paired rounds of the per-sync part")
+    ap.add_argument(
+        "--sync-pairs", type=int, default=15, help="paired rounds of the per-sync part (0: none)"
+    )
     ap.add_argument("--depth", type=int, default=20, help="frames of the framework path")
     ap.add_argument(
         "--parts-steps",
@@ -545,17 +563,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, ms in ov["step_ms"].items():
         ratio = ov["ratio_median"].get(name)
         q = ov["ratio_quartiles"].get(name)
+        added = ov["added_thread_us_median"].get(name)
+        aq = ov["added_thread_us_quartiles"].get(name)
         rows.append(
             [
                 name,
                 f"{ms:.3f}",
                 f"{ratio:.4f}" if ratio else "1",
                 f"{q[0]:.3f}-{q[1]:.3f}" if q else "-",
+                f"{added:.1f} ({aq[0]:.1f} to {aq[1]:.1f})" if aq else "-",
             ]
         )
     print(
         table(
-            ["variant", "step ms (median)", "ratio to bare (median of paired)", "ratio IQR"], rows
+            [
+                "variant",
+                "step ms (median)",
+                "ratio to bare (median of paired)",
+                "ratio IQR",
+                "host CPU us added per step (IQR)",
+            ],
+            rows,
         )
     )
     print(
@@ -565,7 +593,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pp = parts(args.device, args.parts_steps, layers, args.width, args.parts_rounds)
         results["parts"] = pp
         print_parts(pp)
-    if args.device == "cuda" or args.sync_stand_in:
+    if (args.device == "cuda" or args.sync_stand_in) and args.sync_pairs:
         x = _cuda_stand_in() if args.sync_stand_in else None
         if args.clock == "thread":
             global timed

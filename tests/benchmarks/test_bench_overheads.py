@@ -34,6 +34,12 @@ def test_core_times_every_variant_against_bare(tmp_path: Path) -> None:
     assert set(ov["ratio_median"]) == {"watch", "watch_no_memory"}
     assert all(len(rs) == 3 and all(r > 0 for r in rs) for rs in ov["ratios"].values())
     assert ov["start_stop_us"] > 0
+    # The host CPU time: one block per variant and round, paired with bare's.
+    assert set(ov["thread_us_per_step"]) == {"bare", "watch", "watch_no_memory"}
+    assert all(us > 0 for us in ov["thread_us_per_step"].values())
+    assert set(ov["added_thread_us_quartiles"]) == {"watch", "watch_no_memory"}
+    for name, (low, high) in ov["added_thread_us_quartiles"].items():
+        assert low <= ov["added_thread_us_median"][name] <= high
 
 
 def test_memory_times_the_probes_and_the_sampler(tmp_path: Path) -> None:
