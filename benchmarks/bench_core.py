@@ -62,6 +62,11 @@ Reproduce:
     the same at 74ab12c (the by-part rows holding their inner meters' cost);
     ``benchmarks/results/h200/core_e889810_pin2.json`` and ``core_e889810_pin2.txt``
     the same at e889810 on a fast host;
+    ``benchmarks/results/h200/core_21e0111_pin2.json`` and ``core_21e0111_pin2.txt``
+    are ``--pin 2 --parts-steps 100 --parts-rounds 30`` at 21e0111 (a noisy host);
+    ``benchmarks/results/h200/core_steps_ab/`` holds six alternating runs on one host of
+    ``--pin 2 --layers 3 --pairs 100 --steps 50 --parts-steps 0 --sync-pairs 0``,
+    ``src/`` at acdd42f and at 3e60cfe with this script (its ``README.txt``);
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and

@@ -62,6 +62,12 @@ Reproduce:
             --out benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.json \
             | tee benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.txt
 
+    At 21e0111 (a step boundary that probes only what it kept), on a noisy host::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
+            --out benchmarks/results/h200/lightning_blocks_mlp_21e0111.json \
+            | tee benchmarks/results/h200/lightning_blocks_mlp_21e0111.txt
+
     With routes and tallies on the per-sync path, at 1b55493::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
