@@ -506,6 +506,7 @@ def _learn_route(
     sync: Sync,
 ) -> None:
     """Keep the route of a walk from ``frame`` (``sys._getframe(base)`` here) to ``sync``."""
+    global _held_version
     mechanism = sync.mechanism
     innermost, framework, _, user = found
     if trace.complete is None or user is None or trace.user < 0:
@@ -552,7 +553,6 @@ def _learn_route(
         if len(_routes) >= 100_000:
             return
         routes = _routes[key] = []
-    global _held_version
     if len(routes) >= _ROUTES_PER_KEY:
         dropped = routes.pop()
         if dropped.outer is not None:
