@@ -31,6 +31,11 @@ Design:
       batch 256. The GPU works a fraction of each step: Lightning's own loop and
       the DataLoader make it host-bound, the worst case for a callback's host work.
 
+    Beside the step times, each step's CPU time of the training thread
+    (``thread_time``) gives the same on / off ratio of blocks: the host work the
+    callback adds, without the waits (for the device, the DataLoader, the
+    scheduler) that make wall time noisy on a shared host.
+
     Where the callback's time goes was measured once by ``bench_lightning_costs.py``,
     a study no longer kept here (docs/benchmarks.md, section 7, gives the commit that has it).
 
@@ -150,16 +155,19 @@ def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
         else None
     )
     steps: list[tuple[bool, float]] = []
-    state = {"on": True, "t": 0.0, "loop": 0.0}
+    cpu: list[tuple[bool, float]] = []  # the training thread's CPU time of each step
+    state = {"on": True, "t": 0.0, "c": 0.0, "loop": 0.0}
 
     class Switch(pl.Callback):
         def on_train_start(self, *a: Any) -> None:
             sync()
             state["loop"] = state["t"] = time.perf_counter()
+            state["c"] = time.thread_time()
 
         def on_train_batch_end(self, *a: Any) -> None:
-            now = time.perf_counter()
+            now, now_cpu = time.perf_counter(), time.thread_time()
             steps.append((bool(state["on"]), now - state["t"]))
+            cpu.append((bool(state["on"]), now_cpu - state["c"]))
             if len(steps) % args.block_len == 0:
                 if guard_cb is not None:
                     guard = guard_cb.guard
@@ -168,7 +176,7 @@ def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
                     else:
                         guard_cb._begin("train")
                 state["on"] = not state["on"]
-            state["t"] = time.perf_counter()
+            state["t"], state["c"] = time.perf_counter(), time.thread_time()
 
         def on_train_end(self, *a: Any) -> None:
             sync()
@@ -183,7 +191,7 @@ def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
     trainer.fit(lightning_model(args), loader)
     total = time.perf_counter() - t0
     syncs = guard_cb.report.total_syncs if guard_cb is not None else 0
-    return {"steps": steps, "outside_s": total - state["loop"], "syncs": syncs}
+    return {"steps": steps, "cpu": cpu, "outside_s": total - state["loop"], "syncs": syncs}
 
 
 def _block_ratios(steps: list[tuple[bool, float]], block: int) -> list[float]:
@@ -266,7 +274,14 @@ def _summary(
         [f["outside_s"] for f in fits],
         max(f["syncs"] for f in fits),
     )
+    # The same ratios of the training thread's CPU time: the host work the
+    # callback adds, without the waits that make wall time noisy.
+    cpu_ratios = [r for f in fits if "cpu" in f for r in _block_ratios(f["cpu"], args.block_len)]
+    if cpu_ratios:
+        q = _quartiles(cpu_ratios)
+        record["cpu_median_ratio"], record["cpu_iqr"] = median(cpu_ratios), [q[0], q[2]]
     iqr = record["iqr"]
+    cpu_iqr = record.get("cpu_iqr")
     row: list[object] = [
         name,
         f"{len(fits)} x {args.steps} ({sum(map(len, record['block_ratios']))} blocks of "
@@ -274,6 +289,7 @@ def _summary(
         f"{record['step_off_s'] * 1e6:.0f}",
         f"{record['step_on_s'] * 1e6:.0f}",
         f"**{record['median_ratio']:.4f}** ({iqr[0]:.4f}-{iqr[1]:.4f})",
+        f"{record['cpu_median_ratio']:.4f} ({cpu_iqr[0]:.4f}-{cpu_iqr[1]:.4f})" if cpu_iqr else "-",
         " ".join(f"{m:.4f}" for m in record["per_fit_median"]),
         f"{median(record['outside_loop_s']) * 1e3:.0f}",
         f"{record['syncs_found']}",
@@ -376,6 +392,7 @@ def main(argv: list[str] | None = None) -> None:
                 "step off (us)",
                 "step on (us)",
                 "on / off, pooled blocks (IQR)",
+                "training thread's CPU time, on / off (IQR)",
                 "per fit",
                 "fit outside loop (ms)",
                 "syncs found",

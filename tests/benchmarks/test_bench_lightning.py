@@ -30,6 +30,9 @@ def test_blocks_switch_the_callback_inside_one_fit(bench: Any, tmp_path: Path) -
         # Each fit gives its on-blocks, each against its two off neighbours.
         assert len(rec["block_ratios"]) == len(rec["outside_loop_s"]) == fits
         assert all(len(rs) == 2 and all(r > 0 for r in rs) for rs in rec["block_ratios"])
+        # The training thread's CPU time, in the same blocks.
+        low, high = rec["cpu_iqr"]
+        assert 0 < low <= rec["cpu_median_ratio"] <= high
     # Only the switched fits ran the callback; it found the prog_bar syncs of its blocks.
     assert data["designs"]["blocks"]["syncs_found"] > 0
     assert data["designs"]["blocks_null"]["syncs_found"] == 0
