@@ -67,6 +67,12 @@ Reproduce:
             --out benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.json \
             | tee benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.txt
 
+    At 2ea2f9b, with the training thread's CPU time beside the step times::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
+            --out benchmarks/results/h200/lightning_blocks_mlp_2ea2f9b.json \
+            | tee benchmarks/results/h200/lightning_blocks_mlp_2ea2f9b.txt
+
     At 21e0111 (a step boundary that probes only what it kept), on a noisy host::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
