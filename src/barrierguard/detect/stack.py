@@ -208,9 +208,8 @@ _depths: dict[int, int] = {}
 # Counts the changes to _held outside forget (a route learnt or dropped).
 _held_version = 0
 # What the last boundary kept, by id (no frame held here): searched, located's
-# frame, last's frame and the _held_version; and each kept frame's (depth, id).
+# frame, last's frame and the _held_version (its frames' depths are _depths).
 _kept: tuple[int, int, int, int] | None = None
-_kept_depths: tuple[tuple[int, int], ...] = ()
 
 
 def forget(live: bool = False) -> None:
@@ -219,7 +218,7 @@ def forget(live: bool = False) -> None:
     With ``live`` (a step boundary), what holds a frame that is on the stack
     now (the training loop's, running on) is kept: it is no finished frame.
     """
-    global _phases_seen, _depths, _kept, _kept_depths
+    global _phases_seen, _depths, _kept
     _phases_seen = (-1, False)
     located, searched, last = _anchors.located, _anchors.searched, _anchors.last
     if not (_held or located or searched or last):
@@ -235,7 +234,7 @@ def forget(live: bool = False) -> None:
         # the stack if each is where that boundary found it.
         getframe = sys._getframe
         try:
-            for depth, held in _kept_depths:
+            for held, depth in _depths.items():
                 if id(getframe(depth)) != held:
                     break
             else:
@@ -294,7 +293,6 @@ def forget(live: bool = False) -> None:
             id(last and last[0]),
             _held_version,
         )
-        _kept_depths = tuple((depth, held) for held, depth in _depths.items())
 
 
 @dataclass(slots=True, eq=False)

@@ -920,7 +920,7 @@ class Guard:
                     tl.host_s,
                     tl.ahead,
                     tl.device_s,
-                    self._step_stall[: self._steps + 1],
+                    self._step_stall[: steps + 1],
                     warmup,
                     sampling=tl.sampling,
                 )
