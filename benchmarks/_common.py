@@ -517,15 +517,19 @@ def quiet_lightning() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
 
-def lightning_trainer(callbacks: list[Any]) -> Any:
-    """The Lightning fits' trainer: one device, one epoch, bf16 on a GPU, nothing extra."""
+def lightning_trainer(callbacks: list[Any], max_steps: int = -1) -> Any:
+    """The Lightning fits' trainer: one device, bf16 on a GPU, nothing extra.
+
+    One epoch, or ``max_steps`` batches over as many epochs as that takes.
+    """
     import lightning.pytorch as pl
 
     gpu = torch.cuda.is_available()
     return pl.Trainer(
         accelerator="gpu" if gpu else "cpu",
         devices=1,
-        max_epochs=1,
+        max_epochs=1 if max_steps < 0 else -1,
+        max_steps=max_steps,
         precision="bf16-mixed" if gpu else "32-true",
         enable_progress_bar=False,
         enable_checkpointing=False,

@@ -36,6 +36,21 @@ Design:
     callback adds, without the waits (for the device, the DataLoader, the
     scheduler) that make wall time noisy on a shared host.
 
+    **The cycle design** (``--cycles N``): the blocks above read a switch as well
+    as the callback. Each switch patches ``torch.Tensor`` and the hooks, and the
+    block after it runs its first steps colder, so a block that follows a switch
+    is slower even with nothing on. One long fit (``--epoch-batches`` batches an
+    epoch, over as many epochs as it takes, in a fresh process) cycles ``N``
+    times through four blocks: on, off, null, off. The null block has nothing
+    switched at either end, while the on-block and one of its off neighbours
+    each follow a switch. Each cycle's on ratio (its median step over the
+    geometric mean of its off neighbours') reads ``e * sqrt(s)`` for a callback
+    cost ``e`` and a switch cost ``s``, and its null ratio reads
+    ``1 / sqrt(s)``: their product, **on x null**, reads the callback's own cost
+    ``e``. Hundreds of cycles in one fit cost no process start-up each; the
+    figure is the median over cycles, with its IQR, for the step time and the
+    training thread's CPU time.
+
     Where the callback's time goes was measured once by ``bench_lightning_costs.py``,
     a study no longer kept here (docs/benchmarks.md, section 7, gives the commit that has it).
 
@@ -91,6 +106,13 @@ Reproduce:
         PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
             --out benchmarks/results/h200/lightning_blocks_mlp_ea4926a.json \
             | tee benchmarks/results/h200/lightning_blocks_mlp_ea4926a.txt
+
+    The cycle design, 800 cycles of the MLP fit (about 6 minutes), at the commit
+    that added it::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 800 --fits 1 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp.json \\
+            | tee benchmarks/results/h200/lightning_cycle_mlp.txt
 
     (The committed runs were started as ``--design blocks``, with ``--block-fits``
     for ``--fits``, when the script also had two older designs.) GPU: each
@@ -247,6 +269,136 @@ def _blocks(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     return fits
 
 
+# The cycle design's blocks, in order: the null block has no switch at either end.
+CYCLE = ("on", "off", "null", "off")
+
+
+def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
+    """One fit of ``args.cycles`` cycles of :data:`CYCLE` blocks, over epochs of
+    ``args.epoch_batches`` batches. Returns each step's label, time and thread CPU time."""
+    import lightning.pytorch as pl
+
+    epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
+    warm = argparse.Namespace(**{**vars(args), "steps": 30})
+    gc.collect()
+    lightning_trainer([]).fit(lightning_model(warm), lightning_loader(warm))
+    gc.collect()
+    guard_cb = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
+    steps: list[tuple[str, float, float]] = []
+    state = {"t": 0.0, "c": 0.0}
+
+    class Cycle(pl.Callback):
+        def on_train_start(self, *a: Any) -> None:
+            sync()
+            state["t"], state["c"] = time.perf_counter(), time.thread_time()
+
+        def on_train_batch_end(self, *a: Any) -> None:
+            now, now_cpu = time.perf_counter(), time.thread_time()
+            label = CYCLE[len(steps) // args.block_len % len(CYCLE)]
+            steps.append((label, now - state["t"], now_cpu - state["c"]))
+            if len(steps) % args.block_len == 0:
+                after = CYCLE[len(steps) // args.block_len % len(CYCLE)]
+                if label == "on":
+                    guard_cb.guard._stop(act=False)
+                elif after == "on":
+                    guard_cb._begin("train")
+            state["t"], state["c"] = time.perf_counter(), time.thread_time()
+
+    trainer = lightning_trainer([guard_cb, Cycle()], max_steps=args.cycles * 4 * args.block_len)
+    torch.manual_seed(0)
+    trainer.fit(lightning_model(args), lightning_loader(epoch))
+    return {"steps": steps, "syncs": guard_cb.report.total_syncs}
+
+
+def _cycle_ratios(steps: list[tuple[str, float]], block: int) -> dict[str, list[float]]:
+    """Per cycle (the first left out): the on-block's and the null block's median step,
+    each over the geometric mean of its two off neighbours', and their product.
+
+    The null block has no switch at either end, the on-block and one of its
+    neighbours each follow one: if a switch slows the block after it by a
+    factor ``s`` and the callback by ``e``, the on ratio reads ``e * sqrt(s)``
+    and the null one ``1 / sqrt(s)``, so their product reads ``e``.
+    """
+    meds = [
+        median([d for _, d in steps[k : k + block]])
+        for k in range(0, len(steps) - block + 1, block)
+    ]
+    out: dict[str, list[float]] = {"on": [], "null": [], "on x null": []}
+    for c in range(len(CYCLE), len(meds) - len(CYCLE) + 1, len(CYCLE)):
+        on = meds[c] / math.sqrt(meds[c - 1] * meds[c + 1])
+        null = meds[c + 2] / math.sqrt(meds[c + 1] * meds[c + 3])
+        out["on"].append(on)
+        out["null"].append(null)
+        out["on x null"].append(on * null)
+    return out
+
+
+def _cycle_worker(args: argparse.Namespace, results: Any) -> None:
+    quiet_lightning()
+    try:
+        results.put(_cycle_fit(args))
+    except BaseException as exc:
+        results.put(repr(exc))
+        raise
+
+
+def _cycle(args: argparse.Namespace) -> dict[str, Any]:
+    """``args.fits`` cycle fits, each in a fresh process; the rows of their pooled cycles."""
+    ctx = mp.get_context("spawn")
+    fits = []
+    for _ in range(args.fits):
+        results = ctx.Queue()
+        worker = ctx.Process(target=_cycle_worker, args=(args, results))
+        worker.start()
+        try:
+            res = results.get(timeout=_FIT_TIMEOUT_S + args.cycles * 4 * args.block_len)
+        finally:
+            worker.join(timeout=60)
+            if worker.is_alive():
+                worker.terminate()
+        if isinstance(res, str):
+            raise RuntimeError(f"a cycle worker failed: {res}")
+        fits.append(res)
+    record: dict[str, Any] = {"syncs_found": max(f["syncs"] for f in fits)}
+    for clock, col in (("wall", 1), ("cpu", 2)):
+        ratios: dict[str, list[float]] = {}
+        for f in fits:
+            for key, rs in _cycle_ratios(
+                [(s[0], s[col]) for s in f["steps"]], args.block_len
+            ).items():
+                ratios.setdefault(key, []).extend(rs)
+        for key, rs in ratios.items():
+            q = _quartiles(rs)
+            record[f"{clock} {key}"] = {"median": median(rs), "iqr": [q[0], q[2]], "n": len(rs)}
+        for label in ("off", "on"):
+            record[f"{clock} step {label} (us)"] = 1e6 * median(
+                [s[col] for f in fits for s in f["steps"] if s[0] == label]
+            )
+    return record
+
+
+def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
+    rows: list[list[object]] = []
+    for key, name in (
+        ("on", "on / off"),
+        ("null", "null / off (nothing switched)"),
+        ("on x null", "**on x null: the callback's own cost**"),
+    ):
+        cells: list[object] = [name]
+        for clock in ("wall", "cpu"):
+            r = record[f"{clock} {key}"]
+            cells.append(f"{r['median']:.4f} ({r['iqr'][0]:.4f}-{r['iqr'][1]:.4f})")
+        rows.append(cells)
+    n = record["wall on"]["n"]
+    print(
+        f"{args.fits} fit(s) x {args.cycles} cycles of {' / '.join(CYCLE)} blocks of "
+        f"{args.block_len} steps ({n} cycles counted); step off "
+        f"{record['wall step off (us)']:.0f} us, thread CPU off {record['cpu step off (us)']:.0f} us; "
+        f"syncs found {record['syncs_found']}"
+    )
+    print(table(["ratio", "step time (IQR)", "training thread's CPU time (IQR)"], rows))
+
+
 def _blocks_record(
     per_fit: list[list[float]],
     step_off_s: float,
@@ -349,6 +501,15 @@ def _pool(paths: list[str], out: str | None) -> None:
     )
 
 
+def _model_name(args: argparse.Namespace) -> str:
+    if args.model == "transformer":
+        return (
+            f"TinyLM {args.blocks} layers x {args.width} (ff {args.hidden}), seq {args.seq}, "
+            f"vocab {args.vocab}, batch {args.batch}"
+        )
+    return f"MLP {args.blocks}x{args.hidden}, in {args.width}, batch {args.batch}"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
@@ -366,7 +527,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vocab", type=int, default=8192, help="transformer: vocabulary size")
     ap.add_argument("--steps", type=int, default=640, help="training batches per fit")
     ap.add_argument("--block-len", type=int, default=16, help="steps per block")
-    ap.add_argument("--fits", type=int, default=6, help="fits per row")
+    ap.add_argument("--fits", type=int, default=6, help="fits per row (per run with --cycles)")
+    ap.add_argument(
+        "--cycles",
+        type=int,
+        help="the cycle design: one long fit of this many on / off / null / off cycles",
+    )
+    ap.add_argument(
+        "--epoch-batches", type=int, default=64, help="--cycles: batches per epoch of the fit"
+    )
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
     ap.add_argument("--pool", nargs="+", metavar="JSON", help="pool the rows of these results")
     ap.add_argument("--out")
@@ -381,7 +550,24 @@ def main(argv: list[str] | None = None) -> None:
         args.steps, args.block_len, args.fits, args.batch = 12, 2, 1, 16
         args.width, args.hidden, args.blocks = 64, 64, 2
         args.seq, args.vocab = 16, 128
+        args.epoch_batches = 4
+        if args.cycles is not None:
+            args.cycles = 3
     quiet_lightning()
+    if args.cycles is not None:
+        record = _cycle(args)
+        _print_cycle(args, record)
+        write(
+            args.out,
+            {
+                "benchmark": "lightning_callback_overhead",
+                "settings": vars(args),
+                "model": _model_name(args),
+                "designs": {"cycle": record},
+                "target": TARGET,
+            },
+        )
+        return
     rows: list[list[object]] = []
     records: dict[str, Any] = {}
     for key, fits in _blocks(args).items():
@@ -406,13 +592,7 @@ def main(argv: list[str] | None = None) -> None:
             rows,
         )
     )
-    if args.model == "transformer":
-        model = (
-            f"TinyLM {args.blocks} layers x {args.width} (ff {args.hidden}), seq {args.seq}, "
-            f"vocab {args.vocab}, batch {args.batch}"
-        )
-    else:
-        model = f"MLP {args.blocks}x{args.hidden}, in {args.width}, batch {args.batch}"
+    model = _model_name(args)
     print(f"model: {model}; target: with / without at most {TARGET}")
     write(
         args.out,

@@ -76,3 +76,33 @@ def test_pool_refuses_runs_of_two_models(bench: Any, tmp_path: Path) -> None:
         paths.append(str(path))
     with pytest.raises(SystemExit, match="one model"):
         bench.main(["--pool", *paths])
+
+
+def test_cycle_ratios_cancel_the_slowdown_after_a_switch(bench: Any) -> None:
+    # Blocks of 2 steps, cycling on / off / null / off over a base step of 10. The
+    # callback slows its blocks by 3%; a switch slows the block after it by 8%.
+    e, s = 1.03, 1.08
+    factor = {"on": e * s, "off after on": s, "null": 1.0, "off": 1.0}
+    steps: list[tuple[str, float]] = []
+    for _ in range(4):
+        for label in ("on", "off after on", "null", "off"):
+            steps += [(label.split()[0], 10.0 * factor[label])] * 2
+    ratios = bench._cycle_ratios(steps, 2)
+    # The first cycle is left out (its on-block has no off block before it).
+    assert len(ratios["on"]) == len(ratios["null"]) == 3
+    assert ratios["on"] == [pytest.approx(e * s**0.5)] * 3
+    assert ratios["null"] == [pytest.approx(s**-0.5)] * 3
+    assert ratios["on x null"] == [pytest.approx(e)] * 3
+
+
+def test_cycle_design_runs_one_long_fit(bench: Any, tmp_path: Path) -> None:
+    out = tmp_path / "cycle.json"
+    bench.main(["--tiny", "--cycles", "3", "--fits", "1", "--out", str(out)])
+    rec = json.loads(out.read_text())["designs"]["cycle"]
+    for clock in ("wall", "cpu"):
+        for key in ("on", "null", "on x null"):
+            low, high = rec[f"{clock} {key}"]["iqr"]
+            assert 0 < low <= rec[f"{clock} {key}"]["median"] <= high
+            assert rec[f"{clock} {key}"]["n"] == 2  # 3 cycles, the first left out
+    # The callback ran in its on-blocks and found the prog_bar syncs there.
+    assert rec["syncs_found"] > 0
