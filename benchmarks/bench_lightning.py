@@ -107,12 +107,17 @@ Reproduce:
             --out benchmarks/results/h200/lightning_blocks_mlp_ea4926a.json \
             | tee benchmarks/results/h200/lightning_blocks_mlp_ea4926a.txt
 
-    The cycle design, 800 cycles of the MLP fit (about 6 minutes), at the commit
-    that added it::
+    The cycle design at fd12fdf, 800 cycles of the MLP fit (about 6 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 800 --fits 1 \\
             --out benchmarks/results/h200/lightning_cycle_mlp.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp.txt
+
+    and 400 cycles of the TinyLM fit (about 7 minutes)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
+            --fits 1 --out benchmarks/results/h200/lightning_cycle_transformer.json \\
+            | tee benchmarks/results/h200/lightning_cycle_transformer.txt
 
     (The committed runs were started as ``--design blocks``, with ``--block-fits``
     for ``--fits``, when the script also had two older designs.) GPU: each
@@ -159,7 +164,8 @@ TARGET = 1.02
 
 
 def _quartiles(xs: list[float]) -> list[float]:
-    return statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    # Inclusive: quartiles of a few ratios stay within them (exclusive ones extrapolate).
+    return statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
 
 
 def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
