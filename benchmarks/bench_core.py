@@ -17,7 +17,7 @@ Design:
     * Per step, by part (GPU only, ``--parts-steps``): where ``watch(memory=False)``'s
       host time goes on that step, measured in place: each entry point the step
       reaches (the optimizer hook and the step boundary in it, the ``.to()`` copy
-      wrapper, the timed wrappers the optimizer calls on host tensors) is wrapped
+      wrapper, the timed wrappers the step calls, e.g. ``torch.tensor``) is wrapped
       in a ``perf_counter`` meter, and so is the original call inside each
       wrapper; a wrapper's cost is its time less its original's, and holds one
       inner meter's cost per call (an empty metered call after each step gives

@@ -282,6 +282,50 @@ def test_watch_never_changes_results(fake_cuda: FakeMode) -> None:
     assert guard.report.steps == 10
 
 
+def test_optimizers_read_host_step_counters_past_the_item_wrapper(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.optim import adam
+
+    from barrierguard.detect import cuda as cuda_engine
+
+    monkeypatch.setattr(cuda_engine, "_on_device", lambda tensor: tensor.is_cuda)
+    original = adam._get_value
+
+    def train() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1, foreach=False)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(2, 4)).pow(2).sum().backward()
+            opt.step()  # one _get_value(step) per parameter
+        return [p.detach().clone() for p in model.parameters()]
+
+    bare = train()
+    with barrierguard.watch(engine="cuda", policy="record"):
+        assert adam._get_value is not original
+        wrapper = torch.Tensor.item
+        through: list[torch.Tensor] = []
+
+        def counted(self: torch.Tensor) -> object:
+            through.append(self)
+            return wrapper(self)
+
+        torch.Tensor.item = counted  # type: ignore[method-assign]
+        watched = train()
+        # The host counters were read, with the same values, and none through the wrapper.
+        assert through == []
+        assert [torch.equal(a, b) for a, b in zip(watched, bare, strict=True)] == [True, True]
+        # Anything but a plain host tensor goes to the original, through the wrapper.
+        assert adam._get_value(2.5) == 2.5
+        counter = torch.nn.Parameter(torch.tensor(3.0))
+        assert adam._get_value(counter) == 3.0
+        assert through == [counter]
+    assert adam._get_value is original
+    assert "item" not in torch.Tensor.__dict__ or torch.Tensor.item is not counted
+
+
 @pytest.fixture
 def scalar_reads(fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch) -> FakeMode:
     """Plain CPU tensors read as CUDA ones on the scalar-read path (the mode faked)."""

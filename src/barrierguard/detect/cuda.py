@@ -383,6 +383,7 @@ class CudaEngine:
         for method in ("to", "cuda", "copy_"):
             orig = getattr(torch.Tensor, method)
             self._patches.set(torch.Tensor, method, self._copy_wrapper(orig, method))
+        self._host_reads_unwrapped(torch.Tensor.item)
         for name in sorted(_NO_ARGS):
             read = self._read if name in _SCALAR_READS else None
             timed = _timed_no_args(getattr(torch.Tensor, name), _compiling, read)
@@ -397,6 +398,37 @@ class CudaEngine:
             host=lambda tensor: tensor.device.type == "cpu",
             record=lambda detail, stall: record("collective", detail, stall),
         )
+
+    def _host_reads_unwrapped(self, item: Callable[[Any], Any]) -> None:
+        """Let optimizers read their host step counters with ``item`` itself.
+
+        Adam, AdamW, NAdam, RAdam, Adamax, ASGD and Adagrad read each
+        parameter's step counter, a host tensor, with ``torch.optim``'s
+        ``_get_value`` (``x.item()``) once or twice a step: through the
+        ``item()`` wrapper, a frame that only finds the tensor on the host. Each
+        module's ``_get_value`` is replaced, while the engine is installed, by
+        one that reads a plain host tensor with the unwrapped ``item`` and hands
+        everything else (a device tensor, a number, a traced call) to the
+        original: the same values, and a device read is still recorded.
+        """
+        from torch.optim import optimizer as base
+
+        orig = getattr(base, "_get_value", None)
+        if orig is None:
+            return
+        plain = torch.Tensor
+        on_device = _on_device
+        is_compiling = torch.compiler.is_compiling
+
+        @functools.wraps(orig)
+        def _get_value(x: Any) -> Any:
+            if type(x) is plain and not is_compiling() and not on_device(x):
+                return item(x)
+            return orig(x)
+
+        for name, module in list(sys.modules.items()):
+            if name.startswith("torch.optim") and getattr(module, "_get_value", None) is orig:
+                self._patches.set(module, "_get_value", _get_value)
 
     def _copy_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
         record = self._record
