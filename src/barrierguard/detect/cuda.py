@@ -411,8 +411,10 @@ class CudaEngine:
         everything else (a device tensor, a number, a traced call) to the
         original: the same values, and a device read is still recorded.
         """
-        from torch.optim import optimizer as base
-
+        try:
+            from torch.optim import optimizer as base
+        except ImportError:  # a torch without it: the reads pass the wrapper
+            return
         orig = getattr(base, "_get_value", None)
         if orig is None:
             return
