@@ -245,32 +245,38 @@ def _block_ratios(steps: list[tuple[bool, float]], block: int) -> list[float]:
     ]
 
 
-def _blocks_worker(args: argparse.Namespace, switched: bool, results: Any) -> None:
+def _worker(fit: Any, args: tuple[Any, ...], results: Any) -> None:
     quiet_lightning()
     try:
-        results.put(_blocks_fit(args, switched))
+        results.put(fit(*args))
     except BaseException as exc:
         results.put(repr(exc))
         raise
 
 
+def _in_fresh_process(fit: Any, args: tuple[Any, ...], timeout: float) -> Any:
+    """``fit(*args)`` in a spawned process (a fresh ``torch.Tensor``); its result."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    worker = ctx.Process(target=_worker, args=(fit, args, results))
+    worker.start()
+    try:
+        res = results.get(timeout=timeout)
+    finally:
+        worker.join(timeout=60)
+        if worker.is_alive():
+            worker.terminate()
+    if isinstance(res, str):
+        raise RuntimeError(f"a {fit.__name__} worker failed: {res}")
+    return res
+
+
 def _blocks(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     """Fits of both rows, alternating which goes first, each in a fresh process."""
-    ctx = mp.get_context("spawn")
     fits: dict[str, list[dict[str, Any]]] = {"blocks": [], "blocks_null": []}
     for i in range(args.fits):
         for switched in (True, False) if i % 2 == 0 else (False, True):
-            results = ctx.Queue()
-            worker = ctx.Process(target=_blocks_worker, args=(args, switched, results))
-            worker.start()
-            try:
-                res = results.get(timeout=_FIT_TIMEOUT_S)
-            finally:
-                worker.join(timeout=60)
-                if worker.is_alive():
-                    worker.terminate()
-            if isinstance(res, str):
-                raise RuntimeError(f"a blocks worker failed: {res}")
+            res = _in_fresh_process(_blocks_fit, (args, switched), _FIT_TIMEOUT_S)
             fits["blocks" if switched else "blocks_null"].append(res)
     return fits
 
@@ -339,32 +345,10 @@ def _cycle_ratios(steps: list[tuple[str, float]], block: int) -> dict[str, list[
     return out
 
 
-def _cycle_worker(args: argparse.Namespace, results: Any) -> None:
-    quiet_lightning()
-    try:
-        results.put(_cycle_fit(args))
-    except BaseException as exc:
-        results.put(repr(exc))
-        raise
-
-
 def _cycle(args: argparse.Namespace) -> dict[str, Any]:
     """``args.fits`` cycle fits, each in a fresh process; the rows of their pooled cycles."""
-    ctx = mp.get_context("spawn")
-    fits = []
-    for _ in range(args.fits):
-        results = ctx.Queue()
-        worker = ctx.Process(target=_cycle_worker, args=(args, results))
-        worker.start()
-        try:
-            res = results.get(timeout=_FIT_TIMEOUT_S + args.cycles * 4 * args.block_len)
-        finally:
-            worker.join(timeout=60)
-            if worker.is_alive():
-                worker.terminate()
-        if isinstance(res, str):
-            raise RuntimeError(f"a cycle worker failed: {res}")
-        fits.append(res)
+    timeout = _FIT_TIMEOUT_S + args.cycles * 4 * args.block_len
+    fits = [_in_fresh_process(_cycle_fit, (args,), timeout) for _ in range(args.fits)]
     record: dict[str, Any] = {"syncs_found": max(f["syncs"] for f in fits)}
     for clock, col in (("wall", 1), ("cpu", 2)):
         ratios: dict[str, list[float]] = {}
