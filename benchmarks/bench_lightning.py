@@ -168,6 +168,14 @@ def _quartiles(xs: list[float]) -> list[float]:
     return statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
 
 
+def _warm_up(args: argparse.Namespace) -> None:
+    """A 30-step fit without the callback first: CUDA, cuBLAS, Lightning's imports."""
+    warm = argparse.Namespace(**{**vars(args), "steps": 30})
+    gc.collect()
+    lightning_trainer([]).fit(lightning_model(warm), lightning_loader(warm))
+    gc.collect()
+
+
 def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
     """One fit whose callback is switched off and on every ``args.block_len`` steps.
 
@@ -179,10 +187,7 @@ def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
     import lightning.pytorch as pl
 
     loader = lightning_loader(args)
-    warm = argparse.Namespace(**{**vars(args), "steps": 30})
-    gc.collect()
-    lightning_trainer([]).fit(lightning_model(warm), lightning_loader(warm))  # CUDA, cuBLAS, ...
-    gc.collect()
+    _warm_up(args)
     guard_cb: Any = (
         barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
         if switched
@@ -228,6 +233,14 @@ def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
     return {"steps": steps, "cpu": cpu, "outside_s": total - state["loop"], "syncs": syncs}
 
 
+def _block_medians(steps: list[tuple[Any, float]], block: int) -> list[float]:
+    """The median step of each whole block of ``block`` steps, in order."""
+    return [
+        median([d for _, d in steps[k : k + block]])
+        for k in range(0, len(steps) - block + 1, block)
+    ]
+
+
 def _block_ratios(steps: list[tuple[bool, float]], block: int) -> list[float]:
     """Each on-block's median step over the geometric mean of its off neighbours'.
 
@@ -235,8 +248,8 @@ def _block_ratios(steps: list[tuple[bool, float]], block: int) -> list[float]:
     across three adjacent blocks cancels.
     """
     meds = [
-        (steps[k][0], median([d for _, d in steps[k : k + block]]))
-        for k in range(0, len(steps) - block + 1, block)
+        (steps[k][0], m)
+        for k, m in zip(range(0, len(steps), block), _block_medians(steps, block), strict=False)
     ]
     return [
         meds[j][1] / math.sqrt(meds[j - 1][1] * meds[j + 1][1])
@@ -291,10 +304,7 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
     import lightning.pytorch as pl
 
     epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
-    warm = argparse.Namespace(**{**vars(args), "steps": 30})
-    gc.collect()
-    lightning_trainer([]).fit(lightning_model(warm), lightning_loader(warm))
-    gc.collect()
+    _warm_up(args)
     guard_cb = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
     steps: list[tuple[str, float, float]] = []
     state = {"t": 0.0, "c": 0.0}
@@ -331,10 +341,7 @@ def _cycle_ratios(steps: list[tuple[str, float]], block: int) -> dict[str, list[
     factor ``s`` and the callback by ``e``, the on ratio reads ``e * sqrt(s)``
     and the null one ``1 / sqrt(s)``, so their product reads ``e``.
     """
-    meds = [
-        median([d for _, d in steps[k : k + block]])
-        for k in range(0, len(steps) - block + 1, block)
-    ]
+    meds = _block_medians(steps, block)
     out: dict[str, list[float]] = {"on": [], "null": [], "on x null": []}
     for c in range(len(CYCLE), len(meds) - len(CYCLE) + 1, len(CYCLE)):
         on = meds[c] / math.sqrt(meds[c - 1] * meds[c + 1])
