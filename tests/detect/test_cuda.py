@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import io
+import os
+import sys
 import threading
 import traceback
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -376,6 +380,75 @@ def test_scalar_read_in_a_helper_is_located_at_each_caller(scalar_reads: FakeMod
             value(x)  # H-two
     lines = {(s.line, s.count) for s in guard.report.sites}
     assert (_line("# H-read"), 4) in lines  # the helper is user code: its own line
+
+
+# A framework's scalar read, 20 of its own frames out of the user's line.
+_FRAMEWORK_READ = compile(
+    "def metrics(x):\n"
+    "    return x.item()\n"
+    "def through(depth, x):\n"
+    "    return metrics(x) if depth <= 1 else through(depth - 1, x)\n",
+    os.path.join(
+        os.sep,
+        "sp",
+        "site-packages",
+        "lightning",
+        "pytorch",
+        "trainer",
+        "connectors",
+        "logger_connector",
+        "result.py",
+    ),
+    "exec",
+)
+
+
+@pytest.mark.parametrize("phases", [True, False], ids=["phase-markers-possible", "none"])
+def test_a_framework_read_met_again_replays_the_last_route_and_tells_user_lines_apart(
+    scalar_reads: FakeMode, monkeypatch: pytest.MonkeyPatch, phases: bool
+) -> None:
+    from barrierguard.detect import frameworks, stack
+
+    # With markers possible, the search for a phase runs out past the user's
+    # frame: the route holds the frame outward of it.
+    monkeypatch.setattr(frameworks, "PHASE_PACKAGES", ("sys",) if phases else ("not-imported",))
+    stack.forget()
+
+    namespace: dict[str, Any] = {}
+    exec(_FRAMEWORK_READ, namespace)
+    through = namespace["through"]
+    x = torch.ones(1)
+    calls: collections.Counter[Any] = collections.Counter()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:  # counts calls, adds no frame
+        if event == "call":
+            calls[frame.f_code] += 1
+
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        for _ in range(3):
+            through(20, x)  # F-one
+            through(20, x)  # F-two
+        guard.step()
+        sys.setprofile(profile)
+        try:
+            for _ in range(5):
+                through(20, x)  # F-three
+        finally:
+            sys.setprofile(None)
+    counts = {(s.line, s.origin): s.count for s in guard.report.sites}
+    assert counts == {
+        (_line("# F-one"), "framework:lightning"): 3,
+        (_line("# F-two"), "framework:lightning"): 3,
+        (_line("# F-three"), "framework:lightning"): 5,
+    }
+    # Only F-three's first two reads reach observe: the first tries the last
+    # route (F-two's), then F-two's and F-one's, and walks; the second tries
+    # the last route, then replays its own. The other three replay it alone.
+    assert calls[stack.observe.__code__] == 2
+    assert calls[stack._replay.__code__] == 3 + 2 + 3
+    if phases:  # the route held this test's frame: not kept past the run
+        assert stack._anchors.read is None
 
 
 def test_scalar_read_under_error_policy_raises_at_the_line_with_the_mode_back_on(

@@ -28,7 +28,7 @@ import torch
 from barrierguard.detect import distributed, hub, stack
 from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.patch import Patches, drop_filter
-from barrierguard.detect.stack import Sync, _anchors, observe
+from barrierguard.detect.stack import Sync, _anchors, observe, replay_last
 
 __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 
@@ -342,7 +342,9 @@ class CudaEngine:
             sync: Sync | None = last[4]
         else:
             try:
-                sync = observe(frame, None, "", 2)
+                # A framework's read met again by the same route: a few probes,
+                # without the walk's bookkeeping (else the whole observe).
+                sync = replay_last(frame, 2) or observe(frame, None, "", 2)
             except Exception as exc:  # a fault of ours is reported, never raised
                 hub.fault(self.name, exc)
                 return

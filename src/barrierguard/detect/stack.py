@@ -158,6 +158,10 @@ class _Anchors:
     # The key of the last route replayed (its code, instruction, kind and
     # detail) and its key's routes: the same key again costs no dictionary.
     hot: tuple[CodeType, int, str | None, str, list[_Route]] | None = None
+    # The last route replayed for a read (no kind or detail known), with its
+    # code and instruction, when its sync's frame is not the user's (kept as
+    # ``last``): see :func:`replay_last`.
+    read: tuple[CodeType, int, _Route] | None = None
 
 
 _anchors = _Anchors()
@@ -221,7 +225,8 @@ def forget(live: bool = False) -> None:
     global _phases_seen, _depths, _kept
     _phases_seen = (-1, False)
     located, searched, last = _anchors.located, _anchors.searched, _anchors.last
-    if not (_held or located or searched or last):
+    read = _anchors.read
+    if not (_held or located or searched or last or (read and read[2].outer)):
         return
     if live and _kept == (
         id(searched),
@@ -279,6 +284,8 @@ def forget(live: bool = False) -> None:
         _anchors.searched = None
     if last is None or id(last[0]) not in on_stack:
         _anchors.last = None
+    if read is not None and read[2].outer is not None and id(read[2].outer[1]) not in on_stack:
+        _anchors.read = None  # its route holds a frame that finished
     still = [(key, route) for key, route in _held if id(route.outer[1]) in on_stack]  # type: ignore[index]
     for key, route in _held:
         routes = _routes.get(key)
@@ -578,8 +585,11 @@ def _replay(route: _Route, base: int) -> Sync | None:
         outer = route.outer
         if outer is not None and getframe(base + outer[0]) is not outer[1]:
             return None
-        seen = _phases_seen  # _phases_possible(), its cache read inline (a call a sync)
-        if route.phases != (seen[1] if seen[0] == len(sys.modules) else _phases_possible()):
+        # A route learnt before any framework with phase markers was imported
+        # holds no marker's probe: walk again once one is (imports stay).
+        # _phases_possible(), its cache read inline (a call a sync).
+        seen = _phases_seen
+        if not route.phases and (seen[1] if seen[0] == len(sys.modules) else _phases_possible()):
             return None
         if route.sync is not None:
             return route.sync
@@ -598,6 +608,26 @@ def _replay(route: _Route, base: int) -> Sync | None:
     except ValueError:
         return None
     return Sync(route.loc, mechanism, phase)
+
+
+def replay_last(frame: FrameType, depth: int) -> Sync | None:
+    """The sync of the route replayed last, when ``frame`` reads a value where it did.
+
+    A framework's read met again from one loop (a logger's ``.item()`` many
+    frames out of the user's line): the route :func:`observe` replayed last is
+    tried first, without the rest of its bookkeeping. ``None`` sends the read
+    to :func:`observe`: another place, a route of the user's own frame (kept as
+    the last sync there), or frames that are no longer where they were.
+
+    Args:
+        frame: The frame of a scalar read (kind and detail unknown).
+        depth: ``frame``'s depth as the caller's ``sys._getframe(depth)``.
+    """
+    read = _anchors.read
+    if read is None or read[0] is not frame.f_code or read[1] != frame.f_lasti:
+        return None
+    # From _replay, one call further in, frame is sys._getframe(depth + 2).
+    return _replay(read[2], depth + 2)
 
 
 def observe(
@@ -659,6 +689,8 @@ def observe(
                 kept = route.kept
                 if hot is None or routes is not hot[4]:
                     _anchors.hot = (code, lasti, kind, detail, routes)
+                if kind is None and not detail and not kept:
+                    _anchors.read = (code, lasti, route)
                 break
     if sync is None:
         trace = _Trace() if depth >= 0 else None
