@@ -107,3 +107,51 @@ def test_optimizer_rounds_give_what_watch_adds_to_an_adamw_step(tmp_path: Path) 
     assert row["bare_us"] > 0 and row["watch_us"] > 0
     low, high = row["added_us_quartiles"]
     assert low <= row["added_us_median"] <= high
+
+
+def test_instructions_workload_runs_both_parts_without_valgrind(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    import bench_instructions
+
+    bench_instructions.main(["--no-valgrind", "--tiny"])
+    out = capfd.readouterr().out
+    # Each part's workload ran to its end and printed one label per mark.
+    assert "LABELS - user_bare - user_watched - framework_bare - framework_watched" in out
+    assert out.count("LABELS - on switch off switch on switch") == 2  # memory off, then on
+
+
+def test_instructions_count_each_part_by_its_label() -> None:
+    import bench_instructions
+
+    stdout = "noise\nLABELS - user_bare - user_watched\nmore noise\n"
+    assert bench_instructions.parse(stdout, [9, 100, 1, 400]) == {
+        "-": [9, 1],
+        "user bare": [100],
+        "user watched": [400],
+    }
+    with pytest.raises(RuntimeError, match="4 labels for 3 dumps"):
+        bench_instructions.parse(stdout, [9, 100, 1])
+
+
+def test_instructions_per_read_and_per_step_leave_the_setup_block_out() -> None:
+    import argparse
+
+    import bench_instructions
+
+    args = argparse.Namespace(reads=10, block_len=2)
+    reads = {
+        "user bare": [1000],
+        "user watched": [3000],
+        "framework bare": [5000],
+        "framework watched": [9000],
+    }
+    # The first on-block holds the fit's setup: far larger, left out.
+    fit = {"on": [10**6, 240, 260], "off": [200, 200, 220], "switch": [5, 70, 5, 70]}
+    record = bench_instructions._summarise(args, reads, {"memory=False": fit})
+    assert record["per_read"]["user"] == {"bare": 100, "watched": 300, "added": 200}
+    assert record["per_read"]["framework"]["added"] == 400
+    step = record["lightning_per_step"]["memory=False"]
+    assert (step["on"], step["off"], step["added"]) == (125, 100, 25)
+    assert step["ratio"] == 1.25
+    assert (step["switch_off"], step["switch_on"]) == (5, 70)

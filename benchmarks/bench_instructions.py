@@ -1,0 +1,371 @@
+"""How many instructions does barrierguard run per recorded sync and per Lightning step?
+
+Question:
+    Host timings of one step drift by 20-40% on a shared machine, so a cost of
+    1% or a microsecond per sync takes hundreds of paired rounds to resolve,
+    and one host reads differently from the next. What does the instrument
+    itself execute, counted without noise: per recorded ``.item()`` (in user
+    code, and inside a framework 20 frames deep), and per step of a Lightning
+    fit with the callback?
+
+Design:
+    The workload runs under valgrind's callgrind, which counts every machine
+    instruction the process executes (``Ir``); the count of a part is the
+    same from run to run within a fraction of a percent. The workload marks
+    the end of each part by calling ``time.clock_getres``, before which
+    callgrind writes the counts so far (``--dump-before``): the parent reads
+    each dump's total and the part's label, which the workload prints.
+
+    The CUDA engine runs on the CPU through its seams (``detect/cuda.py``):
+    the sync-debug mode reads as warn, setting it does nothing, and in the
+    reads part every tensor counts as on the device, so an ``.item()`` takes
+    the GPU's path (its wrapper records it). The device's own wait is absent,
+    as are the CUDA calls of the memory sampler and the step timeline.
+
+    * ``reads``: ``--reads`` reads, bare and under ``watch(engine="cuda",
+      memory=False)`` after a step boundary confirmed the site and the
+      violation list filled (the steady state of a long run): in user code
+      (one loop) and in bench_core's framework path (a Lightning file, 20
+      frames deep). Added per read = (watched - bare) / reads.
+    * ``lightning``: a CPU Lightning fit of a small TinyLM with
+      ``BarrierGuard(memory=False)``, then ``BarrierGuard()``, switched off and
+      on every ``--block-len`` steps (the switch itself is counted apart); the
+      median on-block and off-block per step, and what the callback adds.
+      Without memory sampling the count is the same from run to run; with it,
+      it varies with how many samples fall in a block (the sampler picks its
+      stride from the step's wall time). Device placement is left alone here:
+      optimizers' host step counters stay on the host.
+
+    Instructions are not time: a cache miss costs hundreds of cycles, and a
+    GPU host runs CUDA calls this machine does not. The figures bound what
+    barrierguard's own Python adds; the timed benchmarks give the rest.
+
+Reproduce:
+    On a Linux machine with valgrind (CPU; about 13 minutes)::
+
+        PYTHONPATH=src python benchmarks/bench_instructions.py \\
+            --out benchmarks/results/instructions_cpu.json \\
+            | tee benchmarks/results/instructions_cpu.txt
+
+    Smoke run without valgrind (the workload only, no counts)::
+
+        PYTHONPATH=src python benchmarks/bench_instructions.py --no-valgrind --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import median, table, write
+
+_MARK_CLOCK = time.CLOCK_MONOTONIC
+_LABELS = "LABELS "
+
+
+def _mark() -> None:
+    """The end of a part: callgrind writes its counts before this call."""
+    time.clock_getres(_MARK_CLOCK)
+
+
+def _engine_on_cpu(all_on_device: bool) -> None:
+    """Run the CUDA engine here: the mode reads as warn and is never set."""
+    import logging
+
+    from barrierguard import _env
+    from barrierguard.detect import cuda as engine
+    from barrierguard.session import guard as guard_module
+
+    _env.cuda_available = lambda: True  # type: ignore[assignment]
+    engine._get_mode = lambda: 0
+    engine._set_mode = lambda mode: None
+    engine._raw_get = lambda: 1
+    engine._raw_set = lambda mode: None
+    if all_on_device:
+        engine._on_device = lambda tensor: True
+    guard_module._make_engine = lambda name: engine.CudaEngine()  # type: ignore[assignment]
+
+    def no_timeline() -> Any:
+        raise RuntimeError("no CUDA events on this machine")
+
+    guard_module._make_timeline = no_timeline  # type: ignore[assignment]
+    # The step timeline's fault is noted once per start: not printed.
+    logging.getLogger("barrierguard").setLevel(logging.CRITICAL)
+
+
+def _reads(args: argparse.Namespace) -> list[str]:
+    """Bare and watched reads, user and framework path; returns the labels."""
+    import torch
+    from bench_core import _framework
+
+    import barrierguard
+
+    _engine_on_cpu(all_on_device=True)
+    x = torch.ones(1)
+    through = _framework()
+
+    def user(n: int) -> None:
+        for _ in range(n):
+            x.item()
+
+    def framework(n: int) -> None:
+        for _ in range(n):
+            through(20, x)
+
+    labels: list[str] = []
+    for path, loop in (("user", user), ("framework", framework)):
+        loop(50)
+        _mark()
+        loop(args.reads)
+        _mark()
+        labels += ["-", f"{path} bare"]
+        guard = barrierguard.watch(engine="cuda", policy="record", memory=False)
+        guard.start()
+        guard.step()
+        loop(1)  # the site, confirmed by the step boundary that follows
+        guard.step()
+        loop(1100)  # past the violation list's 1,000 entries: the steady state
+        _mark()
+        loop(args.reads)
+        _mark()
+        labels += ["-", f"{path} watched"]
+        guard.stop()
+        found = sum(s.count for s in guard.report.sites if s.kind == "item")
+        assert found == args.reads + 1101, (path, found)
+    return labels
+
+
+def _lightning(args: argparse.Namespace) -> list[str]:
+    """A CPU fit with the callback switched every ``args.block_len`` steps; the labels."""
+    import lightning.pytorch as pl
+    import torch
+    from _common import (
+        lightning_loader,
+        lightning_model,
+        lightning_settings,
+        lightning_trainer,
+        quiet_lightning,
+    )
+
+    import barrierguard
+
+    torch.set_num_threads(1)
+    quiet_lightning()
+    _engine_on_cpu(all_on_device=False)
+    fit = lightning_settings("transformer", 64)
+    fit.width, fit.hidden, fit.seq, fit.vocab, fit.batch = 64, 64, 2, 32, 1
+    cb = barrierguard.BarrierGuard(
+        policy="record", print_report=False, save_report=False, memory=args.memory
+    )
+    labels = ["-"]
+    steps = [0]
+    block = args.block_len
+
+    class Switch(pl.Callback):
+        def on_train_batch_end(self, *a: Any) -> None:
+            steps[0] += 1
+            if steps[0] % block:
+                return
+            on = (steps[0] // block) % 2 == 1  # the callback starts on
+            _mark()
+            labels.append("on" if on else "off")
+            if on:
+                cb.guard._stop(act=False)
+            else:
+                cb._begin("train")
+            _mark()
+            labels.append("switch")
+
+    trainer = lightning_trainer([cb, Switch()], max_steps=block * args.blocks)
+    torch.manual_seed(0)
+    _mark()
+    trainer.fit(lightning_model(fit), lightning_loader(fit))
+    return labels
+
+
+def _child(args: argparse.Namespace) -> None:
+    labels = _lightning(args) if args.child == "lightning" else _reads(args)
+    print(_LABELS + " ".join(label.replace(" ", "_") for label in labels), flush=True)
+
+
+def _counts(directory: Path, base: str) -> list[int]:
+    """Each dump's instruction total, in order."""
+    files = sorted(directory.glob(f"{base}.*"), key=lambda p: int(p.suffix[1:]))
+    totals = []
+    for path in files:
+        with path.open(errors="replace") as f:
+            for line in f:
+                if line.startswith("summary:"):
+                    totals.append(int(line.split()[1]))
+                    break
+    return totals
+
+
+def parse(stdout: str, totals: list[int]) -> dict[str, list[int]]:
+    """Instructions by label: dump ``i`` holds what ran before the ``i``-th mark.
+
+    Example:
+        >>> parse("x\\nLABELS - user_bare\\n", [900, 100])
+        {'-': [900], 'user bare': [100]}
+    """
+    line = next(ln for ln in stdout.splitlines() if ln.startswith(_LABELS))
+    labels = [label.replace("_", " ") for label in line[len(_LABELS) :].split()]
+    if len(labels) != len(totals):
+        raise RuntimeError(f"{len(labels)} labels for {len(totals)} dumps")
+    out: dict[str, list[int]] = {}
+    for label, total in zip(labels, totals, strict=True):
+        out.setdefault(label, []).append(total)
+    return out
+
+
+def _run_part(part: str, args: argparse.Namespace) -> dict[str, list[int]] | None:
+    """The part's workload under callgrind (or bare with ``--no-valgrind``)."""
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        part.split()[0],
+        "--reads",
+        str(args.reads),
+        "--block-len",
+        str(args.block_len),
+        "--blocks",
+        str(args.blocks),
+        *(["--memory"] if part == "lightning memory" else []),
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    if args.no_valgrind:
+        subprocess.run(argv, check=True, env=env)
+        return None
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("bench_instructions: valgrind is not installed (or use --no-valgrind)")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg.out"
+        cmd = [
+            valgrind,
+            "--tool=callgrind",
+            "--dump-before=time_clock_getres",
+            f"--callgrind-out-file={out}",
+            *argv,
+        ]
+        proc = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True)
+        return parse(proc.stdout, _counts(Path(tmp), "cg.out"))
+
+
+def _per_step(args: argparse.Namespace, fit: dict[str, list[int]]) -> dict[str, Any]:
+    """Instructions per step of the on- and off-blocks, and of a switch."""
+    # The first on-block holds the fit's setup: left out.
+    on = [t / args.block_len for t in fit["on"][1:]]
+    off = [t / args.block_len for t in fit["off"]]
+    step: dict[str, Any] = {"off": median(off), "on": median(on), "blocks": [len(on), len(off)]}
+    step["added"] = step["on"] - step["off"]
+    step["ratio"] = step["on"] / step["off"]
+    switch = fit["switch"]
+    step["switch_on"] = median(switch[1::2])
+    step["switch_off"] = median(switch[0::2])
+    return step
+
+
+def _summarise(args: argparse.Namespace, reads: Any, fits: dict[str, Any]) -> dict[str, Any]:
+    n = args.reads
+    per_read = {
+        path: {
+            "bare": reads[f"{path} bare"][0] / n,
+            "watched": reads[f"{path} watched"][0] / n,
+            "added": (reads[f"{path} watched"][0] - reads[f"{path} bare"][0]) / n,
+        }
+        for path in ("user", "framework")
+    }
+    return {
+        "per_read": per_read,
+        "lightning_per_step": {name: _per_step(args, fit) for name, fit in fits.items()},
+    }
+
+
+def _print(record: dict[str, Any]) -> None:
+    pr = record["per_read"]
+    print(
+        table(
+            ["recorded .item()", "bare (Ir/read)", "watched (Ir/read)", "added (Ir/read)"],
+            [
+                [name, f"{v['bare']:,.0f}", f"{v['watched']:,.0f}", f"{v['added']:,.0f}"]
+                for name, v in (
+                    ("in user code", pr["user"]),
+                    ("in a framework, 20 frames deep", pr["framework"]),
+                )
+            ],
+        )
+    )
+    steps = record["lightning_per_step"]
+    print(
+        table(
+            ["Lightning step (CPU TinyLM)", "off (Ir/step)", "on (Ir/step)", "added", "on / off"],
+            [
+                [
+                    f"{name}: {ps['blocks'][0]} on-, {ps['blocks'][1]} off-blocks",
+                    f"{ps['off']:,.0f}",
+                    f"{ps['on']:,.0f}",
+                    f"{ps['added']:,.0f}",
+                    f"{ps['ratio']:.4f}",
+                ]
+                for name, ps in steps.items()
+            ],
+        )
+    )
+    for name, ps in steps.items():
+        print(
+            f"{name}: switching the callback on: {ps['switch_on']:,.0f} Ir; "
+            f"off: {ps['switch_off']:,.0f} Ir"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reads", type=int, default=5000, help="reads per part")
+    ap.add_argument("--block-len", type=int, default=8, help="Lightning steps per block")
+    ap.add_argument("--blocks", type=int, default=9, help="Lightning blocks (on, off, ...)")
+    ap.add_argument("--no-valgrind", action="store_true", help="run the workload only")
+    ap.add_argument("--tiny", action="store_true", help="smoke-test settings")
+    ap.add_argument("--child", choices=("reads", "lightning"), help=argparse.SUPPRESS)
+    ap.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.reads, args.block_len, args.blocks = 50, 2, 3
+    if args.child:
+        _child(args)
+        return
+    reads = _run_part("reads", args)
+    fits = {
+        "memory=False": _run_part("lightning", args),
+        "memory sampling on": _run_part("lightning memory", args),
+    }
+    if reads is None:
+        return
+    record = _summarise(args, reads, fits)
+    _print(record)
+    write(
+        args.out,
+        {
+            "benchmark": "instructions",
+            "settings": {k: v for k, v in vars(args).items() if k not in ("child", "memory")},
+            "valgrind": subprocess.run(
+                ["valgrind", "--version"], capture_output=True, text=True
+            ).stdout.strip(),
+            **record,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
