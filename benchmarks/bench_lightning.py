@@ -113,7 +113,14 @@ Reproduce:
             --out benchmarks/results/h200/lightning_cycle_mlp.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp.txt
 
-    and 400 cycles of the TinyLM fit (about 7 minutes)::
+    The same MLP command again at 5ecb390 (after the optimizers' host step-counter
+    reads left the ``item()`` wrapper, and the last-route replay), on another host::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 800 --fits 1 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_5ecb390.json \\
+            | tee benchmarks/results/h200/lightning_cycle_mlp_5ecb390.txt
+
+    At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
             --fits 1 --out benchmarks/results/h200/lightning_cycle_transformer.json \\
