@@ -383,22 +383,13 @@ def test_scalar_read_in_a_helper_is_located_at_each_caller(scalar_reads: FakeMod
 
 
 # A framework's scalar read, 20 of its own frames out of the user's line.
+LOGGER_CONNECTOR = "lightning/pytorch/trainer/connectors/logger_connector/result.py"
 _FRAMEWORK_READ = compile(
     "def metrics(x):\n"
     "    return x.item()\n"
     "def through(depth, x):\n"
     "    return metrics(x) if depth <= 1 else through(depth - 1, x)\n",
-    os.path.join(
-        os.sep,
-        "sp",
-        "site-packages",
-        "lightning",
-        "pytorch",
-        "trainer",
-        "connectors",
-        "logger_connector",
-        "result.py",
-    ),
+    os.path.join(os.sep, "sp", "site-packages", *LOGGER_CONNECTOR.split("/")),
     "exec",
 )
 
