@@ -17,7 +17,8 @@ Design:
     each dump's total and the part's label, which the workload prints.
 
     The CUDA engine runs on the CPU through its seams (``detect/cuda.py``):
-    the sync-debug mode reads as warn, setting it does nothing, and in the
+    the sync-debug mode reads as warn, setting it does nothing (both C calls,
+    as torch's are), and in the
     reads part every tensor counts as on the device, so an ``.item()`` takes
     the GPU's path (its wrapper records it). The device's own wait is absent,
     as are the CUDA calls of the memory sampler and the step timeline.
@@ -55,6 +56,7 @@ Reproduce:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
@@ -88,8 +90,9 @@ def _engine_on_cpu(all_on_device: bool) -> None:
     _env.cuda_available = lambda: True  # type: ignore[assignment]
     engine._get_mode = lambda: 0
     engine._set_mode = lambda mode: None
-    engine._raw_get = lambda: 1
-    engine._raw_set = lambda mode: None
+    # C calls, as torch's own are on a GPU: no Python frame counted for them.
+    engine._raw_get = functools.partial(int, 1)
+    engine._raw_set = abs
     if all_on_device:
         engine._on_device = lambda tensor: True
     guard_module._make_engine = lambda name: engine.CudaEngine()  # type: ignore[assignment]
