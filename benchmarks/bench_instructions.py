@@ -230,20 +230,21 @@ def parse(stdout: str, totals: list[int]) -> dict[str, list[int]]:
     return out
 
 
-def _run_part(part: str, args: argparse.Namespace) -> dict[str, list[int]] | None:
-    """The part's workload under callgrind (or bare with ``--no-valgrind``)."""
+def _run_part(part: str, args: argparse.Namespace, *extra: str) -> dict[str, list[int]] | None:
+    """The part's workload, with ``extra`` arguments, under callgrind (or bare with
+    ``--no-valgrind``)."""
     argv = [
         sys.executable,
         str(Path(__file__).resolve()),
         "--child",
-        part.split()[0],
+        part,
         "--reads",
         str(args.reads),
         "--block-len",
         str(args.block_len),
         "--blocks",
         str(args.blocks),
-        *(["--memory"] if part == "lightning memory" else []),
+        *extra,
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     if args.no_valgrind:
@@ -351,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     reads = _run_part("reads", args)
     fits = {
         "memory=False": _run_part("lightning", args),
-        "memory sampling on": _run_part("lightning memory", args),
+        "memory sampling on": _run_part("lightning", args, "--memory"),
     }
     if reads is None:
         return
