@@ -51,6 +51,14 @@ Design:
     figure is the median over cycles, with its IQR, for the step time and the
     training thread's CPU time.
 
+    **Settled blocks** (``--settle K``): each block's median leaves out its
+    first ``K`` steps, so the figures read the callback in its steady state,
+    as a fit that keeps it on pays at every step; the whole blocks' figures
+    are printed beside them, from the same steps, and so is what the first
+    ``K`` steps after a switch on cost against the rest of their block. A
+    one-time cost of each start (installing, the first walks of the stack) is
+    then out of the headline and in that last row.
+
     Where the callback's time goes was measured once by ``bench_lightning_costs.py``,
     a study no longer kept here (docs/benchmarks.md, section 7, gives the commit that has it).
 
@@ -240,10 +248,11 @@ def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
     return {"steps": steps, "cpu": cpu, "outside_s": total - state["loop"], "syncs": syncs}
 
 
-def _block_medians(steps: list[tuple[Any, float]], block: int) -> list[float]:
-    """The median step of each whole block of ``block`` steps, in order."""
+def _block_medians(steps: list[tuple[Any, float]], block: int, settle: int = 0) -> list[float]:
+    """The median step of each whole block of ``block`` steps, in order, its first
+    ``settle`` steps left out."""
     return [
-        median([d for _, d in steps[k : k + block]])
+        median([d for _, d in steps[k + settle : k + block]])
         for k in range(0, len(steps) - block + 1, block)
     ]
 
@@ -339,23 +348,36 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
     return {"steps": steps, "syncs": guard_cb.report.total_syncs}
 
 
-def _cycle_ratios(steps: list[tuple[str, float]], block: int) -> dict[str, list[float]]:
+def _cycle_ratios(
+    steps: list[tuple[str, float]], block: int, settle: int = 0
+) -> dict[str, list[float]]:
     """Per cycle (the first left out): the on-block's and the null block's median step,
     each over the geometric mean of its two off neighbours', and their product.
 
     The null block has no switch at either end, the on-block and one of its
     neighbours each follow one: if a switch slows the block after it by a
     factor ``s`` and the callback by ``e``, the on ratio reads ``e * sqrt(s)``
-    and the null one ``1 / sqrt(s)``, so their product reads ``e``.
+    and the null one ``1 / sqrt(s)``, so their product reads ``e``. Each block's
+    median leaves out its first ``settle`` steps. With ``settle``, ``first`` is the
+    on-block's median over those first steps against its own median after them:
+    what a switch on costs the steps right after it.
     """
-    meds = _block_medians(steps, block)
+    meds = _block_medians(steps, block, settle)
     out: dict[str, list[float]] = {"on": [], "null": [], "on x null": []}
+    if settle:
+        heads = [
+            median([d for _, d in steps[k : k + settle]])
+            for k in range(0, len(steps) - block + 1, block)
+        ]
+        out["first"] = []
     for c in range(len(CYCLE), len(meds) - len(CYCLE) + 1, len(CYCLE)):
         on = meds[c] / math.sqrt(meds[c - 1] * meds[c + 1])
         null = meds[c + 2] / math.sqrt(meds[c + 1] * meds[c + 3])
         out["on"].append(on)
         out["null"].append(null)
         out["on x null"].append(on * null)
+        if settle:
+            out["first"].append(heads[c] / meds[c])
     return out
 
 
@@ -364,16 +386,23 @@ def _cycle(args: argparse.Namespace) -> dict[str, Any]:
     timeout = _FIT_TIMEOUT_S + args.cycles * 4 * args.block_len
     fits = [_in_fresh_process(_cycle_fit, (args,), timeout) for _ in range(args.fits)]
     record: dict[str, Any] = {"syncs_found": max(f["syncs"] for f in fits)}
+    # With --settle, the whole blocks' figures too, from the same steps.
+    views = {"": args.settle, " (whole blocks)": 0} if args.settle else {"": 0}
     for clock, col in (("wall", 1), ("cpu", 2)):
-        ratios: dict[str, list[float]] = {}
-        for f in fits:
-            for key, rs in _cycle_ratios(
-                [(s[0], s[col]) for s in f["steps"]], args.block_len
-            ).items():
-                ratios.setdefault(key, []).extend(rs)
-        for key, rs in ratios.items():
-            q = _quartiles(rs)
-            record[f"{clock} {key}"] = {"median": median(rs), "iqr": [q[0], q[2]], "n": len(rs)}
+        for view, settle in views.items():
+            ratios: dict[str, list[float]] = {}
+            for f in fits:
+                for key, rs in _cycle_ratios(
+                    [(s[0], s[col]) for s in f["steps"]], args.block_len, settle
+                ).items():
+                    ratios.setdefault(key, []).extend(rs)
+            for key, rs in ratios.items():
+                q = _quartiles(rs)
+                record[f"{clock} {key}{view}"] = {
+                    "median": median(rs),
+                    "iqr": [q[0], q[2]],
+                    "n": len(rs),
+                }
         for label in ("off", "on"):
             record[f"{clock} step {label} (us)"] = 1e6 * median(
                 [s[col] for f in fits for s in f["steps"] if s[0] == label]
@@ -382,12 +411,20 @@ def _cycle(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
-    rows: list[list[object]] = []
-    for key, name in (
+    names = [
         ("on", "on / off"),
         ("null", "null / off (nothing switched)"),
         ("on x null", "**on x null: the callback's own cost**"),
-    ):
+    ]
+    if args.settle:
+        names = [(key, f"{name}, after {args.settle} steps") for key, name in names]
+        names.append(("first", f"on-block: its first {args.settle} steps / the rest"))
+        names += [
+            (f"{key} (whole blocks)", f"{name}, whole blocks")
+            for key, name in (("on", "on / off"), ("on x null", "on x null"))
+        ]
+    rows: list[list[object]] = []
+    for key, name in names:
         cells: list[object] = [name]
         for clock in ("wall", "cpu"):
             r = record[f"{clock} {key}"]
@@ -396,7 +433,8 @@ def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
     n = record["wall on"]["n"]
     print(
         f"{args.fits} fit(s) x {args.cycles} cycles of {' / '.join(CYCLE)} blocks of "
-        f"{args.block_len} steps ({n} cycles counted); step off "
+        f"{args.block_len} steps ({n} cycles counted); epochs of {args.epoch_batches} "
+        f"batches; step off "
         f"{record['wall step off (us)']:.0f} us, thread CPU off {record['cpu step off (us)']:.0f} us; "
         f"syncs found {record['syncs_found']}"
     )
@@ -540,10 +578,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--epoch-batches", type=int, default=64, help="--cycles: batches per epoch of the fit"
     )
+    ap.add_argument(
+        "--settle",
+        type=int,
+        default=0,
+        help="--cycles: leave out each block's first steps (the figures after a switch settles)",
+    )
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
     ap.add_argument("--pool", nargs="+", metavar="JSON", help="pool the rows of these results")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    if not 0 <= args.settle < args.block_len:
+        ap.error(f"--settle {args.settle}: expected 0 <= settle < --block-len ({args.block_len})")
     if args.pool:
         _pool(args.pool, args.out)
         return
@@ -557,6 +603,7 @@ def main(argv: list[str] | None = None) -> None:
         args.epoch_batches = 4
         if args.cycles is not None:
             args.cycles = 3
+            args.settle = min(args.settle, 1)
     quiet_lightning()
     if args.cycles is not None:
         record = _cycle(args)

@@ -106,3 +106,28 @@ def test_cycle_design_runs_one_long_fit(bench: Any, tmp_path: Path) -> None:
             assert rec[f"{clock} {key}"]["n"] == 2  # 3 cycles, the first left out
     # The callback ran in its on-blocks and found the prog_bar syncs there.
     assert rec["syncs_found"] > 0
+
+
+def test_cycle_ratios_settle_leaves_out_each_blocks_first_steps(bench: Any) -> None:
+    # Blocks of 4 steps: a switch makes the first 2 steps of the block after it
+    # slow (the on-block and the off block after it), and the callback slows
+    # its on-blocks' other steps by 2%.
+    steps: list[tuple[str, float]] = []
+    for _ in range(4):
+        for i, label in enumerate(bench.CYCLE):
+            rest = 10.0 * (1.02 if label == "on" else 1.0)
+            head = 50.0 if i < 2 else rest
+            steps += [(label, head)] * 2 + [(label, rest)] * 2
+    settled = bench._cycle_ratios(steps, 4, 2)
+    assert settled["on"] == [pytest.approx(1.02)] * 3
+    assert settled["on x null"] == [pytest.approx(1.02)] * 3
+    assert settled["first"] == [pytest.approx(50.0 / 10.2)] * 3
+    # Whole blocks read the switch's slow steps as well.
+    whole = bench._cycle_ratios(steps, 4)
+    assert "first" not in whole
+    assert whole["on"][0] > 1.5
+
+
+def test_settle_must_be_shorter_than_a_block(bench: Any) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--cycles", "3", "--block-len", "4", "--settle", "4"])
