@@ -128,6 +128,14 @@ Reproduce:
             --out benchmarks/results/h200/lightning_cycle_mlp_5ecb390.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_5ecb390.txt
 
+    Settled blocks at 10a7106, 200 cycles of blocks of 64 steps of the MLP fit, the
+    first 16 of each left out (about 7 minutes)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --block-len 64 \
+            --settle 16 --epoch-batches 100 --fits 1 \
+            --out benchmarks/results/h200/lightning_cycle_mlp_settle_10a7106.json \
+            | tee benchmarks/results/h200/lightning_cycle_mlp_settle_10a7106.txt
+
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
