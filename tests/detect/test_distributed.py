@@ -123,6 +123,39 @@ def test_syncs_inside_a_recorded_call_are_part_of_it(
     assert not distributed.quiet()
 
 
+def test_a_scalar_read_inside_a_recorded_call_is_part_of_it(
+    group: None, fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from barrierguard.detect import cuda as cuda_engine
+
+    # Plain CPU tensors read as CUDA ones on the scalar-read path.
+    monkeypatch.setattr(cuda_engine, "_raw_get", fake_cuda.get)
+    monkeypatch.setattr(cuda_engine, "_raw_set", fake_cuda.set)
+    real = distributed_c10d.all_gather_object
+    x = torch.ones(1)
+    inside: list[tuple[int, bool]] = []
+
+    def reading_gather(*args: Any, **kwargs: Any) -> Any:
+        inside.append((distributed._quiet_threads, distributed.quiet()))
+        x.item()  # a scalar read inside the call
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(distributed_c10d, "all_gather_object", reading_gather)
+    monkeypatch.setattr(dist, "all_gather_object", reading_gather)
+    with barrierguard.watch(engine="cuda", policy="record", memory=False) as guard:
+        for _ in range(2):
+            seen: list[Any] = [None]
+            dist.all_gather_object(seen, 1)  # L-read-quiet
+            x.item()  # L-read-outside
+    assert {(s.line, s.kind, s.count) for s in guard.report.sites if s.file == HERE} == {
+        (_line("# L-read-quiet"), "collective", 2),
+        (_line("# L-read-outside"), "item", 2),
+    }
+    # Quiet inside, counted among the quiet threads; neither once out.
+    assert inside == [(1, True), (1, True)]
+    assert distributed._quiet_threads == 0 and not distributed.quiet()
+
+
 def test_nothing_is_recorded_outside_a_guard(group: None) -> None:
     before = dist.barrier
     with barrierguard.watch(engine="audit", policy="record", memory=False):

@@ -136,3 +136,40 @@ def test_codes_are_allow_rules_too(fake_cuda: FakeMode) -> None:
         t.item()
         guard.step()
     assert guard.report.violations == ()
+
+
+def test_a_settled_sites_sync_in_an_allowed_block_is_admitted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from barrierguard.detect.frames import Location
+    from barrierguard.detect.stack import Sync
+    from barrierguard.session import allowing
+    from barrierguard.session import guard as guard_module
+
+    # A violating site settles once the violation list is full.
+    monkeypatch.setattr(guard_module, "_MAX_VIOLATIONS", 1)
+    me = threading.get_ident()
+    sync = Sync(Location("/w/train.py", 7, "main", "item", "", "user"))
+    with barrierguard.watch(policy="record", engine="audit", memory=False) as guard:
+        for _ in range(3):  # the site is confirmed by the loop and settles
+            guard.step()
+            guard.record(sync, me, None)
+            guard.record(sync, me, None)
+        assert [q.violating for q in guard._quiet.values()] == [True]  # settled
+        guard.step()
+        before = guard._violation_count
+        assert allowing.open_blocks == 0
+        with barrierguard.allowed("item"):
+            assert allowing.open_blocks == 1
+            guard.record(sync, me, None)
+            guard.record(sync, me, None)
+        assert allowing.open_blocks == 0
+        guard.step()
+        # Counted, not held against the policy.
+        assert guard.report.sites[0].count == 8
+        assert guard._violation_count == before
+        with pytest.raises(RuntimeError), barrierguard.allowed():
+            raise RuntimeError
+        assert allowing.open_blocks == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -290,3 +292,40 @@ def test_a_threads_tally_is_counted_by_that_thread_or_at_the_end(fake_cuda: Fake
     assert mid == 5 - tallied
     # ... and the end counts it.
     assert guard.report.sites[0].count == 5
+
+
+def test_a_settled_sites_tally_keeps_timed_and_untimed_repeats_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from barrierguard.detect.frames import Location
+    from barrierguard.detect.stack import Sync
+    from barrierguard.session.guard import Guard
+
+    me = threading.get_ident()
+    sync = Sync(Location("/w/train.py", 7, "main", "item", "", "user"))
+    stalls = [0.5, 0.25, 0.125, None, 0.125, None, None, 0.0625]
+
+    def run() -> tuple[dict[str, Any], int]:
+        guard = barrierguard.watch(policy="record", engine="audit", allow=["item"], memory=False)
+        tallied = 0
+        for _ in range(4):
+            guard.step()
+            for stall in stalls:
+                guard.record(sync, me, stall)
+            tallied = max(tallied, sum(q.n for q in guard._quiet.values()))
+        guard.step()
+        out = guard.report.to_dict()
+        out.pop("duration_s")
+        return out, tallied
+
+    settled, tallied = run()
+    assert tallied == len(stalls) - 1  # all but the step's first sync
+    monkeypatch.setattr(Guard, "_settle", lambda self, stats: None)
+    full, none = run()
+    assert none == 0
+    assert settled == full
+    (site,) = settled["sites"]
+    assert site["count"] == 4 * len(stalls)
+    assert site["stall_count"] == 4 * 5  # the timed ones only

@@ -28,7 +28,7 @@ import torch
 from barrierguard.detect import distributed, hub, stack
 from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.patch import Patches, drop_filter
-from barrierguard.detect.stack import Sync, _anchors, observe, replay_last
+from barrierguard.detect.stack import Sync, _anchors, _replay, observe
 
 __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 
@@ -229,6 +229,10 @@ class CudaEngine:
     name = "cuda"
 
     def __init__(self) -> None:
+        # The name on the instance too: every scalar read passes it on, and
+        # CPython 3.11 specializes the lookup of an instance's attribute, not
+        # of one its class holds.
+        self.name = type(self).name
         self._patches = Patches()
         self._saved_mode: int = 0
         self._filter: Any = None
@@ -333,7 +337,9 @@ class CudaEngine:
 
     def _read(self, frame: FrameType, stall: float) -> None:
         """A scalar read of a CUDA tensor, timed by its wrapper (see :func:`_timed_no_args`)."""
-        if _distributed_tls.quiet:
+        # distributed.quiet(), without the call, and without the thread-local's
+        # read while no thread is inside a recorded call.
+        if distributed._quiet_threads and _distributed_tls.quiet:
             return
         # The last sync's frame at the same instruction: its sync, without a
         # call into the walk (a loop that reads a value every step).
@@ -342,9 +348,17 @@ class CudaEngine:
             sync: Sync | None = last[4]
         else:
             try:
-                # A framework's read met again by the same route: a few probes,
-                # without the walk's bookkeeping (else the whole observe).
-                sync = replay_last(frame, 2) or observe(frame, None, "", 2)
+                # A framework's read met again by the same route: the route that
+                # answered the last read, by a few probes without the walk's
+                # bookkeeping (else the whole observe). Its test is made here,
+                # not in a function of stack's: a call less per read.
+                read = _anchors.read
+                sync = None
+                if read is not None and read[0] is frame.f_code and read[1] == frame.f_lasti:
+                    # From _replay, one call further in, frame is sys._getframe(3).
+                    sync = _replay(read[2], 3)
+                if sync is None:
+                    sync = observe(frame, None, "", 2)
             except Exception as exc:  # a fault of ours is reported, never raised
                 hub.fault(self.name, exc)
                 return

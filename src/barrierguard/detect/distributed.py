@@ -63,6 +63,12 @@ class _State(threading.local):
 
 
 _tls = _State()
+# How many threads are quiet now (inside a recorded call): while none is, no
+# sync reads the thread-local (several hundred machine instructions, at every
+# scalar read). A thread is counted before it turns quiet and uncounted after
+# it turns back: never 0 while the thread that asks is quiet.
+_quiet_threads = 0
+_quiet_lock = threading.Lock()
 _clock = time.perf_counter
 # Folded to True by dynamo while it traces (torch 2.1 has neither).
 _compiling: Callable[[], bool] = (
@@ -74,7 +80,13 @@ _compiling: Callable[[], bool] = (
 
 def quiet() -> bool:
     """Whether this thread is inside a recorded distributed call (its syncs are part of it)."""
-    return _tls.quiet
+    return _quiet_threads > 0 and _tls.quiet
+
+
+def _count_quiet(change: int) -> None:
+    global _quiet_threads
+    with _quiet_lock:
+        _quiet_threads += change
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -136,6 +148,9 @@ def install(
     @contextlib.contextmanager
     def inside(recorded: bool) -> Iterator[None]:
         was = _tls.quiet
+        turns = recorded and not was  # this thread turns quiet here
+        if turns:
+            _count_quiet(1)
         _tls.depth += 1
         _tls.quiet = was or recorded
         try:
@@ -144,6 +159,8 @@ def install(
         finally:
             _tls.depth -= 1
             _tls.quiet = was
+            if turns:
+                _count_quiet(-1)
 
     def wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
         always = name in ALWAYS_BLOCKING

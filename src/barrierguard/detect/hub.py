@@ -60,23 +60,43 @@ class Engine(Protocol):
     def uninstall(self) -> None: ...
 
 
+# A recorder's record method (see Recorder.record).
+_Record = Callable[[Sync, int, float | None, bool], Callable[[], None] | None]
+
 _lock = threading.RLock()
 _get_ident = threading.get_ident
 _recorders: dict[str, tuple[Recorder, ...]] = {}
+# The same recorders, each with its record method, looked up once (emit reads
+# this alone): CPython 3.11 does not specialize the lookup of a method on the
+# session's recorder, an object of many attributes, and every sync makes it.
+_deliveries: dict[str, tuple[tuple[Recorder, _Record], ...]] = {}
 _engines: dict[str, Engine] = {}
 # Per thread ident: what an engine stopped from another thread left behind on
 # that thread (state only that thread can remove), run by its next tidy().
 _left: dict[int, list[Callable[[], None]]] = {}
 
 
+def _set_recorders(engine_name: str, recorders: tuple[Recorder, ...]) -> None:
+    """Make ``recorders`` those of ``engine_name`` (none: it has none left); under the lock."""
+    if recorders:
+        _recorders[engine_name] = recorders
+        _deliveries[engine_name] = tuple((g, g.record) for g in recorders)
+    else:
+        _recorders.pop(engine_name, None)
+        _deliveries.pop(engine_name, None)
+
+
 def attach(recorder: Recorder, engine: Engine) -> None:
-    """Start delivering ``engine``'s syncs to ``recorder``; install it if first."""
+    """Start delivering ``engine``'s syncs to ``recorder``; install it if first.
+
+    ``recorder.record`` is looked up here, once: every sync calls that method.
+    """
     with _lock:
         current = _recorders.get(engine.name, ())
         if not current:
             engine.install()
             _engines[engine.name] = engine
-        _recorders[engine.name] = (*current, recorder)
+        _set_recorders(engine.name, (*current, recorder))
 
 
 def detach(recorder: Recorder, engine_name: str) -> None:
@@ -84,13 +104,12 @@ def detach(recorder: Recorder, engine_name: str) -> None:
     here = threading.get_ident()
     with _lock:
         current = tuple(g for g in _recorders.get(engine_name, ()) if g is not recorder)
+        _set_recorders(engine_name, current)
         if current:
-            _recorders[engine_name] = current
             engine = _engines.get(engine_name)
             if any(getattr(g, "_thread_ident", None) == here for g in current):
                 return
         else:
-            _recorders.pop(engine_name, None)
             engine = _engines.pop(engine_name, None)
     if engine is None:
         return
@@ -155,7 +174,9 @@ def note(engine_name: str, text: str) -> None:
         recorder.note(text)
 
 
-def emit(engine_name: str, sync: Sync, stall: float | None = None, *, again: bool = False) -> None:
+# ``again`` is not keyword-only: CPython 3.11 specializes no call to a function
+# with keyword-only parameters, and every sync makes this call.
+def emit(engine_name: str, sync: Sync, stall: float | None = None, again: bool = False) -> None:
     """Give one ``sync`` to every recorder of ``engine_name``, then act.
 
     ``stall`` is the time the host was blocked in it, in seconds, when measured;
@@ -166,10 +187,22 @@ def emit(engine_name: str, sync: Sync, stall: float | None = None, *, again: boo
     after every recorder has recorded.
     """
     ident = _get_ident()
-    actions: list[Callable[[], None]] | None = None
-    for recorder in _recorders.get(engine_name, ()):
+    deliveries = _deliveries.get(engine_name, ())
+    if len(deliveries) == 1:
+        # The usual case, one recorder: no list of actions.
+        recorder, record = deliveries[0]
         try:
-            action = recorder.record(sync, ident, stall, again)
+            action = record(sync, ident, stall, again)
+        except Exception as exc:  # never lose the user's run to our own bug
+            recorder.fault(exc)
+            return
+        if action is not None:
+            action()
+        return
+    actions: list[Callable[[], None]] | None = None
+    for recorder, record in deliveries:
+        try:
+            action = record(sync, ident, stall, again)
         except Exception as exc:  # never lose the user's run to our own bug
             recorder.fault(exc)
             continue

@@ -160,7 +160,10 @@ class _Anchors:
     hot: tuple[CodeType, int, str | None, str, list[_Route]] | None = None
     # The last route replayed for a read (no kind or detail known), with its
     # code and instruction, when its sync's frame is not the user's (kept as
-    # ``last``): see :func:`replay_last`.
+    # ``last``): a framework's read met again from one loop (a logger's
+    # ``.item()`` many frames out of the user's line) at that code and
+    # instruction tries it first, by _replay alone, before observe (the CUDA
+    # engine's scalar read, CudaEngine._read).
     read: tuple[CodeType, int, _Route] | None = None
 
 
@@ -608,26 +611,6 @@ def _replay(route: _Route, base: int) -> Sync | None:
     except ValueError:
         return None
     return Sync(route.loc, mechanism, phase)
-
-
-def replay_last(frame: FrameType, depth: int) -> Sync | None:
-    """The sync of the route replayed last, when ``frame`` reads a value where it did.
-
-    A framework's read met again from one loop (a logger's ``.item()`` many
-    frames out of the user's line): the route :func:`observe` replayed last is
-    tried first, without the rest of its bookkeeping. ``None`` sends the read
-    to :func:`observe`: another place, a route of the user's own frame (kept as
-    the last sync there), or frames that are no longer where they were.
-
-    Args:
-        frame: The frame of a scalar read (kind and detail unknown).
-        depth: ``frame``'s depth as the caller's ``sys._getframe(depth)``.
-    """
-    read = _anchors.read
-    if read is None or read[0] is not frame.f_code or read[1] != frame.f_lasti:
-        return None
-    # From _replay, one call further in, frame is sys._getframe(depth + 2).
-    return _replay(read[2], depth + 2)
 
 
 def observe(

@@ -4,7 +4,8 @@
 ``# barrierguard: allow[item, BG301]`` only those kinds or codes; the guard
 reads the line once, when it first sees the site. ``with allowed(...):`` allows
 the syncs made inside the block, in this thread, for every running guard; the
-guard asks :func:`admits` (one thread-local read when no block is open).
+guard asks :func:`admits`, and a settled site's count reads no thread-local while
+no block is open in any thread (``open_blocks``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ class _Local(threading.local):
 
 
 _TLS = _Local()
+# How many allowed() blocks are open, in every thread: while none is, the
+# guard's count of a settled site needs no read of the thread-local (it costs
+# as much as the rest of that count). Counted before a block opens and after
+# it closes: never 0 while this thread has one open.
+open_blocks = 0
+_open_lock = threading.Lock()
+
+
+def _count_open(change: int) -> None:
+    global open_blocks
+    with _open_lock:
+        open_blocks += change
 
 
 def admits(key: Hashable, kind: str) -> bool:
@@ -104,8 +117,10 @@ def allowed(*kinds: str, first_only: bool = False) -> Iterator[None]:
     scopes = _TLS.scopes
     if scopes is None:
         scopes = _TLS.scopes = []
+    _count_open(1)
     scopes.append(scope)
     try:
         yield
     finally:
         scopes.remove(scope)
+        _count_open(-1)

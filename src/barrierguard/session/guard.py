@@ -110,7 +110,9 @@ class _Quiet:
     phase: str | None = None
     n: int = 0
     stall: float = 0.0
-    timed: int = 0
+    # Of the n, those without a measured stall (the others are timed): a
+    # scalar read always has one, and its tally adds nothing here.
+    untimed: int = 0
 
 
 class Guard:
@@ -644,15 +646,16 @@ class Guard:
             and quiet.guard_phase is self._phase
             and ident == quiet.stats.last_ident
             and not again
-            and (not quiet.violating or not _allowing_tls.scopes)
+            and (not quiet.violating or not (allowing.open_blocks and _allowing_tls.scopes))
         ):
             # The same sync as the site's last one in this step: a tally,
             # folded into the counters at the step's end (_fold).
             quiet.n += 1
             self._tallied = True
-            if stall is not None:
+            if stall is None:
+                quiet.untimed += 1
+            else:
                 quiet.stall += stall
-                quiet.timed += 1
             return None
         mechanism = sync.mechanism
         # The stack's phase is the more specific one (an evaluation or a save
@@ -787,8 +790,8 @@ class Guard:
         n = quiet.n
         if not n:
             return
-        stall, timed = quiet.stall, quiet.timed
-        quiet.n, quiet.stall, quiet.timed = 0, 0.0, 0
+        stall, timed = quiet.stall, n - quiet.untimed
+        quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
         stats = quiet.stats
         if self._count_occurrence(stats, quiet.mechanism, quiet.phase, n):
             return
