@@ -69,7 +69,8 @@ Reproduce:
     ``src/`` at acdd42f and at 3e60cfe with this script (its ``README.txt``);
     ``benchmarks/results/h200/core_sync_ab/`` six alternating runs on one host of
     ``--pin 2 --layers 1 --pairs 3 --steps 5 --parts-steps 0 --sync-pairs 30``, ``src/``
-    at 828ceb7 and at 2bbbd80 (its ``README.txt``);
+    at 828ceb7 and at 2bbbd80 (its ``README.txt``), and
+    ``benchmarks/results/h200/core_sync_ab_a096529/`` the same at 6514e05 and at a096529;
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
