@@ -256,11 +256,14 @@ def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
     return {"steps": steps, "cpu": cpu, "outside_s": total - state["loop"], "syncs": syncs}
 
 
-def _block_medians(steps: list[tuple[Any, float]], block: int, settle: int = 0) -> list[float]:
-    """The median step of each whole block of ``block`` steps, in order, its first
-    ``settle`` steps left out."""
+def _block_medians(
+    steps: list[tuple[Any, float]], block: int, start: int = 0, stop: int | None = None
+) -> list[float]:
+    """The median step of each whole block of ``block`` steps, in order, over its steps
+    ``start`` to ``stop`` (default: to the block's end)."""
+    stop = block if stop is None else stop
     return [
-        median([d for _, d in steps[k + settle : k + block]])
+        median([d for _, d in steps[k + start : k + stop]])
         for k in range(0, len(steps) - block + 1, block)
     ]
 
@@ -373,10 +376,7 @@ def _cycle_ratios(
     meds = _block_medians(steps, block, settle)
     out: dict[str, list[float]] = {"on": [], "null": [], "on x null": []}
     if settle:
-        heads = [
-            median([d for _, d in steps[k : k + settle]])
-            for k in range(0, len(steps) - block + 1, block)
-        ]
+        heads = _block_medians(steps, block, 0, settle)
         out["first"] = []
     for c in range(len(CYCLE), len(meds) - len(CYCLE) + 1, len(CYCLE)):
         on = meds[c] / math.sqrt(meds[c - 1] * meds[c + 1])

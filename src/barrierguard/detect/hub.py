@@ -187,20 +187,8 @@ def emit(engine_name: str, sync: Sync, stall: float | None = None, again: bool =
     after every recorder has recorded.
     """
     ident = _get_ident()
-    deliveries = _deliveries.get(engine_name, ())
-    if len(deliveries) == 1:
-        # The usual case, one recorder: no list of actions.
-        recorder, record = deliveries[0]
-        try:
-            action = record(sync, ident, stall, again)
-        except Exception as exc:  # never lose the user's run to our own bug
-            recorder.fault(exc)
-            return
-        if action is not None:
-            action()
-        return
     actions: list[Callable[[], None]] | None = None
-    for recorder, record in deliveries:
+    for recorder, record in _deliveries.get(engine_name, ()):
         try:
             action = record(sync, ident, stall, again)
         except Exception as exc:  # never lose the user's run to our own bug
