@@ -94,8 +94,7 @@ def following(data: dict[str, Any]) -> Iterator[None]:
 
 
 def _target(argv: Sequence[str], orig_argv: Sequence[str]) -> tuple[str, str] | None:
-    """``("script", path)`` or ``("module", name)`` this interpreter runs; None for ``-c``,
-    stdin or a REPL."""
+    """``("script", path)`` or ``("module", name)`` run here; None for ``-c``, stdin or a REPL."""
     first = argv[0] if argv else ""
     if first == "-m":
         for i, token in enumerate(orig_argv[1:], 1):
@@ -104,7 +103,7 @@ def _target(argv: Sequence[str], orig_argv: Sequence[str]) -> tuple[str, str] | 
             if token.startswith("-m") and len(token) > 2:
                 return "module", token[2:]
         return None
-    if not first or first in ("-c", "-") or not os.path.isfile(first):
+    if first in ("-c", "-") or not os.path.isfile(first):
         return None
     return "script", os.path.realpath(first)
 
@@ -147,8 +146,7 @@ def child_path(out: str, rank: int | None, world: int) -> str:
 
 def start_child() -> Guard | None:
     """Called by the bootstrap at a child's start: watch it when it is one of the job's."""
-    raw = os.environ.get(ENV)
-    if not raw:
+    if not (raw := os.environ.get(ENV)):
         return None
     data = json.loads(raw)
     if not follows(data, sys.argv, getattr(sys, "orig_argv", sys.argv)):
@@ -203,8 +201,8 @@ def wait_for_ranks(out: str, world: int, since: float, timeout: float) -> dict[i
     """``{rank: path}`` of the rank files of ``out`` written since ``since``, waiting up
     to ``timeout`` s for all (followed children write theirs as they exit)."""
     deadline = time.monotonic() + timeout
+    paths = {rank: rank_reports.rank_path(out, rank=rank, world=world) for rank in range(world)}
     while True:
-        paths = {rank: rank_reports.rank_path(out, rank=rank, world=world) for rank in range(world)}
         found = {rank: path for rank, path in paths.items() if _mtime(path) >= since}
         if len(found) == world or time.monotonic() >= deadline:
             return found

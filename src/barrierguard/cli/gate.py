@@ -1,9 +1,6 @@
 """The CI gate's commands: ``baseline``, ``check``, ``report``, ``diff`` and ``merge``
 (the per-rank reports of a distributed run), and the formats CI reads (GitHub
-annotations, SARIF, HTML) that ``run`` writes too.
-
-Exit status: 0 ok, 1 a regression (a new site, more lines of a site, more
-syncs per step), 2 bad usage or a bad file (the message names the file).
+annotations, SARIF, HTML) that ``run`` writes too. Exit statuses: see ``barrierguard.cli.main``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The command line: ``run``, ``demo``, the CI gate (``baseline``, ``check``,
 ``report``, ``diff``) and ``merge``.
 
-Exit status: 0 ok; 1 ``check`` or ``diff`` found a new site or more syncs per
-step; 2 bad usage or a bad file; 3 ``run``/``demo`` broke the error policy.
+Exit status: 0 ok; 1 ``check`` or ``diff`` found a regression (a new site, more
+lines of a site, more syncs per step); 2 bad usage or a bad file (the message
+names the file); 3 ``run``/``demo`` broke the error policy.
 """
 
 from __future__ import annotations
@@ -374,12 +375,9 @@ def _split_module(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
         token = argv[i]
         if token == "-m" and i + 1 < len(argv):
             return [*argv[: i + 2], "--", *argv[i + 2 :]]
-        if token in takes_value:
-            i += 2
-        elif token.startswith("-"):
-            i += 1
-        else:
+        if not token.startswith("-"):
             return argv
+        i += 2 if token in takes_value else 1
     return argv
 
 

@@ -250,16 +250,12 @@ class AuditEngine:
             record=lambda detail, stall: mode.record("collective", detail),
             hush=aside,
         )
-        # torch.save / torch.load of device tensors.
         install_patches(self._patches, mode, aside)
 
     def _patch_clip(self, mode: AuditMode, thread: int) -> None:
-        """``clip_grad_norm_`` steps aside, as ``zero_grad()`` does, when it cannot sync.
-
-        None of its calls syncs on a GPU when every gradient is on one side and
-        ``error_if_nonfinite`` is off: the mode steps off the stack, and the
-        total norm takes the gradients' side. Otherwise it runs under the mode.
-        """
+        """``clip_grad_norm_`` steps aside, as ``zero_grad()`` does, when it cannot sync: with
+        every gradient on one side and ``error_if_nonfinite`` off, none of its calls syncs
+        on a GPU and the total norm takes the gradients' side. Else it runs under the mode."""
         utils = torch.nn.utils
         module = sys.modules.get("torch.nn.utils.clip_grad")
         clip: Callable[..., Any] = utils.clip_grad_norm_

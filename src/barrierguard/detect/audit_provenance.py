@@ -83,11 +83,9 @@ def _is_param(t: Tensor) -> bool:
 
 
 class _Mark(weakref.ref):  # type: ignore[type-arg]
-    """A tensor's side, and the weak reference whose callback forgets it.
-
-    One object per mark (not a tuple, a reference and a closure): every op on
-    device tensors makes one.
-    """
+    """A tensor's side, and the weak reference whose callback forgets it: one object
+    per mark (not a tuple, a reference and a closure), as every op on device tensors
+    makes one."""
 
     __slots__ = ("dev", "key")
 

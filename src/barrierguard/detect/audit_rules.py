@@ -260,7 +260,7 @@ def _host_index(index: Any) -> bool:
     )
 
 
-def _index_verdict(mode: AuditMode, args: tuple[Any, ...]) -> Verdict:
+def _index_verdict(mode: AuditMode, args: Args) -> Verdict:
     index = args[1]
     parts = index if isinstance(index, (tuple, list)) else (index,)
     masks = (i for i in parts if isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8))
@@ -404,8 +404,7 @@ def _mark_loaded(mode: AuditMode, obj: Any, dev: bool, depth: int = 0) -> bool:
         obj = list(obj.values())
     if not isinstance(obj, (list, tuple)) or depth >= 20:
         return False
-    found = [_mark_loaded(mode, item, dev, depth + 1) for item in obj]
-    return any(found)
+    return any([_mark_loaded(mode, item, dev, depth + 1) for item in obj])  # a list: marks all
 
 
 def install_patches(

@@ -272,8 +272,7 @@ class CompileListener(logging.Handler):
             self.faults.append(f"{type(exc).__name__}: {exc}")
         saved = self._saved.get(record.name)
         parent = logging.getLogger(record.name).parent
-        # The logger was lowered to DEBUG for us, with its propagation off: pass on
-        # exactly what it would have passed on to torch's handlers before.
+        # Lowered to DEBUG for us with propagation off: pass on what it passed on before.
         if saved is not None and saved[1] and record.levelno >= saved[2] and parent is not None:
             parent.callHandlers(record)
 

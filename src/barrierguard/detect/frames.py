@@ -30,9 +30,7 @@ OWN = 4
 # Packages whose syncs are reported as "framework:<name>" rather than "user".
 KNOWN_FRAMEWORKS: dict[str, str] = {
     **dict.fromkeys(("lightning", "pytorch_lightning", "lightning_fabric"), "lightning"),
-    **{
-        name: name for name in ("torchmetrics", "accelerate", "transformers", "deepspeed", "ignite")
-    },
+    **{n: n for n in ("torchmetrics", "accelerate", "transformers", "deepspeed", "ignite")},
 }
 
 # Parts of torch that are frameworks in their own right: a sync inside them is

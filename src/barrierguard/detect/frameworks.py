@@ -5,12 +5,8 @@ training utilities is found at a line the user cannot edit. This module names
 it: :data:`MECHANISMS` is the one table of known framework syncs (where, why,
 the fix, or plainly that none exists), and :data:`PHASES` marks the framework
 functions that tell which phase of a run a sync belongs to (a validation loop,
-a checkpoint save, the teardown after the last step).
-
-:func:`file_entry` says what a source file is to these tables; the walk of
-``detect.stack`` classifies each code object once with it, and returns the
-innermost mechanism (with the Lightning hook in flight) and the phase of each
-sync.
+a checkpoint save, the teardown after the last step). The walk of ``detect.stack``
+reads both through :func:`file_entry`, once per code object.
 
 To add a framework sync: add one :class:`Mechanism` to :data:`MECHANISMS` with
 the functions it lives in, prove its fix on a GPU (docs/frameworks.md), and add
@@ -73,7 +69,7 @@ class Mechanism:
     @property
     def hint(self) -> str:
         """The fix, or the plain statement that none exists."""
-        return self.fix if self.fix else f"no setting removes it: {self.no_fix}"
+        return self.fix or f"no setting removes it: {self.no_fix}"
 
 
 # -- the table ------------------------------------------------------------------

@@ -41,8 +41,7 @@ class Adapter:
     ) -> dict[str, Any]:
         """Validate ``given`` (TypeError for an unknown keyword); returns those named in ``own``."""
         accepted = (*GUARD_OPTIONS, *REPORT_OPTIONS, *own)
-        unknown = [k for k in given if k not in accepted]
-        if unknown:
+        if unknown := [k for k in given if k not in accepted]:
             raise unknown_options(owner, unknown, accepted)
         self._options = make_options(
             owner=owner, **{k: v for k, v in given.items() if k in GUARD_OPTIONS}
@@ -73,7 +72,7 @@ class Adapter:
     @property
     def report(self) -> Report:
         """The report so far: merged over ranks after a distributed run."""
-        if self._final is not None and (self._guard is None or not self._guard.is_running):
+        if self._final is not None and self._running() is None:
             return self._final
         return self._local_report()
 
@@ -108,8 +107,7 @@ class Adapter:
         ``save_dir``/``rank_dir``: the folders of ``save_report=True`` and
         ``rank_reports=True``, asked only when needed and in that order.
         """
-        guard = self._running()
-        if guard is None:
+        if (guard := self._running()) is None:
             return
         try:
             guard.stop()
@@ -131,7 +129,6 @@ class Adapter:
         No merge (the other ranks may be gone) and no policy error: the
         framework's exception is the news.
         """
-        guard = self._running()
-        if guard is not None:
+        if (guard := self._running()) is not None:
             guard.abandon()
             self._final = self._local_report()

@@ -1,6 +1,4 @@
-"""The Hugging Face ``TrainerCallback``, loaded on first use of ``barrierguard.HFBarrierGuard``
-(it imports transformers): the Trainer's events mapped onto the guard that ``watch()`` builds.
-"""
+"""``HFBarrierGuard``: the Trainer's events mapped onto the guard that ``watch()`` builds."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The Lightning callback, loaded on first use of ``barrierguard.BarrierGuard`` (it imports
-Lightning): its hooks mapped onto the guard that ``watch()`` builds.
-"""
+"""``BarrierGuard``: Lightning's hooks mapped onto the guard that ``watch()`` builds."""
 
 from __future__ import annotations
 
@@ -191,8 +189,7 @@ class BarrierGuard(Adapter, pl.Callback):
             BarrierGuardError: When the state holds no report this release
                 reads.
         """
-        data = state_dict.get("report")
-        if data is None:
+        if (data := state_dict.get("report")) is None:
             raise BarrierGuardError(
                 "BarrierGuard.load_state_dict(): the state has no 'report' entry; expected "
                 "what BarrierGuard.state_dict() returns"

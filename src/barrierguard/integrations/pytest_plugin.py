@@ -123,15 +123,14 @@ def _int_ini(config: pytest.Config, name: str) -> int | None:
 def _policy(config: pytest.Config) -> str | None:
     cli = config.getoption("barrierguard")
     raw = str(config.getini("barrierguard") if cli is None else cli)
-    if cli is None and not raw.strip():
-        return None
-    if raw.strip().lower() not in POLICIES:
-        source = "ini key barrierguard" if cli is None else "--barrierguard"
-        raise pytest.UsageError(
-            f"{source}={raw!r} is not a valid policy: expected one of "
-            + ", ".join(repr(p) for p in POLICIES)
-        )
-    return raw.strip().lower()
+    policy = raw.strip().lower()
+    if policy in POLICIES or (cli is None and not policy):
+        return policy or None
+    source = "ini key barrierguard" if cli is None else "--barrierguard"
+    raise pytest.UsageError(
+        f"{source}={raw!r} is not a valid policy: expected one of "
+        + ", ".join(repr(p) for p in POLICIES)
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -268,8 +267,7 @@ def _warn(text: str) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    plan = item.stash.get(_PLAN, None)
-    if plan is None:
+    if (plan := item.stash.get(_PLAN, None)) is None:
         return (yield)
     own = _GUARD not in item.stash
     guard = Guard(plan.options).start() if own else item.stash[_GUARD]
@@ -289,8 +287,7 @@ def _judge(item: pytest.Item, plan: _Plan, report: Report) -> str | None:
         if plan.policy == "error" and report.violations:
             failures.append(_failure_text(report, plan))
         if plan.max_growth_per_step is not None:
-            grew = _growth_failure(report)
-            if grew is not None:
+            if (grew := _growth_failure(report)) is not None:
                 failures.append(grew)
             elif report.memory is None or not report.memory.steps:
                 _warn(

@@ -330,8 +330,7 @@ class MetricBuffer:
         for name, saved in state_dict["slots"].items():
             spec = (saved["reduction"], "weighted") if saved["weighted"] else saved["reduction"]
             parsed = parse_spec("MetricBuffer.load_state_dict(slots", name, spec)
-            slot = self._slots.get(name)
-            if slot is None:
+            if (slot := self._slots.get(name)) is None:
                 check_name(name, "reductions")
                 slot = self._slots[name] = Slot(*parsed)
             elif (slot.reduction, slot.weighted) != parsed:
@@ -401,15 +400,13 @@ class MetricBuffer:
         floats: dict[str, Any] = {}
         tensors: dict[str, torch.Tensor] = {}
         for name, value in items.items():
-            metric = self._metrics.get(name)
-            if metric is not None:  # a tuple: positional arguments, a mapping: keywords
-                if isinstance(value, tuple):
+            if (metric := self._metrics.get(name)) is not None:
+                if isinstance(value, tuple):  # positional arguments; a mapping: keywords
                     metric.update(*value)
                 else:
                     metric.update(**value) if isinstance(value, Mapping) else metric.update(value)
                 continue
-            slot = self._slots.get(name)
-            if slot is None:
+            if (slot := self._slots.get(name)) is None:
                 if self._default is None:
                     raise BarrierGuardError(
                         f"MetricBuffer.update({name}=...) names an unknown metric: expected one "
@@ -452,8 +449,7 @@ class MetricBuffer:
             return
         assert self._device is not None
         key = tuple(tensors)
-        block = self._blocks.get(key)
-        if block is None:
+        if (block := self._blocks.get(key)) is None:
             block = self._blocks[key] = Block(self._slots, key, self._device, self._nan)
         if block.weighted:
             if block.steps and block.tensor_weights != (n_tensor is not None):
@@ -484,8 +480,7 @@ def _read_back(
     slots: Mapping[str, Slot], nan: str, device: torch.device | None, group: Group
 ) -> dict[str, Any]:
     """Every slot's result, with one transfer (``group``: ``False`` in one process)."""
-    names = sorted(slots)
-    if not names:
+    if not (names := sorted(slots)):
         return {}
     per_rank = _gather(slots, names, device or torch.device("cpu"), group)
     results: dict[str, Any] = {}

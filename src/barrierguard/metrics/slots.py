@@ -124,7 +124,7 @@ class Block:
     def __init__(
         self, slots: Mapping[str, Slot], tensors: tuple[str, ...], device: torch.device, nan: str
     ) -> None:
-        self.tensors, self.width, self.device, self.nan = tensors, len(tensors), device, nan
+        self.width, self.device, self.nan = len(tensors), device, nan
         self.slots = [slots[name] for name in tensors]
         self.weighted = any(slot.weighted for slot in self.slots)
         # A step's values picked at C speed (itemgetter of one name gives no tuple).
@@ -214,8 +214,7 @@ class Block:
 
     def fold(self) -> None:
         """Fold the rows into the slots (device kernels only); the block is then empty."""
-        steps = self.steps
-        if not steps:
+        if not (steps := self.steps):
             return
         data = self.data[:steps]
         weight: Weight = 1.0

@@ -7,10 +7,11 @@ type (``int``, ``float``, ``str``, ``bool``, ``X | None``, ``tuple[X, ...]``,
 ignored and missing keys take the field's default, so a file written by a
 release with more or fewer optional fields still reads.
 
-Two field options, in ``dataclasses.field(metadata=...)``:
+Field options, in ``dataclasses.field(metadata=...)``:
 
 * ``OMIT_EMPTY`` / ``OMIT_NONE``: the key is left out when the value is empty
-  (or ``None``), so optional sections appear only when set;
+  (or ``None``), so optional sections appear only when set; any
+  ``{"omit": f}`` leaves it out when ``f(record, value)`` is true;
 * ``AS_MAP``: pairs ``((key, value), ...)`` are written as the JSON object
   ``{"key": value}`` (keys as strings, converted back on reading);
 * ``{"key": NAME}``: the JSON key is ``NAME`` instead of the field's name.
@@ -23,14 +24,12 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 __all__ = ["AS_MAP", "OMIT_EMPTY", "OMIT_NONE", "Record", "from_json", "to_json"]
 
 T = TypeVar("T")
-
-Omit = Callable[[Any, Any], bool]  # omit(record, value): leave the key out of the JSON
 
 OMIT_EMPTY: Mapping[str, Any] = {"omit": lambda _record, value: not value}
 OMIT_NONE: Mapping[str, Any] = {"omit": lambda _record, value: value is None}
@@ -51,14 +50,11 @@ def to_json(record: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(record):
         value = getattr(record, f.name)
-        omit: Omit | None = f.metadata.get("omit")
+        omit = f.metadata.get("omit")
         if omit is not None and omit(record, value):
             continue
         key = f.metadata.get("key", f.name)
-        if f.metadata.get("as_map"):
-            out[key] = {str(k): _encode(v) for k, v in value}
-        else:
-            out[key] = _encode(value)
+        out[key] = _encode(dict(value) if f.metadata.get("as_map") else value)
     return out
 
 

@@ -114,8 +114,7 @@ class CompileReport(Record):
         if self.cudagraph_skips:
             first = self.cudagraph_skips[0]
             parts.append(f"CUDA graphs skipped ({first.reason} at {first.location})")
-        probe = self.probe
-        if probe is None:
+        if (probe := self.probe) is None:
             parts.append("capture probe not run")
         elif probe.status == "capturable":
             # A reason on a capturable step says what was taken from inductor.

@@ -164,11 +164,8 @@ class RankSummary(Record):
 
     @property
     def step_s(self) -> float | None:
-        """This rank's step time: the longer of its host and device medians.
-
-        A rank whose host runs ahead of its device has short host steps; its
-        device sets its pace, and the device time is then known.
-        """
+        """This rank's step time: the longer of its host and device medians (a host
+        that runs ahead of its device has short steps; the device sets the pace)."""
         known = [t for t in (self.host_step_s, self.device_step_s) if t is not None]
         return max(known) if known else None
 
@@ -194,8 +191,7 @@ def hidden_fraction(timeline: Timeline | None) -> float | None:
 
 
 def _summary(rank: int, report: Report) -> RankSummary:
-    """The summary of one rank's report (its sites and its timeline)."""
-    measured, timeline = report.measured_steps, report.timeline
+    measured, timeline = report.measured_steps, report.timeline or Timeline()
     stalls = [s.stall_s for s in report.sites if s.blocking and s.stall_s is not None]
     return RankSummary(
         rank=rank,
@@ -203,9 +199,9 @@ def _summary(rank: int, report: Report) -> RankSummary:
         measured_steps=measured,
         step_syncs=report.step_syncs,
         stall_per_step_s=sum(stalls) / measured if stalls and measured else None,
-        host_step_s=_median(timeline.host_s) if timeline is not None else None,
-        device_step_s=_median(timeline.device_s) if timeline is not None else None,
-        timed_steps=len(timeline.host_s) if timeline is not None else 0,
+        host_step_s=_median(timeline.host_s),
+        device_step_s=_median(timeline.device_s),
+        timed_steps=len(timeline.host_s),
         stall_fraction=hidden_fraction(timeline),
     )
 
@@ -228,10 +224,9 @@ def job_cost(
     ]
     if not costs:
         return None
-    cost = max(costs)
     fired = {r for r, _ in rank_stalls}
     waiting = [s.step_s for r, s in summaries.items() if r not in fired and s.step_s is not None]
-    return min(cost, min(waiting)) if waiting else cost
+    return min([max(costs), *waiting])
 
 
 def _merge_sites(
@@ -265,14 +260,14 @@ class Report:
     """What a guard found: the sites, the steps, and what the policy made of them.
 
     ``syncs_per_step[i]`` counts the blocking syncs of step ``i`` (index 0 is
-    everything before the first step). ``print(report)`` shows the console table; :meth:`to_dict`/:meth:`save` write
-    versioned JSON (``schema`` ``"barrierguard.report/1"``) that
-    :meth:`from_dict`/:meth:`load` read back. ``rank`` is the global rank
-    that wrote it, in a distributed run; a report merged over ranks
-    (:meth:`merge`) holds them in ``ranks``, with ``rank_summaries`` and
-    :attr:`gating_site` (docs/distributed.md). ``compile`` holds what
-    torch.compile said about the watched code (graph breaks, CUDA-graph skips,
-    the capture probe) when any of it ran (docs/compile.md).
+    everything before the first step). ``print(report)`` shows the console
+    table; :meth:`to_dict`/:meth:`save` write versioned JSON (``schema``
+    ``"barrierguard.report/1"``) that :meth:`from_dict`/:meth:`load` read back.
+    ``rank`` is the global rank that wrote it, in a distributed run; a report
+    merged over ranks (:meth:`merge`) holds them in ``ranks``, with
+    ``rank_summaries`` and :attr:`gating_site` (docs/distributed.md).
+    ``compile`` holds what torch.compile said about the watched code, when any
+    of it ran: graph breaks, CUDA-graph skips, the capture probe (docs/compile.md).
 
     Example:
         >>> r = Report(engine="none", detection=False, policy="record")
@@ -293,7 +288,6 @@ class Report:
     duration_s: float = 0.0
     environment: Mapping[str, str] = field(default_factory=dict)
     schema: str = SCHEMA
-    # Optional sections: in the JSON only when set.
     memory: MemoryReport | None = field(default=None, metadata=OMIT_NONE)
     timeline: Timeline | None = field(default=None, metadata=OMIT_NONE)
     epochs: tuple[int, ...] = field(default=(), metadata=OMIT_EMPTY)
@@ -420,7 +414,6 @@ class Report:
         gate = result.gating_site
         if gate is None or gate.job_cost_s is None:
             return result
-        # Each rank's estimated wait for the gating site (0 where it fires itself).
         fired = {r for r, _ in gate.rank_counts}
         waits = [
             replace(s, wait_s=0.0 if s.rank in fired else gate.job_cost_s)

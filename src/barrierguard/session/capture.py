@@ -266,10 +266,9 @@ def probe(
     if blocker is None:
         return CaptureProbe(status="capturable", captured=captured)
     if _stream_mismatch(blocker):
-        # Not the step's own doing: the side stream met autograd state of an
-        # earlier iteration. Take inductor's verdict on the backward where it
-        # holds, or say why not.
-        # Partitions kept out of CUDA graphs count as skips too.
+        # Not the step's own doing: the side stream met autograd state of an earlier
+        # iteration. Take inductor's verdict on the backward where it holds (partitions
+        # kept out of CUDA graphs count as skips too), or say why not.
         counted = dynamo_count("inductor", "cudagraph_skips", "cudagraph_partitions")
         known = list(skips) or ([f"{counted} counted by inductor"] if counted else [])
         result = _backward_by_inductor(blocker, graphs, known, captured)

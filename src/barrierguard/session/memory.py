@@ -332,8 +332,6 @@ class Sampler:
 
 
 # -- the growth verdict, and the known causes of a leak ----------------------------
-
-
 @dataclass(frozen=True)
 class SeriesVerdict:
     """What the growth analysis found in one series."""
@@ -550,8 +548,7 @@ class MemoryMonitor:
         self._act(final=False)
 
     def finish(self, step: int, *, act: bool) -> None:
-        """Last sample, release the probes, and act on the final verdict (may raise
-        :class:`MemoryGrowthError`)."""
+        """Last sample, release probes, act on the final verdict (may raise MemoryGrowthError)."""
         if not self.active:
             return
         self.active = False

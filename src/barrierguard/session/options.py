@@ -154,7 +154,7 @@ def _is_int(value: object, least: int) -> TypeGuard[int]:
 
 
 def _choice(value: object, choices: tuple[str, ...], what: str, name: str) -> str:
-    """``value`` normalized, when one of ``choices``; ``what``: the setting, as the error shows it."""
+    """``value`` normalized, if one of ``choices``; ``what``: the setting as the error shows it."""
     if isinstance(value, str) and value.strip().lower() in choices:
         return value.strip().lower()
     raise BarrierGuardError(

@@ -114,11 +114,10 @@ class StepTimeline:
         while pending and pending[0][1].query():
             step, event = pending.popleft()
             done = self._done
-            # The device was busy all along only if the host was ahead when
-            # this step began.
-            if done is not None and done[0] == step - 1 and self._ahead_at.pop(step - 1, 0) >= 1:
-                self.device_s[step] = done[1].elapsed_time(event) / 1e3
             if done is not None:
+                # The device was busy all along only if the host was ahead when this step began.
+                if done[0] == step - 1 and self._ahead_at.pop(step - 1, 0) >= 1:
+                    self.device_s[step] = done[1].elapsed_time(event) / 1e3
                 self._pool.append(done[1])
             self._done = (step, event)
 

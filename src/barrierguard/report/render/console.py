@@ -171,7 +171,6 @@ def render(report: Report) -> str:
     if report.compile is not None:
         lines += ["", *render_compile(report.compile)]
     if report.violations:
-        # One line per site: the first step it broke the policy in, and how often.
         grouped = violation_groups(report)
         rules = {(s.file, s.line, s.kind, s.origin): s.rule for s in report.sites}
         lines += ["", f"{violations_heading(report, len(grouped))}:"]

@@ -70,10 +70,7 @@ def _nice_max(x: float) -> float:
     if x <= 0:
         return 1.0
     exp = math.floor(math.log10(x))
-    for m in (1, 2, 2.5, 5, 10):
-        if m * 10**exp >= x:
-            return float(m * 10**exp)
-    return float(10 ** (exp + 1))
+    return float(next(m * 10**exp for m in (1, 2, 2.5, 5, 10) if m * 10**exp >= x))
 
 
 @cache
