@@ -49,7 +49,10 @@ Design:
     ``1 / sqrt(s)``: their product, **on x null**, reads the callback's own cost
     ``e``. Hundreds of cycles in one fit cost no process start-up each; the
     figure is the median over cycles, with its IQR, for the step time and the
-    training thread's CPU time.
+    training thread's CPU time. Each step also notes the garbage collector's
+    time and runs by generation inside it (``gc.callbacks``): per label, the
+    collections per 100 steps and the mean GC time a step, so a callback that
+    made the collector run more often or longer would show there.
 
     **Settled blocks** (``--settle K``): each block's median leaves out its
     first ``K`` steps, so the figures read the callback in its steady state,
@@ -333,18 +336,33 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
     epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
     _warm_up(args)
     guard_cb = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
-    steps: list[tuple[str, float, float]] = []
+    # Each step: its label, time, thread CPU time, and the garbage collector's
+    # time and collections by generation within it (gc.callbacks).
+    steps: list[tuple[str, float, float, float, tuple[int, int, int]]] = []
     state = {"t": 0.0, "c": 0.0}
+    collected = {"t0": 0.0, "s": 0.0, "n": [0, 0, 0]}
+
+    def on_collect(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collected["t0"] = time.perf_counter()
+        else:
+            collected["s"] += time.perf_counter() - collected["t0"]
+            collected["n"][info["generation"]] += 1
 
     class Cycle(pl.Callback):
         def on_train_start(self, *a: Any) -> None:
             sync()
             state["t"], state["c"] = time.perf_counter(), time.thread_time()
+            collected["s"], collected["n"] = 0.0, [0, 0, 0]
 
         def on_train_batch_end(self, *a: Any) -> None:
             now, now_cpu = time.perf_counter(), time.thread_time()
             label = CYCLE[len(steps) // args.block_len % len(CYCLE)]
-            steps.append((label, now - state["t"], now_cpu - state["c"]))
+            gen = collected["n"]
+            steps.append(
+                (label, now - state["t"], now_cpu - state["c"], collected["s"], tuple(gen))
+            )
+            collected["s"], collected["n"] = 0.0, [0, 0, 0]
             if len(steps) % args.block_len == 0:
                 after = CYCLE[len(steps) // args.block_len % len(CYCLE)]
                 if label == "on":
@@ -355,7 +373,11 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     trainer = lightning_trainer([guard_cb, Cycle()], max_steps=args.cycles * 4 * args.block_len)
     torch.manual_seed(0)
-    trainer.fit(lightning_model(args), lightning_loader(epoch))
+    gc.callbacks.append(on_collect)
+    try:
+        trainer.fit(lightning_model(args), lightning_loader(epoch))
+    finally:
+        gc.callbacks.remove(on_collect)
     return {"steps": steps, "syncs": guard_cb.report.total_syncs}
 
 
@@ -415,6 +437,15 @@ def _cycle(args: argparse.Namespace) -> dict[str, Any]:
             record[f"{clock} step {label} (us)"] = 1e6 * median(
                 [s[col] for f in fits for s in f["steps"] if s[0] == label]
             )
+    # Whether the callback makes the collector run more often or longer: per
+    # label, collections per 100 steps by generation and the mean GC time a step.
+    for label in ("off", "on"):
+        rows = [s for f in fits for s in f["steps"] if s[0] == label and len(s) > 4]
+        if rows:
+            record[f"gc {label}"] = {
+                "per_100_steps": [100 * sum(s[4][g] for s in rows) / len(rows) for g in range(3)],
+                "mean_us": 1e6 * statistics.fmean(s[3] for s in rows),
+            }
     return record
 
 
@@ -447,6 +478,14 @@ def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
         f"syncs found {record['syncs_found']}"
     )
     print(table(["ratio", "step time (IQR)", "training thread's CPU time (IQR)"], rows))
+    for label in ("on", "off"):
+        gc_rec = record.get(f"gc {label}")
+        if gc_rec is not None:
+            per = " / ".join(f"{n:.2f}" for n in gc_rec["per_100_steps"])
+            print(
+                f"garbage collection, {label}-blocks: {per} collections per 100 steps "
+                f"(generations 0 / 1 / 2), {gc_rec['mean_us']:.1f} us a step"
+            )
 
 
 def _blocks_record(

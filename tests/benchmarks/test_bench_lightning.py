@@ -106,6 +106,34 @@ def test_cycle_design_runs_one_long_fit(bench: Any, tmp_path: Path) -> None:
             assert rec[f"{clock} {key}"]["n"] == 2  # 3 cycles, the first left out
     # The callback ran in its on-blocks and found the prog_bar syncs there.
     assert rec["syncs_found"] > 0
+    # The collector's runs by generation and its time, per label.
+    for label in ("on", "off"):
+        gens = rec[f"gc {label}"]["per_100_steps"]
+        assert len(gens) == 3 and min(gens) >= 0 and rec[f"gc {label}"]["mean_us"] >= 0
+
+
+def test_cycle_fit_counts_the_collectors_runs_in_each_step(bench: Any) -> None:
+    import gc
+
+    from _common import lightning_settings
+
+    args = lightning_settings("mlp", 12)
+    args.cycles, args.block_len, args.epoch_batches = 2, 2, 4
+    args.batch, args.width, args.hidden, args.blocks = 16, 64, 64, 2
+    hooks = list(gc.callbacks)
+    # A low threshold: the youngest generation is collected many times a step.
+    saved = gc.get_threshold()
+    gc.set_threshold(50, *saved[1:])
+    try:
+        fit = bench._cycle_fit(args)
+    finally:
+        gc.set_threshold(*saved)
+    steps = fit["steps"]
+    assert len(steps) == 2 * 4 * 2
+    assert all(len(gens) == 3 and s >= 0 for _, _, _, s, gens in steps)
+    assert sum(gens[0] for *_, gens in steps) >= len(steps)
+    assert sum(s for _, _, _, s, _ in steps) > 0
+    assert gc.callbacks == hooks  # the collector's hook is gone after the fit
 
 
 def test_cycle_ratios_settle_leaves_out_each_blocks_first_steps(bench: Any) -> None:
