@@ -139,6 +139,18 @@ Reproduce:
             --out benchmarks/results/h200/lightning_cycle_mlp_settle_10a7106.json \
             | tee benchmarks/results/h200/lightning_cycle_mlp_settle_10a7106.txt
 
+    The same at b6bc7d7, and at 042e695 with the garbage collector's lines, each on
+    another host::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --block-len 64 \
+            --settle 16 --epoch-batches 100 --fits 1 \
+            --out benchmarks/results/h200/lightning_cycle_mlp_settle_b6bc7d7.json \
+            | tee benchmarks/results/h200/lightning_cycle_mlp_settle_b6bc7d7.txt
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --block-len 64 \
+            --settle 16 --epoch-batches 100 --fits 1 \
+            --out benchmarks/results/h200/lightning_cycle_mlp_gc_042e695.json \
+            | tee benchmarks/results/h200/lightning_cycle_mlp_gc_042e695.txt
+
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
