@@ -60,11 +60,11 @@ def test_a_call_on_a_python_number_is_not_timed(
     seen: list[object] = []
 
     def orig(*args: object, **kwargs: object) -> None:
-        seen.append(cuda_engine._tls.t0)
+        seen.append(cuda_engine._tls.s.t0)
 
     cuda_engine._timed(orig, lambda: False)(first, device="cpu")
     assert (seen[0] is not None) is timed
-    assert cuda_engine._tls.t0 is None
+    assert cuda_engine._tls.s.t0 is None
 
 
 def test_nested_syncs_are_counted_once(

@@ -42,15 +42,27 @@ _PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
 PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
 
 
-class _State(threading.local):
-    """Per thread: when the outermost timed call began, and the copy in flight.
+class _Thread:
+    """One thread's state: when the outermost timed call began, and the copy in flight."""
 
-    Class-level defaults: a thread that never set them reads ``None``, not the
-    ``AttributeError`` of a bare ``threading.local`` (caught on every sync).
+    __slots__ = ("op", "t0")
+
+    def __init__(self) -> None:
+        self.t0: float | None = None
+        self.op: tuple[Any, ...] | None = None
+
+
+class _State(threading.local):
+    """Per thread, its :class:`_Thread`, made at the thread's first use.
+
+    A wrapper reads the thread-local once and then works on plain slots: each
+    read or write of a thread-local's attribute costs several hundred machine
+    instructions (its per-thread dictionary, a name compare), and a copy
+    wrapper made six.
     """
 
-    t0: float | None = None
-    op: tuple[Any, ...] | None = None
+    def __init__(self) -> None:
+        self.s = _Thread()
 
 
 _tls = _State()
@@ -107,13 +119,16 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
     def timed(*args: Any, **kwargs: Any) -> Any:
         # A Python number first (torch.tensor(1.0), which optimizers call every
         # step) reads no device value.
-        if (args and type(args[0]) in _HOST_NUMBERS) or tls.t0 is not None or compiling():
+        if (args and type(args[0]) in _HOST_NUMBERS) or compiling():
             return orig(*args, **kwargs)
-        tls.t0 = clock()
+        state = tls.s
+        if state.t0 is not None:
+            return orig(*args, **kwargs)
+        state.t0 = clock()
         try:
             return orig(*args, **kwargs)
         finally:
-            tls.t0 = None
+            state.t0 = None
 
     not_a_dynamo_frame(timed.__code__)  # type: ignore[attr-defined]
     return timed
@@ -161,7 +176,10 @@ def _timed_no_args(
     def timed(self: Any) -> Any:
         # A host tensor never waits for the device (optimizers read their CPU
         # step counters with item() for every parameter, every step).
-        if not on_device(self) or tls.t0 is not None or compiling():
+        if not on_device(self) or compiling():
+            return orig(self)
+        state = tls.s
+        if state.t0 is not None:
             return orig(self)
         # On the device, a plain tensor's read waits for certain (a subclass
         # may run Python of its own, or a collective).
@@ -182,11 +200,11 @@ def _timed_no_args(
                 _raw_set(_WARN)
             read(getframe(1), clock() - t0)
             return out
-        tls.t0 = clock()
+        state.t0 = clock()
         try:
             return orig(self)
         finally:
-            tls.t0 = None
+            state.t0 = None
 
     not_a_dynamo_frame(timed.__code__)  # type: ignore[attr-defined]
     return timed
@@ -293,13 +311,13 @@ class CudaEngine:
     def _on_sync(self, frame: FrameType | None) -> None:
         if distributed.quiet():
             return  # inside a recorded torch.distributed call: part of that call
-        tls = _tls
+        state = _tls.s
         now = _clock()
-        t0 = tls.t0
+        t0 = state.t0
         # The warning arrives once the wait is over: the stall is the time since
         # the timed call began (or since the previous sync inside that call).
         stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
-        op = tls.op
+        op = state.op
         try:
             kind, detail = None, ""
             if op is not None:  # inside a copy (the only call that notes one)
@@ -318,7 +336,7 @@ class CudaEngine:
                 # The first sync drained the queue: later syncs inside the same
                 # call (print runs several) wait for little but the host's own
                 # formatting, which is not a stall. Charge them nothing.
-                tls.t0 = _DRAINED
+                state.t0 = _DRAINED
         if sync is not None:
             if t0 is None and sync.loc.kind == "index" and not self._index_timed:
                 # From the second indexing sync on, its stall is known.
@@ -458,17 +476,18 @@ class CudaEngine:
         def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if compiling():
                 return orig(self, *args, **kwargs)
-            prev = tls.op
-            tls.op = ("copy", method, self, args, kwargs)
-            outer = tls.t0 is None
+            state = tls.s
+            prev = state.op
+            state.op = ("copy", method, self, args, kwargs)
+            outer = state.t0 is None
             if outer:
-                tls.t0 = t0 = clock()
+                state.t0 = t0 = clock()
             try:
                 out = orig(self, *args, **kwargs)
             finally:
-                tls.op = prev
+                state.op = prev
                 if outer:
-                    tls.t0 = None
+                    state.t0 = None
             if prev is None and (
                 kwargs.get("non_blocking") or (len(args) > 1 and any(a is True for a in args))
             ):
