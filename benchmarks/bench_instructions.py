@@ -28,6 +28,9 @@ Design:
       violation list filled (the steady state of a long run): in user code
       (one loop) and in bench_core's framework path (a Lightning file, 20
       frames deep). Added per read = (watched - bare) / reads.
+      Then ``--reads`` calls of ``.to("cpu")`` on a host tensor (it moves
+      nothing and syncs nothing), bare and watched: what the copy wrapper
+      adds to every ``.to()``, ``.cuda()`` and ``copy_()``.
     * ``lightning``: a CPU Lightning fit of a small TinyLM with
       ``BarrierGuard(memory=False)``, then ``BarrierGuard()``, switched off and
       on every ``--block-len`` steps (the switch itself is counted apart); the
@@ -144,6 +147,27 @@ def _reads(args: argparse.Namespace) -> list[str]:
         guard.stop()
         found = sum(s.count for s in guard.report.sites if s.kind == "item")
         assert found == args.reads + 1101, (path, found)
+    # A .to() that moves nothing: the copy wrapper's own cost, paid by every
+    # .to(), .cuda() and copy_() (a Lightning step makes several).
+    y = torch.ones(4)
+
+    def copy(n: int) -> None:
+        for _ in range(n):
+            y.to("cpu")
+
+    for watched in (False, True):
+        guard = barrierguard.watch(engine="cuda", policy="record", memory=False)
+        if watched:
+            guard.start()
+            guard.step()
+        copy(50)
+        _mark()
+        copy(args.reads)
+        _mark()
+        labels += ["-", f"copy {'watched' if watched else 'bare'}"]
+        if watched:
+            guard.stop()
+            assert not guard.report.sites, guard.report.sites  # nothing synced
     return labels
 
 
@@ -290,8 +314,16 @@ def _summarise(args: argparse.Namespace, reads: Any, fits: dict[str, Any]) -> di
         }
         for path in ("user", "framework")
     }
+    copies = reads.get("copy bare") and reads.get("copy watched")
     return {
         "per_read": per_read,
+        "per_copy": {
+            "bare": reads["copy bare"][0] / n,
+            "watched": reads["copy watched"][0] / n,
+            "added": (reads["copy watched"][0] - reads["copy bare"][0]) / n,
+        }
+        if copies
+        else None,
         "lightning_per_step": {name: _per_step(args, fit) for name, fit in fits.items()},
     }
 
@@ -310,6 +342,12 @@ def _print(record: dict[str, Any]) -> None:
             ],
         )
     )
+    copy = record.get("per_copy")
+    if copy:
+        print(
+            f"a .to() that moves nothing (the copy wrapper): bare {copy['bare']:,.0f} Ir, "
+            f"watched {copy['watched']:,.0f} Ir, added {copy['added']:,.0f} Ir a call"
+        )
     steps = record["lightning_per_step"]
     print(
         table(

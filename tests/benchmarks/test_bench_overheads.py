@@ -117,7 +117,10 @@ def test_instructions_workload_runs_both_parts_without_valgrind(
     bench_instructions.main(["--no-valgrind", "--tiny"])
     out = capfd.readouterr().out
     # Each part's workload ran to its end and printed one label per mark.
-    assert "LABELS - user_bare - user_watched - framework_bare - framework_watched" in out
+    assert (
+        "LABELS - user_bare - user_watched - framework_bare - framework_watched"
+        " - copy_bare - copy_watched" in out
+    )
     assert out.count("LABELS - on switch off switch on switch") == 2  # memory off, then on
 
 
@@ -145,12 +148,17 @@ def test_instructions_per_read_and_per_step_leave_the_setup_block_out() -> None:
         "user watched": [3000],
         "framework bare": [5000],
         "framework watched": [9000],
+        "copy bare": [200],
+        "copy watched": [700],
     }
     # The first on-block holds the fit's setup: far larger, left out.
     fit = {"on": [10**6, 240, 260], "off": [200, 200, 220], "switch": [5, 70, 5, 70]}
     record = bench_instructions._summarise(args, reads, {"memory=False": fit})
     assert record["per_read"]["user"] == {"bare": 100, "watched": 300, "added": 200}
     assert record["per_read"]["framework"]["added"] == 400
+    assert record["per_copy"] == {"bare": 20, "watched": 70, "added": 50}
+    del reads["copy bare"], reads["copy watched"]  # a result from before the copy part
+    assert bench_instructions._summarise(args, reads, {})["per_copy"] is None
     step = record["lightning_per_step"]["memory=False"]
     assert (step["on"], step["off"], step["added"]) == (125, 100, 25)
     assert step["ratio"] == 1.25
