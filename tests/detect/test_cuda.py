@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import os
 import sys
@@ -440,6 +441,80 @@ def test_a_framework_read_met_again_replays_the_last_route_and_tells_user_lines_
     assert calls[stack._replay.__code__] == 3 + 2 + 3
     if phases:  # the route held this test's frame: not kept past the run
         assert stack._anchors.read is None
+
+
+def _tallied_run(x: torch.Tensor, through: Any, fast: bool) -> tuple[Any, int]:
+    """Reads in user code and through a framework, across boundaries, a phase
+    and an allowed() block; the report and how many reads reached the guard."""
+    from barrierguard.detect import hub
+    from barrierguard.session.guard import Guard
+
+    calls = collections.Counter()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:  # counts calls, adds no frame
+        if event == "call":
+            calls[frame.f_code] += 1
+            if not fast and frame.f_code is Guard.record.__code__:
+                hub.invalidate()  # no tally outlives the call that handed it out
+
+    # u: a read in user code, 1 and 2: a framework's read from two user lines,
+    # s: a step boundary, v / t: the adapter's phase, a / z: an allowed() block.
+    plan = "u1s" + "uuuuuu12121212s" * 3 + "v" + "u" * 5 + "t" + "auuuz111" * 2
+    allow = ["item", "framework:*"]
+    with barrierguard.watch(engine="cuda", policy="record", allow=allow) as guard:
+        guard.step()
+        with contextlib.ExitStack() as blocks:
+            for i, event in enumerate(plan):
+                if i == 3:
+                    sys.setprofile(profile)
+                if event == "u":
+                    x.item()  # T-user
+                elif event == "1":
+                    through(20, x)  # T-one
+                elif event == "2":
+                    through(20, x)  # T-two
+                elif event == "s":
+                    guard.step()
+                elif event in "vt":
+                    guard.set_phase("validate" if event == "v" else None)
+                elif event == "a":
+                    blocks.enter_context(barrierguard.allowed("item"))
+                else:
+                    blocks.close()
+            sys.setprofile(None)
+    return guard.report, calls[Guard.record.__code__]
+
+
+def test_repeats_the_wrapper_counts_itself_match_the_guards_counts(
+    scalar_reads: FakeMode,
+) -> None:
+    # A settled read met again is counted in its site's tally by the wrapper
+    # (no call to the guard) until a boundary, a phase, an allowed() block or
+    # another site's count makes the tally stale: the report is the one the
+    # guard makes when it counts every read itself.
+    namespace: dict[str, Any] = {}
+    exec(_FRAMEWORK_READ, namespace)
+    through = namespace["through"]
+    x = torch.ones(1)
+    fast, fast_calls = _tallied_run(x, through, fast=True)
+    slow, slow_calls = _tallied_run(x, through, fast=False)
+
+    def view(report: Any) -> dict[Any, Any]:
+        return {
+            (s.line, s.origin): (s.count, s.step_count, s.steps, s.phases, s.stall_count)
+            for s in report.sites
+        }
+
+    assert view(fast) == view(slow)
+    user = view(fast)[(_line("# T-user"), "user")]
+    assert user[:4] == (1 + 18 + 5 + 6, 1 + 18 + 6, ((1, 5),), (("validate", 5),))
+    assert view(fast)[(_line("# T-one"), "framework:lightning")][:3] == (19, 19, ((1, 5),))
+    assert view(fast)[(_line("# T-two"), "framework:lightning")][0] == 12
+    assert fast.step_syncs == slow.step_syncs
+    assert slow_calls == 18 + 24 + 5 + 12
+    # Only a read whose tally went stale reaches the guard (the first one or
+    # two after each boundary, phase, block, or read of another site).
+    assert fast_calls <= slow_calls - 20
 
 
 def test_scalar_read_under_error_policy_raises_at_the_line_with_the_mode_back_on(

@@ -28,7 +28,7 @@ import torch
 from barrierguard.detect import distributed, hub, stack
 from barrierguard.detect.compiled import not_a_dynamo_frame
 from barrierguard.detect.patch import Patches, drop_filter
-from barrierguard.detect.stack import Sync, _anchors, _replay, observe
+from barrierguard.detect.stack import Sync, _anchors, _replay, _Route, observe
 
 __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 
@@ -42,14 +42,23 @@ _PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
 PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
 
 
-class _Thread:
-    """One thread's state: when the outermost timed call began, and the copy in flight."""
+# A thread's last read counted in a tally: its sync, the tally, hub.epoch then,
+# the route that found it (None: the loop's own frame), the sync frame's
+# instruction, and len(sys.modules) when no framework with phase markers was
+# imported (else -1: an import since may bring one).
+_Hot = tuple[Sync, hub.Tally, int, "_Route | None", int, int]
 
-    __slots__ = ("op", "t0")
+
+class _Thread:
+    """One thread's state: when the outermost timed call began, the copy in
+    flight, and the tally of the last read (its sync, the tally, ``hub.epoch``)."""
+
+    __slots__ = ("hot", "op", "t0")
 
     def __init__(self) -> None:
         self.t0: float | None = None
         self.op: tuple[Any, ...] | None = None
+        self.hot: _Hot | None = None
 
 
 class _State(threading.local):
@@ -171,6 +180,9 @@ def _timed_no_args(
     on_device = _on_device
     plain = _PLAIN
     getframe = sys._getframe
+    anchors = _anchors
+    hub_module = hub
+    modules = sys.modules
 
     @functools.wraps(orig)
     def timed(self: Any) -> Any:
@@ -198,7 +210,45 @@ def _timed_no_args(
                 raise
             finally:
                 _raw_set(_WARN)
-            read(getframe(1), clock() - t0)
+            stall = clock() - t0
+            frame = getframe(1)
+            # The read met again while the tally it went to last still stands
+            # (see hub.Tally): counted here, nothing called. Met again means
+            # the loop's own frame at the same instruction, or the route a
+            # framework's read took last: the same code and instruction, the
+            # frames its answer came from where they were.
+            hot = state.hot
+            if hot is not None and hot[2] == hub_module.epoch:
+                last = anchors.last
+                if last is not None and frame is last[0]:
+                    hit = last[4] is hot[0] and frame.f_lasti == last[1]
+                else:
+                    route = hot[3]
+                    hit = False
+                    if (
+                        route is not None
+                        and route.code is frame.f_code
+                        and hot[4] == frame.f_lasti
+                        and not 0 <= hot[5] != len(modules)  # no import since
+                    ):
+                        hit = True
+                        try:
+                            for depth, code, lasti in route.probes:
+                                f = getframe(depth + 1)
+                                if f.f_code is not code or (lasti >= 0 and f.f_lasti != lasti):
+                                    hit = False
+                                    break
+                            outer = route.outer
+                            if outer is not None and getframe(outer[0] + 1) is not outer[1]:
+                                hit = False
+                        except ValueError:
+                            hit = False
+                if hit:
+                    tally = hot[1]
+                    tally.n += 1
+                    tally.stall += stall
+                    return out
+            read(frame, stall)
             return out
         state.t0 = clock()
         try:
@@ -286,6 +336,7 @@ class CudaEngine:
         finally:
             self._patches.undo()
             self._index_timed = False
+            _tls.s.hot = None
             stack.forget()
             if self._saved_show is not None and warnings._showwarnmsg == self._show:  # type: ignore[attr-defined]
                 warnings._showwarnmsg = self._saved_show  # type: ignore[attr-defined]
@@ -361,6 +412,7 @@ class CudaEngine:
             return
         # The last sync's frame at the same instruction: its sync, without a
         # call into the walk (a loop that reads a value every step).
+        route: _Route | None = None
         last = _anchors.last
         if last is not None and frame is last[0] and frame.f_lasti == last[1] and last[2] is None:
             sync: Sync | None = last[4]
@@ -368,20 +420,34 @@ class CudaEngine:
             try:
                 # A framework's read met again by the same route: the route that
                 # answered the last read, by a few probes without the walk's
-                # bookkeeping (else the whole observe). Its test is made here,
-                # not in a function of stack's: a call less per read.
+                # bookkeeping (else the whole observe).
                 read = _anchors.read
                 sync = None
                 if read is not None and read[0] is frame.f_code and read[1] == frame.f_lasti:
                     # From _replay, one call further in, frame is sys._getframe(3).
                     sync = _replay(read[2], 3)
+                    route = read[2]
                 if sync is None:
                     sync = observe(frame, None, "", 2)
+                    read = _anchors.read
+                    if read is not None and read[2].sync is sync:
+                        route = read[2]
             except Exception as exc:  # a fault of ours is reported, never raised
                 hub.fault(self.name, exc)
                 return
-        if sync is not None:
-            hub.emit(self.name, sync, stall)
+        if sync is None:
+            return
+        epoch = hub.epoch
+        tally = hub.emit(self.name, sync, stall)
+        state = _tls.s
+        state.hot = None
+        if tally is None:
+            return
+        if route is None:
+            state.hot = (sync, tally, epoch, None, -1, -1)
+        elif route.sync is sync:  # a route whose answer never changes
+            modules = -1 if route.phases else len(sys.modules)
+            state.hot = (sync, tally, epoch, route, frame.f_lasti, modules)
 
     # -- what the mode misses ---------------------------------------------
     def _record(self, kind: str, detail: str, stall: float | None = None) -> None:

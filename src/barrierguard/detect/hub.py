@@ -18,15 +18,47 @@ from barrierguard.detect.stack import Sync
 __all__ = [
     "Engine",
     "Recorder",
+    "Tally",
     "attach",
     "defer",
     "detach",
     "emit",
     "fault",
+    "invalidate",
     "note",
     "running_recorders",
     "tidy",
 ]
+
+
+class Tally:
+    """A settled site's count of repeats, which an engine may add to itself.
+
+    A recorder returns one from ``record`` when the sync was one more of the
+    site's last one and nothing needs deciding. Until :data:`epoch` changes,
+    an engine that meets the very same sync again on the same thread adds to
+    ``n`` and ``stall`` itself, without a call to :func:`emit`; the recorder
+    folds the tally into its counters later.
+    """
+
+    __slots__ = ("n", "stall")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.stall = 0.0
+
+
+# Changes whenever a tally handed out may no longer stand for the next sync
+# (a step boundary, a phase, an allowed() block, a recorder attached or
+# detached, another thread's count of a site): engines compare it with the
+# value they kept beside the tally.
+epoch = 0
+
+
+def invalidate() -> None:
+    """Make every tally handed out by :func:`emit` stale (see :class:`Tally`)."""
+    global epoch
+    epoch += 1
 
 
 class Recorder(Protocol):
@@ -34,9 +66,10 @@ class Recorder(Protocol):
 
     def record(
         self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
-    ) -> Callable[[], None] | None:
+    ) -> Callable[[], None] | Tally | None:
         """Count one sync (located, with its mechanism and phase); return the policy's
-        action (a warning, a raise), if any.
+        action (a warning, a raise), if any, or the site's :class:`Tally` when
+        the sync was a repeat that needs no decision.
 
         ``again`` marks a further sync inside the same call (``print(t)``
         synchronizes several times): an event of the occurrence already
@@ -61,7 +94,7 @@ class Engine(Protocol):
 
 
 # A recorder's record method (see Recorder.record).
-_Record = Callable[[Sync, int, float | None, bool], Callable[[], None] | None]
+_Record = Callable[[Sync, int, float | None, bool], "Callable[[], None] | Tally | None"]
 
 _lock = threading.RLock()
 _get_ident = threading.get_ident
@@ -92,6 +125,7 @@ def attach(recorder: Recorder, engine: Engine) -> None:
     ``recorder.record`` is looked up here, once: every sync calls that method.
     """
     with _lock:
+        invalidate()
         current = _recorders.get(engine.name, ())
         if not current:
             engine.install()
@@ -103,6 +137,7 @@ def detach(recorder: Recorder, engine_name: str) -> None:
     """Stop delivering to ``recorder``; uninstall the engine after its last recorder."""
     here = threading.get_ident()
     with _lock:
+        invalidate()
         current = tuple(g for g in _recorders.get(engine_name, ()) if g is not recorder)
         _set_recorders(engine_name, current)
         if current:
@@ -176,7 +211,9 @@ def note(engine_name: str, text: str) -> None:
 
 # ``again`` is not keyword-only: CPython 3.11 specializes no call to a function
 # with keyword-only parameters, and every sync makes this call.
-def emit(engine_name: str, sync: Sync, stall: float | None = None, again: bool = False) -> None:
+def emit(
+    engine_name: str, sync: Sync, stall: float | None = None, again: bool = False
+) -> Tally | None:
     """Give one ``sync`` to every recorder of ``engine_name``, then act.
 
     ``stall`` is the time the host was blocked in it, in seconds, when measured;
@@ -185,19 +222,30 @@ def emit(engine_name: str, sync: Sync, stall: float | None = None, again: bool =
     Recording never raises into training: a fault inside a recorder is noted in
     its report. The policy's actions (a warning, a :class:`SyncError`) run
     after every recorder has recorded.
+
+    Returns:
+        The :class:`Tally` the one recorder counted the sync in, when it is a
+        repeat that needs no decision (else ``None``).
     """
     ident = _get_ident()
     actions: list[Callable[[], None]] | None = None
-    for recorder, record in _deliveries.get(engine_name, ()):
+    tally: Tally | None = None
+    deliveries = _deliveries.get(engine_name, ())
+    for recorder, record in deliveries:
         try:
             action = record(sync, ident, stall, again)
         except Exception as exc:  # never lose the user's run to our own bug
             recorder.fault(exc)
             continue
-        if action is not None:
-            if actions is None:
-                actions = []
-            actions.append(action)
+        if action is None:
+            continue
+        if isinstance(action, Tally):
+            tally = action if len(deliveries) == 1 else None
+            continue
+        if actions is None:
+            actions = []
+        actions.append(action)
     if actions is not None:
         for action in actions:
             action()
+    return tally

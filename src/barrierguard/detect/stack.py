@@ -51,6 +51,21 @@ class Sync:
     phase: str | None = None
 
 
+# Every Sync by its parts, so that one place, mechanism and phase is one object
+# however it was found (a recorder tells a repeat by identity).
+_syncs: dict[tuple[Location, str | None, str | None], Sync] = {}
+
+
+def _sync(loc: Location, mechanism: str | None, phase: str | None) -> Sync:
+    key = (loc, mechanism, phase)
+    sync = _syncs.get(key)
+    if sync is None:
+        sync = Sync(loc, mechanism, phase)
+        if len(_syncs) < 100_000:
+            _syncs[key] = sync
+    return sync
+
+
 # What a source file is, as flags (the walk tests a frame's flags first).
 _OWN = 1  # barrierguard's machinery: not a place of the sync
 _USER = 2  # the user's code: the location ends here
@@ -610,7 +625,7 @@ def _replay(route: _Route, base: int) -> Sync | None:
                 mechanism = f"{mechanism} ({hook})"
     except ValueError:
         return None
-    return Sync(route.loc, mechanism, phase)
+    return _sync(route.loc, mechanism, phase)
 
 
 def observe(
@@ -682,7 +697,7 @@ def observe(
         if innermost is None:
             return None
         loc = place(innermost, framework, name, user, kind, detail)
-        sync = Sync(loc, mechanism, phase)
+        sync = _sync(loc, mechanism, phase)
         kept = frame is innermost and frame is user
         if trace is not None:
             if key is None:

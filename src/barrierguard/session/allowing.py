@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from barrierguard._errors import BarrierGuardError
+from barrierguard.detect import hub
 from barrierguard.detect.kinds import KINDS, kind_named
 
 __all__ = ["admits", "allowed", "inline_allowed"]
@@ -64,6 +65,7 @@ def _count_open(change: int) -> None:
     global open_blocks
     with _open_lock:
         open_blocks += change
+    hub.invalidate()  # a repeat may now be admitted, or no longer
 
 
 def admits(key: Hashable, kind: str) -> bool:

@@ -16,7 +16,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -89,30 +88,40 @@ def _make_timeline() -> StepTimeline:
     return StepTimeline()
 
 
-@dataclass(slots=True, eq=False)
-class _Quiet:
+class _Quiet(hub.Tally):
     """A settled site (see ``Guard._settle``), and its tally of repeats since its last count.
 
     A sync that is the very object of the site's last one (an interned sync:
     same place, mechanism and phase), in the same step, under the same
     adapter's phase, on the same thread and outside an ``allowed()`` block
-    is one more of it: ``n`` counts it, and ``Guard._fold`` adds the tally to
-    the counters at the step's end, or when a report is made.
+    is one more of it: ``n`` counts it (the engine may count it itself, see
+    :class:`~barrierguard.detect.hub.Tally`), and ``Guard._fold`` adds the
+    tally to the counters at the step's end, or when a report is made.
     """
 
-    stats: SiteStats
-    # Whether its syncs count against the policy (a blocking site not allowed).
-    violating: bool
-    sync: Sync | None = None
-    step: int = -1
-    guard_phase: str | None = None
-    mechanism: str | None = None
-    phase: str | None = None
-    n: int = 0
-    stall: float = 0.0
-    # Of the n, those without a measured stall (the others are timed): a
-    # scalar read always has one, and its tally adds nothing here.
-    untimed: int = 0
+    __slots__ = (
+        "guard_phase",
+        "mechanism",
+        "phase",
+        "stats",
+        "step",
+        "sync",
+        "untimed",
+        "violating",
+    )
+
+    def __init__(self, stats: SiteStats, violating: bool) -> None:
+        super().__init__()
+        self.stats = stats
+        # Whether its syncs count against the policy (a blocking site not allowed).
+        self.violating = violating
+        self.sync: Sync | None = None
+        self.step = -1
+        self.guard_phase: str | None = None
+        self.mechanism: str | None = None
+        self.phase: str | None = None
+        # Of the n, those without a measured stall (the others are timed).
+        self.untimed = 0
 
 
 class Guard:
@@ -434,6 +443,7 @@ class Guard:
             self._fold()
         self._step_syncs = 0
         self._steps = step = self._steps + 1
+        hub.invalidate()
         if step == len(self._per_step):
             # Counters for the steps ahead, made a block at a time, not a step at a time.
             self._per_step += [0] * _STEPS_AHEAD
@@ -569,6 +579,7 @@ class Guard:
             'validate'
         """
         self._phase = phase
+        hub.invalidate()
 
     @property
     def steps(self) -> int:
@@ -631,8 +642,9 @@ class Guard:
 
     def record(
         self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
-    ) -> Callable[[], None] | None:
-        """Count one ``sync`` from thread ``ident``; return the policy's action.
+    ) -> Callable[[], None] | hub.Tally | None:
+        """Count one ``sync`` from thread ``ident``; return the policy's action,
+        or the site's tally when the sync was a repeat that needs no decision.
 
         ``again``: a further sync inside a call already counted (``print(t)``);
         it adds an event to that occurrence, not an occurrence.
@@ -656,7 +668,10 @@ class Guard:
                 quiet.untimed += 1
             else:
                 quiet.stall += stall
-            return None
+            return quiet
+        # Whatever follows may change what a repeat means (the site's thread,
+        # its settling): the tallies engines hold are stale.
+        hub.invalidate()
         mechanism = sync.mechanism
         # The stack's phase is the more specific one (an evaluation or a save
         # inside the training loop), except the plain training region, where an
@@ -780,6 +795,7 @@ class Guard:
         Only this thread's: another thread adds to its own tally without a lock,
         and counts it itself at its next sync of the site that is not a repeat.
         """
+        hub.invalidate()  # a new step or a report: the tallies start again
         me = _get_ident()
         for quiet in self._quiet.values():
             if quiet.n and (every or quiet.stats.last_ident == me):
