@@ -426,7 +426,8 @@ class CudaEngine:
                 if read is not None and read[0] is frame.f_code and read[1] == frame.f_lasti:
                     # From _replay, one call further in, frame is sys._getframe(3).
                     sync = _replay(read[2], 3)
-                    route = read[2]
+                    if sync is not None:
+                        route = read[2]
                 if sync is None:
                     sync = observe(frame, None, "", 2)
                     read = _anchors.read
