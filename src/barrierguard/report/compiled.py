@@ -8,10 +8,7 @@ from typing import Any
 
 from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, Record, to_json
 
-__all__ = ["CaptureProbe", "CompileReport", "CudagraphSkip", "GraphBreak", "consequence"]
-
-# The dynamo settings that keep a sync in the graph (it still syncs at run time).
-_FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
+__all__ = ["CaptureProbe", "CompileReport", "CudagraphSkip", "GraphBreak"]
 
 
 class _Located(Record):
@@ -115,20 +112,3 @@ class CompileReport(Record):
     def to_dict(self) -> dict[str, Any]:
         """The section as JSON, its one-line verdict first (derived, not read back)."""
         return {"verdict": self.verdict, **to_json(self)}
-
-
-def consequence(graph_break: str, gb: str, flag: str, cudagraph_skip: str) -> str:
-    """A site's compile consequence in words (``""`` when it has none)."""
-    parts = []
-    if graph_break:
-        tag = f" [{gb}]" if gb else ""
-        effect = (
-            f"torch._dynamo.config.{flag} = True keeps it in the graph, but the sync still "
-            "happens each time the compiled code runs"
-            if flag in _FLAGS
-            else "no dynamo setting keeps it in the graph"
-        )
-        parts.append(f"graph break{tag}: {graph_break}; {effect}")
-    if cudagraph_skip:
-        parts.append(f"CUDA graphs skipped: {cudagraph_skip}")
-    return "; ".join(parts)

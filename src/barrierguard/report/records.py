@@ -14,13 +14,7 @@ from typing import Any
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, Record, from_json, to_json
-from barrierguard.report.compiled import (
-    CaptureProbe,
-    CompileReport,
-    CudagraphSkip,
-    GraphBreak,
-    consequence,
-)
+from barrierguard.report.compiled import CaptureProbe, CompileReport, CudagraphSkip, GraphBreak
 from barrierguard.report.jsonio import check_schema, read_json, write_json, write_text
 from barrierguard.report.site_records import Site, SiteKey, Violation, add_sites
 
@@ -37,7 +31,6 @@ __all__ = [
     "SiteKey",
     "Timeline",
     "Violation",
-    "consequence",
     "format_bytes",
     "hidden_fraction",
     "job_cost",
@@ -169,10 +162,7 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 def hidden_fraction(timeline: Timeline | None) -> float | None:
     """The share of a rank's stall that lengthened its steps: saving over stall, at most 1."""
-    if timeline is None:
-        return None
-    stall = sum(timeline.stall_s)
-    if stall <= 0:
+    if timeline is None or (stall := sum(timeline.stall_s)) <= 0:
         return None
     return max(0.0, min(1.0, timeline.saving_s / stall))
 

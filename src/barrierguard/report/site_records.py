@@ -9,12 +9,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from barrierguard.report.codec import AS_MAP, OMIT_EMPTY, OMIT_NONE, Record
-from barrierguard.report.compiled import consequence
 
 __all__ = ["Site", "SiteKey", "Violation", "add_sites"]
 
 SiteKey = tuple[str, int, str, str, str, int]
 """What names a site: see :attr:`Site.key`."""
+
+# The dynamo settings that keep a sync in the graph (it still syncs at run time).
+_FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
 
 
 @dataclass(frozen=True)
@@ -84,9 +86,19 @@ class Site(Record):
     @property
     def compile_consequence(self) -> str:
         """What the site does to torch.compile and CUDA graphs, in words (``""``: nothing)."""
-        return consequence(
-            self.graph_break, self.graph_break_id, self.compile_flag, self.cudagraph_skip
-        )
+        parts = []
+        if self.graph_break:
+            tag = f" [{self.graph_break_id}]" if self.graph_break_id else ""
+            effect = (
+                f"torch._dynamo.config.{self.compile_flag} = True keeps it in the graph, but the "
+                "sync still happens each time the compiled code runs"
+                if self.compile_flag in _FLAGS
+                else "no dynamo setting keeps it in the graph"
+            )
+            parts.append(f"graph break{tag}: {self.graph_break}; {effect}")
+        if self.cudagraph_skip:
+            parts.append(f"CUDA graphs skipped: {self.cudagraph_skip}")
+        return "; ".join(parts)
 
     @property
     def key(self) -> SiteKey:
