@@ -1,8 +1,7 @@
 """The ratchet: today's sites saved as a baseline, and a check that forbids new ones.
 
-A site is matched by where it is in the code (file, function, code, kind), not
-by its line number, and an edited line by its place; only sites in the loop can
-regress (docs/ci-gate.md).
+A site is matched by (file, function, code, kind), not by its line, and an edited
+line by its place; only sites in the loop can regress (docs/ci-gate.md).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from typing import Any
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.codec import Record, from_json
-from barrierguard.report.jsonio import read_json, write_json
+from barrierguard.report.jsonio import check_schema, read_json, write_json
 from barrierguard.report.records import Report, Site
 from barrierguard.report.render.github import relative
 
@@ -37,8 +36,8 @@ BASELINE_SCHEMA = "barrierguard.baseline/1"
 # per_step is a float ratio; two runs of the same code can differ in the last bits.
 _EPS = 1e-9
 
-# How close an edited line must stay to be the baseline's site: code this
-# similar (difflib's ratio), or this many lines away at most.
+# An edited line is the baseline's site when its code is this alike (difflib's ratio),
+# or it is this many lines away at most.
 _SIMILAR = 0.6
 _NEAR_LINES = 5
 
@@ -58,8 +57,8 @@ def normalize_code(code: str) -> str:
 
 
 def site_key(site: Site, root: str | None = None) -> Key:
-    """The key a site is matched by: (file, function, code, kind); see the module doc."""
-    path = relative(site.file, root)  # a file outside ``root`` is named by its basename
+    """The key a site is matched by; a file outside ``root`` is named by its basename."""
+    path = relative(site.file, root)
     return (
         os.path.basename(path) if os.path.isabs(path) else path,
         site.function,
@@ -129,21 +128,13 @@ class Baseline(Record):
             BarrierGuardError: When ``data`` is not a baseline of a schema
                 version this release reads; the message starts with ``source``.
         """
-        if not isinstance(data, Mapping):
-            raise BarrierGuardError(
-                f"{source}: expected a JSON object (a barrierguard baseline), "
-                f"got {type(data).__name__}"
-            )
-        if (schema := data.get("schema")) != BASELINE_SCHEMA:
-            report = isinstance(schema, str) and schema.startswith("barrierguard.report/")
+        hint = ""
+        if isinstance(data, Mapping) and str(data.get("schema")).startswith("barrierguard.report/"):
             hint = (
                 " (this is a report: make a baseline from it with "
                 "'barrierguard baseline REPORT.json -o BASELINE.json')"
             )
-            raise BarrierGuardError(
-                f"{source}: schema {schema!r} is not supported; this barrierguard reads "
-                f"{BASELINE_SCHEMA!r}{hint if report else ''}"
-            )
+        check_schema(data, source, BASELINE_SCHEMA, " (a barrierguard baseline)", hint)
         if not isinstance(data.get("sites"), list):
             raise BarrierGuardError(f"{source}: malformed baseline ('sites' must be a list)")
         try:
@@ -171,9 +162,8 @@ class Baseline(Record):
 
 
 def make_baseline(report: Report, root: str | None = None, source: str = "") -> Baseline:
-    """Today's sites of ``report`` as a baseline (blocking sites no rule allows); files
-    under ``root`` (default: the current directory) are keyed by their relative path,
-    ``source`` says where the report came from."""
+    """Today's blocking sites of ``report`` that no rule allows, as a baseline; files
+    under ``root`` (default: the current directory) are keyed by their relative path."""
     entries = sorted(_entries(report.sites, root).values(), key=lambda e: e.key)
     return Baseline(entries=tuple(entries), engine=report.engine, source=source)
 
@@ -228,13 +218,9 @@ def compare(
 ) -> list[Finding]:
     """What ``report`` adds over ``baseline``: new sites, more lines, more syncs per step.
 
-    Only sites in the loop (syncs in measured steps) fail; changes of sites
-    outside it are findings that never fail, as are ``"matched"`` (an edited
-    line found by its place) and ``"gone"`` (sites of the baseline that are
-    gone, listed last).
-
-    ``tolerance`` is how much a site's syncs per step may grow before it counts
-    as a regression; ``root`` as for :func:`make_baseline`.
+    Only sites in the loop fail; ``"matched"`` (an edited line found by its place)
+    and ``"gone"`` (listed last) never do. ``tolerance``: how much a site's syncs per
+    step may grow; ``root`` as for :func:`make_baseline`.
 
     Raises:
         BarrierGuardError: When ``tolerance`` is negative.
@@ -265,19 +251,14 @@ def compare(
 
 
 def _by_place(entry: Entry, unmatched: dict[Key, Entry]) -> Entry | None:
-    """The baseline entry ``entry`` is an edit of, taken out of ``unmatched``, or None.
-
-    Same file, function and kind; code at least ``_SIMILAR`` alike, or at most
-    ``_NEAR_LINES`` lines away; the most alike wins, then the nearest.
-    """
-    best: tuple[float, int, Key] | None = None
+    """The entry of the same file, function and kind that ``entry`` is an edit of (the
+    most alike, then the nearest), taken out of ``unmatched``; None if none is close."""
+    close: list[tuple[float, int, Key]] = []
     for key, old in unmatched.items():
         if (old.file, old.function, old.kind) != (entry.file, entry.function, entry.kind):
             continue
         alike = difflib.SequenceMatcher(None, old.code, entry.code).ratio()
         apart = abs(old.line - entry.line) if old.line and entry.line else _NEAR_LINES + 1
-        if alike < _SIMILAR and apart > _NEAR_LINES:
-            continue
-        if best is None or (alike, -apart) > (best[0], -best[1]):
-            best = (alike, apart, key)
-    return unmatched.pop(best[2]) if best is not None else None
+        if alike >= _SIMILAR or apart <= _NEAR_LINES:
+            close.append((alike, -apart, key))
+    return unmatched.pop(max(close, key=lambda c: c[:2])[2]) if close else None

@@ -1,22 +1,12 @@
 """One JSON codec for the frozen record dataclasses, driven by their fields and type hints.
 
-:func:`to_json` writes a record as plain data, field by field in declaration
-order; :func:`from_json` reads it back, converting each value to its field's
-type (``int``, ``float``, ``str``, ``bool``, ``X | None``, ``tuple[X, ...]``,
-``tuple[A, B]``, ``Mapping[K, V]``, nested records). Keys it does not know are
-ignored and missing keys take the field's default, so a file written by a
-release with more or fewer optional fields still reads.
-
-Field options, in ``dataclasses.field(metadata=...)``:
-
-* ``OMIT_EMPTY`` / ``OMIT_NONE``: the key is left out when the value is empty
-  (or ``None``), so optional sections appear only when set; any
-  ``{"omit": f}`` leaves it out when ``f(record, value)`` is true;
-* ``AS_MAP``: pairs ``((key, value), ...)`` are written as the JSON object
-  ``{"key": value}`` (keys as strings, converted back on reading);
-* ``{"key": NAME}``: the JSON key is ``NAME`` instead of the field's name.
-
-An element of a list that does not read raises ``ValueError("[INDEX]: ERROR")``.
+:func:`to_json` writes a record's fields in declaration order; :func:`from_json`
+converts each value back to its field's type. Unknown keys are ignored and missing
+ones take the field's default, so files of other releases still read. Field
+metadata: ``OMIT_EMPTY``/``OMIT_NONE`` (or ``{"omit": f}``, ``f(record, value)``)
+leave the key out; ``AS_MAP`` writes pairs ``((key, value), ...)`` as an object;
+``{"key": NAME}`` renames the key. A list element that does not read raises
+``ValueError("[INDEX]: ERROR")``.
 """
 
 from __future__ import annotations
@@ -30,19 +20,13 @@ from typing import Any, TypeVar
 __all__ = ["AS_MAP", "OMIT_EMPTY", "OMIT_NONE", "Record", "from_json", "to_json"]
 
 T = TypeVar("T")
+R = TypeVar("R", bound="Record")
 
 OMIT_EMPTY: Mapping[str, Any] = {"omit": lambda _record, value: not value}
 OMIT_NONE: Mapping[str, Any] = {"omit": lambda _record, value: value is None}
 AS_MAP: Mapping[str, Any] = {"as_map": True}
 
-
 _HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
 
 
 def to_json(record: Any) -> dict[str, Any]:
@@ -78,7 +62,9 @@ def from_json(cls: type[T], data: Any) -> T:
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
-    hints = _hints(cls)
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    hints = _HINTS[cls]
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         key = f.metadata.get("key", f.name)
@@ -123,9 +109,6 @@ def _element(hint: Any, index: int, raw: Any) -> Any:
         return _decode(hint, raw)
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"[{index}]: {err!r}") from err
-
-
-R = TypeVar("R", bound="Record")
 
 
 class Record:

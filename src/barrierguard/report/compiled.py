@@ -1,8 +1,4 @@
-"""The compile section of a report: graph breaks, CUDA-graph skips, the capture probe.
-
-A site that is also a graph break carries it in its own fields
-(``Site.graph_break``); :func:`consequence` says it in words.
-"""
+"""The compile section of a report: graph breaks, CUDA-graph skips, the capture probe."""
 
 from __future__ import annotations
 
@@ -12,10 +8,7 @@ from typing import Any
 
 from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, Record, to_json
 
-__all__ = ["CaptureProbe", "CompileReport", "CudagraphSkip", "GraphBreak", "consequence"]
-
-# The dynamo settings that keep a sync in the graph (it still syncs at run time).
-_FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
+__all__ = ["CaptureProbe", "CompileReport", "CudagraphSkip", "GraphBreak"]
 
 
 class _Located(Record):
@@ -34,9 +27,8 @@ class _Located(Record):
 class GraphBreak(_Located):
     """One line where dynamo broke the graph, with dynamo's reason.
 
-    ``count`` counts the times dynamo logged it (once per compilation of the
-    frame); ``sync`` is True when the same line is also a sync site;
-    ``user`` is False when dynamo's stack held no line of the user's own.
+    ``count``: times logged; ``sync``: the line is also a sync site; ``user``: False
+    when dynamo's stack held no line of the user's own.
     """
 
     file: str
@@ -53,10 +45,7 @@ class GraphBreak(_Located):
 
 @dataclass(frozen=True)
 class CudagraphSkip(_Located):
-    """inductor's reason for not using CUDA graphs, at the line its stack names.
-
-    ``file`` is ``""`` when inductor named no line of the user's.
-    """
+    """inductor's reason for not using CUDA graphs, at the user's line it names, if any."""
 
     reason: str
     file: str = ""
@@ -69,12 +58,9 @@ class CudagraphSkip(_Located):
 class CaptureProbe(_Located):
     """What the capture probe found: one call captured with ``torch.cuda.graph``.
 
-    ``status`` is ``"capturable"``, ``"blocked"`` (``file``/``line`` name the
-    first line that stopped the capture, ``reason`` the error), or
-    ``"not run"`` (``reason`` says why: no CUDA device, no call to probe, an
-    inconclusive capture). A ``"capturable"`` probe with a ``reason`` took
-    part of its verdict from inductor's CUDA graphs (the reason says which
-    part, and what was not checked). ``captured`` says what was captured.
+    ``status``: ``"capturable"`` (a ``reason`` then says what was taken from
+    inductor's CUDA graphs), ``"blocked"`` (at ``file``/``line``, ``reason`` the
+    error) or ``"not run"`` (``reason`` says why).
     """
 
     status: str
@@ -90,9 +76,7 @@ class CaptureProbe(_Located):
 class CompileReport(Record):
     """What torch.compile and the capture probe said about the watched code.
 
-    ``compile_syncs`` counts the syncs made while compiling (dynamo tracing,
-    inductor compiling and autotuning on a cold cache), counted apart from the
-    steps. ``notes`` say what could not be read (a hook this torch lacks).
+    ``compile_syncs`` counts the syncs made while compiling, apart from the steps.
     """
 
     graph_breaks: tuple[GraphBreak, ...] = ()
@@ -117,7 +101,6 @@ class CompileReport(Record):
         if (probe := self.probe) is None:
             parts.append("capture probe not run")
         elif probe.status == "capturable":
-            # A reason on a capturable step says what was taken from inductor.
             tag = probe.reason.split(":", 1)[0]
             parts.append(f"the step is capturable ({tag})" if tag else "the step is capturable")
         elif probe.status == "blocked":
@@ -129,20 +112,3 @@ class CompileReport(Record):
     def to_dict(self) -> dict[str, Any]:
         """The section as JSON, its one-line verdict first (derived, not read back)."""
         return {"verdict": self.verdict, **to_json(self)}
-
-
-def consequence(graph_break: str, gb: str, flag: str, cudagraph_skip: str) -> str:
-    """A site's compile consequence in words (``""`` when it has none)."""
-    parts = []
-    if graph_break:
-        tag = f" [{gb}]" if gb else ""
-        effect = (
-            f"torch._dynamo.config.{flag} = True keeps it in the graph, but the sync still "
-            "happens each time the compiled code runs"
-            if flag in _FLAGS
-            else "no dynamo setting keeps it in the graph"
-        )
-        parts.append(f"graph break{tag}: {graph_break}; {effect}")
-    if cudagraph_skip:
-        parts.append(f"CUDA graphs skipped: {cudagraph_skip}")
-    return "; ".join(parts)

@@ -9,11 +9,12 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 from barrierguard._errors import BarrierGuardError
 
-__all__ = ["read_json", "write_json", "write_text"]
+__all__ = ["check_schema", "read_json", "write_json", "write_text"]
 
 
 @functools.cache
@@ -25,13 +26,13 @@ def _umask() -> int:
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> None:
-    """Write ``data`` to ``path`` as indented JSON with a final newline, atomically:
-    a reader, or a job killed meanwhile, sees the old file or the new one, never half."""
+    """Write ``data`` to ``path`` as indented JSON with a final newline, atomically."""
     write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``."""
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace``: a reader,
+    or a job killed meanwhile, sees the old file or the new one, never half."""
     name = _target(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(name))
     try:
@@ -51,12 +52,8 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 def _target(name: str) -> str:
-    """The regular file that ``name`` writes: a symbolic link is written through.
-
-    Raises:
-        OSError: When ``name`` is (or links to) no regular file (a directory, a
-            device such as ``/dev/null``), which an atomic replace would swap.
-    """
+    """The regular file that ``name`` writes (a symbolic link is written through); an
+    OSError for anything else (a directory, ``/dev/null``), which a replace would swap."""
     target = os.path.realpath(name) if os.path.islink(name) else name
     try:
         mode = os.stat(target).st_mode
@@ -86,3 +83,16 @@ def read_json(path: str | os.PathLike[str], what: str) -> tuple[str, Any]:
         raise BarrierGuardError(f"{name}: no such {what} file") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BarrierGuardError(f"{name}: not JSON ({err})") from err
+
+
+def check_schema(data: Any, source: str, schema: str, what: str = "", hint: str = "") -> None:
+    """Raise a :class:`BarrierGuardError` that starts with ``source`` unless ``data`` is
+    a JSON object of ``schema`` (``what`` follows "a JSON object", ``hint`` the schema)."""
+    if not isinstance(data, Mapping):
+        raise BarrierGuardError(
+            f"{source}: expected a JSON object{what}, got {type(data).__name__}"
+        )
+    if (found := data.get("schema")) != schema:
+        raise BarrierGuardError(
+            f"{source}: schema {found!r} is not supported; this barrierguard reads {schema!r}{hint}"
+        )

@@ -1,8 +1,6 @@
-"""The report: plain, frozen records that round-trip through JSON.
+"""The report and its sections: frozen records that round-trip through JSON.
 
-:class:`Report` and its JSON (docs/report-schema.md), the memory and timeline
-sections, and the per-rank view of a merged report; a site and a violation live
-in ``site_records``, the compile section in ``compiled``; all are re-exported here.
+Also the per-rank view of a merged report; re-exports ``site_records`` and ``compiled``.
 """
 
 from __future__ import annotations
@@ -16,14 +14,8 @@ from typing import Any
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, Record, from_json, to_json
-from barrierguard.report.compiled import (
-    CaptureProbe,
-    CompileReport,
-    CudagraphSkip,
-    GraphBreak,
-    consequence,
-)
-from barrierguard.report.jsonio import read_json, write_json, write_text
+from barrierguard.report.compiled import CaptureProbe, CompileReport, CudagraphSkip, GraphBreak
+from barrierguard.report.jsonio import check_schema, read_json, write_json, write_text
 from barrierguard.report.site_records import Site, SiteKey, Violation, add_sites
 
 __all__ = [
@@ -39,7 +31,6 @@ __all__ = [
     "SiteKey",
     "Timeline",
     "Violation",
-    "consequence",
     "format_bytes",
     "hidden_fraction",
     "job_cost",
@@ -62,8 +53,7 @@ _FIRST_KEYS = [
     "step_syncs",
 ]
 
-# Renderers by name, filled by ``barrierguard.report`` when it is imported (the
-# renderers import these records, so the records must not import them).
+# Renderers by name, filled by ``barrierguard.report`` (the renderers import the records).
 RENDERERS: dict[str, Callable[[Any], str]] = {}
 
 
@@ -71,13 +61,10 @@ RENDERERS: dict[str, Callable[[Any], str]] = {}
 class MemoryReport(Record):
     """Memory per step, and whether it kept growing: the report's ``memory`` section.
 
-    ``series[name][i]`` is the value in bytes sampled at the end of step
-    ``steps[i]`` (``None`` where that series could not be read then). Series:
-    ``host_rss`` (this process), ``workers_rss`` (child processes such as
-    DataLoader workers, when asked for), ``device_allocated`` and
-    ``device_reserved`` (torch's CUDA caching allocator), ``device_used`` (the
-    driver's view through NVML). ``slopes`` are robust growth rates in bytes per
-    step over the measured (post warm-up) samples; ``leak`` is the verdict.
+    ``series[name][i]`` is the bytes sampled at the end of step ``steps[i]``
+    (``None``: not readable then), for ``host_rss``, ``workers_rss``,
+    ``device_allocated``, ``device_reserved`` and ``device_used`` (NVML).
+    ``slopes`` are robust growth rates in bytes per measured step; ``leak`` is the verdict.
 
     Example:
         >>> m = MemoryReport(steps=(1, 2), series={"host_rss": (10, 10)})
@@ -120,10 +107,8 @@ def format_bytes(n: float) -> str:
 class Timeline(Record):
     """Per measured step on a GPU: host time, stall, device time, run-ahead, saving.
 
-    ``device_s[i]`` is ``None`` where the device time could not be measured
-    without a sync (the host was not ahead, so the device idled in between).
-    ``saving_s`` estimates what removing the syncs would save over the run;
-    ``summary`` says it in words.
+    ``device_s[i]`` is ``None`` where it could not be measured without a sync;
+    ``saving_s`` estimates what removing the syncs would save, ``summary`` in words.
     """
 
     steps: tuple[int, ...] = ()
@@ -142,13 +127,9 @@ class Timeline(Record):
 class RankSummary(Record):
     """One rank of a merged report: its steps, syncs, stall and step time.
 
-    ``host_step_s`` and ``device_step_s`` are medians over the steps its
-    timeline timed (a GPU run under the CUDA engine); ``None`` where nothing
-    was timed (the audit engine, or no device time could be read without a
-    sync). ``stall_fraction`` is how much of its stall lengthened its steps
-    (the timeline's saving over its stall, 1.0 when the overlap hid nothing).
-    ``wait_s`` is the estimated time per step this rank waits for the gating
-    site of the merged report (0 on the ranks where that site fires itself).
+    ``host_step_s``/``device_step_s``: medians over its timed steps (``None``: none);
+    ``stall_fraction``: :func:`hidden_fraction`; ``wait_s``: its estimated wait per
+    step for the gating site (0 on the ranks where that site fires).
     """
 
     rank: int
@@ -164,8 +145,7 @@ class RankSummary(Record):
 
     @property
     def step_s(self) -> float | None:
-        """This rank's step time: the longer of its host and device medians (a host
-        that runs ahead of its device has short steps; the device sets the pace)."""
+        """This rank's step time: the longer of its host and device medians."""
         known = [t for t in (self.host_step_s, self.device_step_s) if t is not None]
         return max(known) if known else None
 
@@ -182,10 +162,7 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 def hidden_fraction(timeline: Timeline | None) -> float | None:
     """The share of a rank's stall that lengthened its steps: saving over stall, at most 1."""
-    if timeline is None:
-        return None
-    stall = sum(timeline.stall_s)
-    if stall <= 0:
+    if timeline is None or (stall := sum(timeline.stall_s)) <= 0:
         return None
     return max(0.0, min(1.0, timeline.saving_s / stall))
 
@@ -211,11 +188,9 @@ def job_cost(
 ) -> float | None:
     """Estimated time per step that a rank-asymmetric site costs every other rank.
 
-    Every rank waits for the slowest at each collective: on a rank where the
-    site fires, it lengthens the step by its stall per measured step (``rank_stalls``:
-    ``(rank, stall)``) times the share of stall the overlap did not hide; the
-    cost is the largest over those ranks, capped by the shortest step of the
-    ranks that wait. ``None`` when no stall was measured.
+    The largest, over the ranks where it fires (``rank_stalls``: ``(rank, stall)``),
+    of its stall per measured step times :func:`hidden_fraction`, capped by the
+    shortest step of the ranks that wait for it. ``None`` when no stall was measured.
     """
     costs = [
         stall / s.measured_steps * (1.0 if s.stall_fraction is None else s.stall_fraction)
@@ -249,7 +224,6 @@ def _merge_sites(
 
 def rank_ranges(ranks: Iterable[int]) -> str:
     """Ranks in few words: runs of consecutive ranks as ``a-b`` (``'0-3, 7, 9-10'``)."""
-    # Consecutive ranks share their offset from their index in the sorted list.
     pairs = enumerate(sorted(set(ranks)))
     runs = [[r for _, r in run] for _, run in groupby(pairs, lambda p: p[1] - p[0])]
     return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
@@ -259,15 +233,11 @@ def rank_ranges(ranks: Iterable[int]) -> str:
 class Report:
     """What a guard found: the sites, the steps, and what the policy made of them.
 
-    ``syncs_per_step[i]`` counts the blocking syncs of step ``i`` (index 0 is
-    everything before the first step). ``print(report)`` shows the console
-    table; :meth:`to_dict`/:meth:`save` write versioned JSON (``schema``
-    ``"barrierguard.report/1"``) that :meth:`from_dict`/:meth:`load` read back.
-    ``rank`` is the global rank that wrote it, in a distributed run; a report
-    merged over ranks (:meth:`merge`) holds them in ``ranks``, with
-    ``rank_summaries`` and :attr:`gating_site` (docs/distributed.md).
-    ``compile`` holds what torch.compile said about the watched code, when any
-    of it ran: graph breaks, CUDA-graph skips, the capture probe (docs/compile.md).
+    ``syncs_per_step[i]`` counts the blocking syncs of step ``i`` (0: before the
+    first step). ``print(report)`` shows the console table; :meth:`save` writes
+    versioned JSON that :meth:`load` reads back. ``rank`` is the rank that wrote it;
+    a merged report (:meth:`merge`) holds the ranks' in ``ranks``. ``compile`` is
+    what torch.compile said about the watched code (docs/compile.md).
 
     Example:
         >>> r = Report(engine="none", detection=False, policy="record")
@@ -315,10 +285,7 @@ class Report:
     def gating_site(self) -> Site | None:
         """The rank-asymmetric site that holds the other ranks back most, if any.
 
-        The asymmetric blocking site with the largest ``job_cost_s``; where no
-        cost was measured (the audit engine), the one with the most syncs in
-        measured steps. ``None`` for a report of one rank, or when every site
-        fires on every rank.
+        The largest ``job_cost_s`` wins; where none was measured, the most syncs in steps.
         """
         return min(
             (s for s in self.sites if s.asymmetric and s.blocking and s.step_count),
@@ -352,19 +319,11 @@ class Report:
     def merge(cls, reports: Sequence[Report]) -> Report:
         """One report for a distributed run: the ranks' reports, in rank order.
 
-        Sites are matched by :attr:`Site.key`; each merged site sums the
-        counts over ranks and keeps them per rank in ``rank_counts`` (and the
-        stall per rank in ``rank_stalls``). A site that fired on some ranks
-        only is marked ``asymmetric``, with ``job_cost_s``, the estimated
-        time per step it costs every rank; the costliest one is
-        :attr:`gating_site`. ``rank_summaries`` gives each rank's steps, syncs
-        and median step time. ``per_step`` is the mean over ranks. Steps,
-        policy, engine and memory are rank 0's; every rank's full report stays
-        in ``ranks`` (memory per rank included).
-
-        Ranks are the ``rank`` each report records, when every report records
-        a different one (the reports are then put in rank order); otherwise
-        ``reports[i]`` is rank ``i``'s report.
+        Sites matched by :attr:`Site.key` sum their counts (per rank in
+        ``rank_counts`` and ``rank_stalls``); one that fired on some ranks only is
+        ``asymmetric``, with ``job_cost_s``. Steps, policy, engine and memory are
+        rank 0's; each rank's full report stays in ``ranks``. Ranks are the ones the
+        reports record when all differ, else ``reports[i]`` is rank ``i``'s.
 
         Args:
             reports: The ranks' reports.
@@ -446,13 +405,7 @@ class Report:
             BarrierGuardError: When ``data`` is not a barrierguard report of a
                 schema version this release reads.
         """
-        if not isinstance(data, Mapping):
-            raise BarrierGuardError(f"{source}: expected a JSON object, got {type(data).__name__}")
-        schema = data.get("schema")
-        if schema != SCHEMA:
-            raise BarrierGuardError(
-                f"{source}: schema {schema!r} is not supported; this barrierguard reads {SCHEMA!r}"
-            )
+        check_schema(data, source, SCHEMA)
         try:
             return from_json(cls, data)
         except (KeyError, TypeError, ValueError) as err:

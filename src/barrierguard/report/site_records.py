@@ -1,5 +1,4 @@
-"""A site (one place in the code that synchronizes), a policy violation, and how the
-records of one site add up."""
+"""A site (a place in the code that synchronizes), a violation, and how sites add up."""
 
 from __future__ import annotations
 
@@ -10,42 +9,28 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from barrierguard.report.codec import AS_MAP, OMIT_EMPTY, OMIT_NONE, Record
-from barrierguard.report.compiled import consequence
 
 __all__ = ["Site", "SiteKey", "Violation", "add_sites"]
 
 SiteKey = tuple[str, int, str, str, str, int]
 """What names a site: see :attr:`Site.key`."""
 
+# The dynamo settings that keep a sync in the graph (it still syncs at run time).
+_FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
+
 
 @dataclass(frozen=True)
 class Site(Record):
     """One place in the code that synchronizes, with everything known about it.
 
-    ``file``/``line``/``function`` name the user's own frame; when the sync
-    happened inside a framework (``origin`` ``"framework:<name>"``), the
-    ``framework_*`` fields name the framework's line, and for a framework sync
-    barrierguard knows, ``cause`` says why it syncs and ``fix`` names the
-    setting that removes it (or says that none does).
-
-    ``rule`` is the kind's stable rule code (``"BG101"`` for ``item``; the table
-    is docs/rules.md), as CI annotations and SARIF name it.
-
-    ``count`` counts calls: one ``print(t)`` is one occurrence, however many
-    times torch synchronized inside it; ``events`` keeps the raw number of
-    synchronizations the detector saw when it is larger.
-
-    In a report merged over ranks, ``rank_counts`` and ``rank_stalls`` give
-    the count and the stall per rank; ``asymmetric`` marks a site that fired on
-    some ranks and not on others, and ``job_cost_s`` estimates what it costs
-    every rank per measured step (the others wait for it at the next
-    collective; see ``barrierguard.report.records.job_cost``).
-
-    Inside compiled code, ``graph_break`` is dynamo's reason for breaking the
-    graph at this line (``graph_break_id`` its ``gbNNNN`` page),
-    ``compile_flag`` the dynamo setting that would keep the line in the graph
-    (the sync then still happens at run time), and ``cudagraph_skip``
-    inductor's reason for skipping CUDA graphs here (docs/compile.md).
+    ``file``/``line``/``function`` name the user's own frame; inside a framework
+    (``origin`` ``"framework:<name>"``) the ``framework_*`` fields name its line,
+    ``cause`` says why it syncs and ``fix`` what removes it. ``rule`` is the kind's
+    code (``"BG101"``, docs/rules.md). ``count`` counts calls (one ``print(t)`` is
+    one); ``events`` the raw syncs when more. Merged over ranks: ``rank_counts``,
+    ``rank_stalls``, ``asymmetric`` (fired on some ranks only) and ``job_cost_s``.
+    ``graph_break``, ``graph_break_id``, ``compile_flag`` and ``cudagraph_skip``
+    are what torch.compile said about the line (docs/compile.md).
 
     Example:
         >>> s = Site(file="/w/train.py", line=12, function="train", code="loss.item()",
@@ -76,8 +61,7 @@ class Site(Record):
     framework_file: str | None = None
     framework_line: int | None = None
     framework_function: str | None = None
-    # Optional sections appear in the JSON only when set, so reports of plain
-    # watch() runs read as before.
+    # Optional sections appear in the JSON only when set.
     cause: str = field(default="", metadata=OMIT_EMPTY)
     events: int = field(default=0, metadata={"omit": lambda site, n: n <= site.count})
     asymmetric: bool = field(default=False, metadata=OMIT_EMPTY)
@@ -102,14 +86,23 @@ class Site(Record):
     @property
     def compile_consequence(self) -> str:
         """What the site does to torch.compile and CUDA graphs, in words (``""``: nothing)."""
-        return consequence(
-            self.graph_break, self.graph_break_id, self.compile_flag, self.cudagraph_skip
-        )
+        parts = []
+        if self.graph_break:
+            tag = f" [{self.graph_break_id}]" if self.graph_break_id else ""
+            effect = (
+                f"torch._dynamo.config.{self.compile_flag} = True keeps it in the graph, but the "
+                "sync still happens each time the compiled code runs"
+                if self.compile_flag in _FLAGS
+                else "no dynamo setting keeps it in the graph"
+            )
+            parts.append(f"graph break{tag}: {self.graph_break}; {effect}")
+        if self.cudagraph_skip:
+            parts.append(f"CUDA graphs skipped: {self.cudagraph_skip}")
+        return "; ".join(parts)
 
     @property
     def key(self) -> SiteKey:
-        """What makes two records the same site: file, line, kind, origin, and the
-        framework's file and line (``""`` and 0 outside a framework)."""
+        """What makes two records the same site: file, line, kind, origin, framework line."""
         framework = (self.framework_file or "", self.framework_line or 0)
         return (self.file, self.line, self.kind, self.origin, *framework)
 
@@ -122,8 +115,7 @@ def _sum_pairs(groups: Iterable[tuple[tuple[str, int], ...]]) -> tuple[tuple[str
 
 
 def add_sites(sites: Sequence[Site], **fields: Any) -> Site:
-    """Records of one site as one: the first's fields, with the counts, threads,
-    phases, mechanisms and raw events of all of them summed; ``fields`` override."""
+    """Records of one site as one: the first's fields, the counts summed; ``fields`` override."""
     count = sum(s.count for s in sites)
     events = sum(max(s.events, s.count) for s in sites)
     added = {

@@ -1,8 +1,4 @@
-"""GitHub Actions annotations: one workflow command per site, at the user's line.
-
-A site that fails the policy is an ``error``, another site in the measured
-steps a ``warning``; setup syncs and allowed sites are not annotated.
-"""
+"""GitHub Actions annotations: one workflow command per site in the steps, at the user's line."""
 
 from __future__ import annotations
 
@@ -32,10 +28,9 @@ def judged(
 ) -> list[tuple[Site, str, str]]:
     """``(site, level, message)`` of each site with a level, costliest first.
 
-    ``"error"`` for a site that fails the error policy, ``"warning"`` for another
-    site in the measured steps that no rule allows, ``"note"`` for an allowed one;
-    setup has none (never held against the policy). ``failing`` defaults to the
-    sites a violation names, ``messages`` to the sites' own.
+    ``"error"`` fails the error policy, ``"warning"`` is another site in the steps,
+    ``"note"`` an allowed one; setup has none. ``failing`` defaults to the sites a
+    violation names, ``messages`` to the sites' own.
     """
     if failing is None:
         broke = {(v.file, v.line, v.kind, v.origin) for v in report.violations}
@@ -52,12 +47,9 @@ def judged(
     return out
 
 
-def _escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _escape_property(text: str) -> str:
-    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+def _escape(text: str, prop: bool = True) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
 
 
 def annotation(level: str, file: str, line: int, title: str, message: str) -> str:
@@ -68,8 +60,8 @@ def annotation(level: str, file: str, line: int, title: str, message: str) -> st
         '::error file=train.py,line=7,title=BG101 item::loss.item(): 1 per step'
     """
     return (
-        f"::{level} file={_escape_property(file)},line={line},"
-        f"title={_escape_property(title)}::{_escape_data(message)}"
+        f"::{level} file={_escape(file)},line={line},"
+        f"title={_escape(title)}::{_escape(message, prop=False)}"
     )
 
 

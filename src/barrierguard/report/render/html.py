@@ -1,12 +1,7 @@
-"""HTML rendering of a report: one self-contained file, no network.
+"""HTML rendering of a report: one self-contained page, no network.
 
-The page leads with the answer (what breaks the policy, one line per site, and
-the memory verdict), then holds a sortable table of the sites, the syncs of
-every step and memory per step as inline SVG charts, and, for a report merged
-over ranks, a table of the ranks with the gating site marked. Its style and
-sorting script (``html.css`` and ``html.js`` beside this module) are inlined;
-opening the page with ``#sort=COLUMN`` (``#sort=-COLUMN``: descending) sorts on
-load.
+Its style and sorting script (``html.css`` and ``html.js`` beside this module) are
+inlined; ``#sort=COLUMN`` (``#sort=-COLUMN``: descending) sorts the sites on load.
 """
 
 from __future__ import annotations
@@ -235,7 +230,7 @@ def _ranks(report: Report) -> str:
 
 
 def _grouped(report: Report) -> list[tuple[ViolationKey, Site | None, list[Violation]]]:
-    """The violations per site, in the order of the sites table."""
+    # The violations per site, in the order of the sites table.
     sites = {(x.file, x.line, x.kind, x.origin): x for x in report.sites}
     order = {(x.file, x.line, x.kind, x.origin): i for i, x in enumerate(report.ranked())}
     groups = violation_groups(report)
@@ -258,7 +253,6 @@ def _verdict_row(key: ViolationKey, site: Site | None, vs: list[Violation]) -> s
 
 
 def _verdict(report: Report) -> str:
-    """The answer first: what fails the policy, one line per site, and the memory verdict."""
     groups = _grouped(report)
     if not report.detection:
         cls, head = "none", "No detection ran: this page says nothing about synchronizations."
@@ -285,7 +279,6 @@ def _verdict(report: Report) -> str:
 
 
 def _memory_section(memory: MemoryReport | None) -> str:
-    """The memory verdict and one row per series (the console's memory section)."""
     if memory is None or not memory.series:
         return ""
     rows = []
@@ -362,11 +355,8 @@ def _compile(report: Report) -> str:
 
 
 def render(report: Report) -> str:
-    """Render ``report`` as one self-contained HTML page, the answer first.
-
-    The page reads from the top: the verdict, the audit engine's caveat, the
-    totals, the sites, the charts, memory, the ranks, the compile section, notes.
-    """
+    """Render ``report`` as one self-contained HTML page: the verdict (what fails the
+    policy, and the memory verdict) first, then totals, sites, charts, ranks, compile."""
     per = report.step_syncs / report.measured_steps if report.measured_steps else 0.0
     setup = sum(s.setup_count for s in report.sites if s.blocking)
     cards = "".join(

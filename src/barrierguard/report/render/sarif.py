@@ -1,7 +1,6 @@
 """SARIF 2.1.0 for code scanning: one result per site, its rule from the code table.
 
-The level follows the policy's outcome as for the GitHub annotations; an
-allowed site is a ``note`` with an in-source suppression.
+Levels as for the GitHub annotations; an allowed site is a suppressed ``note``.
 """
 
 from __future__ import annotations
