@@ -50,9 +50,8 @@ __all__ = [
     "watch",
 ]
 
-# The callbacks need a framework: each is loaded on first use (PEP 562), so that
-# ``import barrierguard`` imports neither Lightning nor transformers. Name ->
-# (its module in barrierguard.integrations, the framework package, how to install it).
+# Each callback and its framework load on first use (PEP 562): ``import barrierguard`` imports
+# neither Lightning nor transformers. Name -> (module in integrations, framework, how to install).
 _LAZY = {
     "BarrierGuard": ("lightning_callback", "lightning", "pip install lightning"),
     "HFBarrierGuard": (
@@ -73,21 +72,16 @@ def __getattr__(name: str) -> Any:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != package:
             raise
-        # Not kept: installing the framework later in the process is enough.
-        return _unavailable(name, package, install)
+        # A stand-in that says so when created; not kept, so a later install is enough.
+        text = f"{name} needs the {package} package, which is not installed here: {install}"
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            raise ModuleNotFoundError(text, name=package)
+
+        return type(name, (), {"__init__": __init__, "__doc__": text, "__module__": __name__})
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-def _unavailable(name: str, package: str, install: str) -> type:
-    """A stand-in for a callback whose framework is not installed: creating one says so."""
-    text = f"{name} needs the {package} package, which is not installed here: {install}"
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise ModuleNotFoundError(text, name=package)
-
-    return type(name, (), {"__init__": __init__, "__doc__": text, "__module__": __name__})

@@ -27,8 +27,8 @@ class BarrierGuardError(Exception):
 class SyncError(BarrierGuardError):
     """A host-device synchronization broke the ``"error"`` policy.
 
-    Raised from the user's own line, at the first synchronization that no allow
-    rule or budget admits.
+    Raised from the user's own line, at the first synchronization that no allow rule or budget
+    admits.
 
     Attributes:
         site: The site (file, line, kind, ...) that broke the policy, as a dict.
@@ -42,7 +42,7 @@ class SyncError(BarrierGuardError):
 class SyncWarning(UserWarning):
     """One warning per new synchronizing site under the ``"warn"`` policy.
 
-    It is a ``UserWarning`` subclass, so a test suite can make it fatal with
+    A ``UserWarning``: a test suite makes it fatal with
     ``filterwarnings = ["error::barrierguard.SyncWarning"]``.
     """
 
@@ -50,13 +50,12 @@ class SyncWarning(UserWarning):
 class MemoryGrowthError(BarrierGuardError):
     """Memory kept growing per step beyond ``max_growth_per_step`` (``"error"`` policy).
 
-    Raised at the step boundary where the growth verdict first turns to "leak"
-    (from ``optimizer.step()`` or ``guard.step()``), or at ``stop()`` when the
-    final verdict over the whole run is a leak.
+    Raised at the step boundary where the growth verdict first turns to "leak", or at
+    ``stop()`` when the final verdict over the whole run is a leak.
 
     Attributes:
-        memory: The memory section of the report at that point, as a dict
-            (the ``"memory"`` object of the JSON report).
+        memory: The memory section of the report at that point, as a dict (the ``"memory"``
+            object of the JSON report).
     """
 
     def __init__(self, message: str, memory: dict[str, object] | None = None) -> None:
@@ -67,6 +66,6 @@ class MemoryGrowthError(BarrierGuardError):
 class MemoryGrowthWarning(UserWarning):
     """Memory keeps growing per step (``"warn"`` policy); issued once per guard.
 
-    A ``UserWarning`` subclass: make it fatal in a test suite with
+    A ``UserWarning``: make it fatal with
     ``filterwarnings = ["error::barrierguard.MemoryGrowthWarning"]``.
     """

@@ -12,13 +12,9 @@ __all__ = ["train"]
 def train(device: str = "cpu", steps: int = 30, log_every: int = 10, quiet: bool = False) -> float:
     """Train a small classifier on synthetic data, the usual (barrier-laden) way.
 
-    Each step copies a pageable batch to the device, reads the loss with
-    ``.item()``, branches on a device value, and counts confident predictions
-    with a boolean mask; every ``log_every`` steps it formats the loss.
-
-    Example:
-        >>> round(train("cpu", steps=3, quiet=True), 2) > 0
-        True
+    Each step copies a pageable batch to the device, reads the loss with ``.item()``, branches on
+    a device value and counts confident predictions with a boolean mask; every ``log_every``
+    steps it formats the loss.
     """
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)

@@ -1,12 +1,9 @@
 """Every process of the job: ``barrierguard run`` follows the children that re-execute its target.
 
-As coverage.py measures subprocesses, ``run`` passes its options on in
-``$BARRIERGUARD_FOLLOW`` and puts the ``_bootstrap`` directory (a
-``sitecustomize.py``) first on ``$PYTHONPATH``; a Python child that runs the
-same script or module (or, under a launcher module, the one named in its
-arguments) is watched with the same options and saves its rank's report at
-exit. Any other child is left alone, and nothing here may break a child
-(docs/distributed.md).
+As coverage.py measures subprocesses, ``run`` passes its options in ``$BARRIERGUARD_FOLLOW`` and
+puts ``_bootstrap`` (a ``sitecustomize.py``) first on ``$PYTHONPATH``; a Python child that runs
+the same script or module (or the one a launcher module names) is watched with the same options
+and saves its rank's report at exit. Nothing here may break a child (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -40,6 +37,7 @@ __all__ = [
     "settings",
     "start_child",
     "wait_for_ranks",
+    "watched",
 ]
 
 ENV = "BARRIERGUARD_FOLLOW"
@@ -59,9 +57,7 @@ def settings(
 ) -> dict[str, Any]:
     """What a child needs to know: the guard's options, the target, and ``out``."""
     launched: list[str] = []
-    if module in LAUNCHERS:
-        # The launcher's own arguments name what its children run: scripts
-        # (as real paths) and module names.
+    if module in LAUNCHERS:  # its arguments name what its children run: scripts and modules
         for arg in args:
             if arg.endswith(".py") and os.path.isfile(arg):
                 launched.append(os.path.realpath(arg))
@@ -117,11 +113,8 @@ def follows(data: dict[str, Any], argv: Sequence[str], orig_argv: Sequence[str])
 
 
 class RankProbe:
-    """A step listener that remembers the rank and the world size once it sees them.
-
-    Launchers may tear the process group down (and Lightning deletes
-    ``$WORLD_SIZE``) before the process exits.
-    """
+    """A step listener that remembers the rank and the world size once it sees them (launchers
+    may tear the process group down, and Lightning deletes ``$WORLD_SIZE``, before the exit)."""
 
     def __init__(self) -> None:
         self.rank: int | None = None
@@ -151,12 +144,18 @@ def start_child() -> Guard | None:
     data = json.loads(raw)
     if not follows(data, sys.argv, getattr(sys, "orig_argv", sys.argv)):
         return None
-    guard: Guard = watch(**{k: v for k, v in data.items() if k in GUARD_OPTIONS})
+    guard, probe = watched({k: v for k, v in data.items() if k in GUARD_OPTIONS})
+    atexit.register(_finish_child, guard, probe, data.get("out"))
+    return guard
+
+
+def watched(options: dict[str, Any]) -> tuple[Guard, RankProbe]:
+    """A guard of ``options``, started, and the probe that learns its rank."""
+    guard: Guard = watch(**options)
     probe = RankProbe()
     guard.add_step_listener(probe)
     guard.start()
-    atexit.register(_finish_child, guard, probe, data.get("out"))
-    return guard
+    return guard, probe
 
 
 def _mtime(path: str) -> float:
@@ -198,8 +197,8 @@ def save(report: Report, path: str) -> None:
 
 
 def wait_for_ranks(out: str, world: int, since: float, timeout: float) -> dict[int, str]:
-    """``{rank: path}`` of the rank files of ``out`` written since ``since``, waiting up
-    to ``timeout`` s for all (followed children write theirs as they exit)."""
+    """``{rank: path}`` of the rank files of ``out`` written since ``since``, waiting up to
+    ``timeout`` s for all (followed children write theirs as they exit)."""
     deadline = time.monotonic() + timeout
     paths = {rank: rank_reports.rank_path(out, rank=rank, world=world) for rank in range(world)}
     while True:

@@ -32,8 +32,7 @@ FORMAT_HELP = (
 
 
 def write(path: str | None, text: str, what: str) -> None:
-    """Write ``text`` to ``path`` and say so on stderr (an error names the file); to
-    stdout when no ``path`` is given."""
+    """Write ``text`` to ``path`` (stdout without one) and say so on stderr."""
     if not path:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -92,7 +91,6 @@ def _check(ns: argparse.Namespace) -> int:
     report = _load(ns.report)
     findings = compare(baseline, report, root=ns.root, tolerance=ns.tolerance)
     code = _print_findings(findings, f"check of {ns.report} against {ns.baseline}")
-    # Only the regressions are annotated, each with what the check says of it.
     failed = {f.site: f.explain() for f in findings if f.fails and f.site is not None}
     messages = {site.key: text for site, text in failed.items()}
     annotated = replace(report, policy="error", sites=tuple(failed))
@@ -112,8 +110,7 @@ def _diff(ns: argparse.Namespace) -> int:
     for f in findings:
         if f.change == "gone":
             print(f"barrierguard: {f.explain()}")
-    per_a = a.step_syncs / a.measured_steps if a.measured_steps else 0.0
-    per_b = b.step_syncs / b.measured_steps if b.measured_steps else 0.0
+    per_a, per_b = (r.step_syncs / r.measured_steps if r.measured_steps else 0.0 for r in (a, b))
     print(
         f"barrierguard: syncs per measured step {per_a:.2f} -> {per_b:.2f}; "
         f"sites {len(a.sites)} -> {len(b.sites)}"
@@ -139,12 +136,12 @@ def expand(patterns: Sequence[str]) -> list[str]:
 
 
 def merge_files(paths: Sequence[str]) -> Report:
-    """The merged report of the per-rank report files ``paths`` (what ``merge`` writes);
-    the ranks are those the reports record, else the order of ``paths``.
+    """The merged report of the per-rank report files ``paths`` (what ``merge`` writes); the
+    ranks are those the reports record, else the order of ``paths``.
 
     Raises:
-        BarrierGuardError: For a file that is not a report, a merged report, or two
-            files of the same rank; the message names the files.
+        BarrierGuardError: For a file that is not a report, a merged report, or two files of
+            the same rank; the message names the files.
     """
     reports = []
     seen: dict[int, str] = {}

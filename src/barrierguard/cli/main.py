@@ -218,14 +218,12 @@ def _finish(
 ) -> int:
     report = guard.report
     world = rank_reports.world_size()
-    if probe is not None:
-        # The process group may be gone by now: the steps saw the rank.
+    if probe is not None:  # the process group may be gone by now: the steps saw the rank
         probe(guard.steps)
         world = max(world, probe.world)
         if report.rank is None and probe.rank is not None:
             report = replace(report, rank=probe.rank)
-    # Under torchrun every rank finishes here: rank 0 prints the report, the
-    # others one line each (their files hold the rest).
+    # Under torchrun rank 0 prints the report, the others one line each (their files hold it).
     first = world <= 1 or not report.rank
     if first:
         print(report, file=sys.stderr)
@@ -283,8 +281,7 @@ def _find_module(name: str) -> str | None:
 def _run(ns: argparse.Namespace) -> int:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     try:
-        if ns.module:
-            # As python -m: the directory it was started in comes first.
+        if ns.module:  # as python -m: the directory it was started in comes first
             sys.path.insert(0, os.getcwd())
             argv = [_find_module(ns.module) or ns.module, *ns.target]
         else:
@@ -294,19 +291,14 @@ def _run(ns: argparse.Namespace) -> int:
                 raise BarrierGuardError(f"run: can't open script {ns.target[0]!r}: no such file")
             argv = list(ns.target)
             sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-        if ns.out:
-            # The script may change directory: the report goes where it was asked for.
+        if ns.out:  # the script may change directory
             ns.out = os.path.abspath(ns.out)
-        guard: Guard = watch(**_options(ns), capture_probe=ns.capture_probe)
-        probe = follow.RankProbe()
-        guard.add_step_listener(probe)
         job = follow.settings(
             {**_options(ns), "out": ns.out}, None if ns.module else argv[0], ns.module, ns.target
         )
         started = time.time() - 1.0  # file times may be coarser than the clock
-        # Before the script runs, so that an engine that cannot run here
-        # (--engine cuda without CUDA) is a usage error, not the script's.
-        guard.start()
+        # Started before the script runs: an engine that cannot run here is a usage error.
+        guard, probe = follow.watched({**_options(ns), "capture_probe": ns.capture_probe})
     except BaseException:
         sys.path[:] = saved_path
         raise
@@ -317,12 +309,9 @@ def _run(ns: argparse.Namespace) -> int:
             try:
                 if ns.module:
                     runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
-                else:
-                    # An absolute path, as `python train.py` gives the script's code
-                    # (the report's files are absolute); argv[0] stays as typed.
+                else:  # an absolute path, as `python train.py` gives; argv[0] stays as typed
                     runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
-            except BaseException:
-                # Restore everything; the script's own exception is the news.
+            except BaseException:  # restore everything; the script's exception is the news
                 guard.abandon()
                 raise
             guard.stop()
@@ -389,11 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(ns, "target", None) and ns.target[0] == "--":
         ns.target = ns.target[1:]
     try:
-        if ns.command == "run":
-            return _run(ns)
-        if ns.command == "demo":
-            return _demo(ns)
-        return gate.dispatch(ns)
+        return {"run": _run, "demo": _demo}.get(ns.command, gate.dispatch)(ns)
     except BarrierGuardError as err:
         print(f"barrierguard: error: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -26,11 +26,10 @@ _REPORT_DEFAULTS = dict(print_report=True, save_report=True, rank_reports=False,
 class Adapter:
     """The guard of one framework callback, and the report at its run's end.
 
-    :meth:`_begin` when the framework's run starts, :meth:`_end` when it ends
-    (stop, print, save, merge the ranks), :meth:`_abort` when it fails.
+    :meth:`_begin` when the framework's run starts, :meth:`_end` when it ends (stop, print, save,
+    merge the ranks), :meth:`_abort` when it fails.
     """
 
-    # Attributes a pickled or deep-copied callback leaves out (see __getstate__).
     _transient: ClassVar[tuple[str, ...]] = ("_guard",)
     _options: Options
     _guard: Guard | None
@@ -38,8 +37,8 @@ class Adapter:
 
     def _configure(
         self, owner: str, where: str, given: dict[str, Any], own: Iterable[str] = ()
-    ) -> dict[str, Any]:
-        """Validate ``given`` (TypeError for an unknown keyword); returns those named in ``own``."""
+    ) -> None:
+        """Validate ``given`` (TypeError for a keyword not an option nor named in ``own``)."""
         accepted = (*GUARD_OPTIONS, *REPORT_OPTIONS, *own)
         if unknown := [k for k in given if k not in accepted]:
             raise unknown_options(owner, unknown, accepted)
@@ -57,10 +56,9 @@ class Adapter:
         self.rank_report_path: str | None = None
         self._guard = None
         self._final = None
-        return {k: given[k] for k in own if k in given}
 
-    # A running guard holds locks and hooks: a framework that pickles or
-    # deep-copies its callbacks (ddp_spawn, the Trainer) gets the settings only.
+    # A running guard holds locks and hooks: a framework that pickles or deep-copies its callbacks
+    # (ddp_spawn, the Trainer) gets the settings only, without the ``_transient`` attributes.
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, **dict.fromkeys(self._transient)}
 
@@ -93,9 +91,7 @@ class Adapter:
         """Start the guard (made on first use) in ``phase``, unless it runs already."""
         if self._guard is None:
             self._guard = Guard(self._options)
-            # Steps are the framework's (the callback calls step()), so the
-            # optimizer hook must not count them as well.
-            self._guard.steps_by_caller()
+            self._guard.steps_by_caller()  # the callback's step(), not the optimizer hook
         if not self._guard.is_running:
             self._final = None
             self._guard.set_phase(phase)
@@ -104,8 +100,8 @@ class Adapter:
     def _end(self, save_dir: Callable[[], str], rank_dir: Callable[[], str]) -> None:
         """Stop the guard, then print, save and merge the report (a policy error still raises).
 
-        ``save_dir``/``rank_dir``: the folders of ``save_report=True`` and
-        ``rank_reports=True``, asked only when needed and in that order.
+        ``save_dir``/``rank_dir``: the folders of ``save_report=True`` and ``rank_reports=True``,
+        asked only when needed and in that order.
         """
         if (guard := self._running()) is None:
             return
@@ -124,11 +120,8 @@ class Adapter:
             )
 
     def _abort(self) -> None:
-        """The run is failing: restore every global, keep what was found, raise nothing.
-
-        No merge (the other ranks may be gone) and no policy error: the
-        framework's exception is the news.
-        """
+        """The run is failing: restore every global, keep what was found, raise nothing (no merge:
+        the other ranks may be gone; no policy error: the framework's exception is the news)."""
         if (guard := self._running()) is not None:
             guard.abandon()
             self._final = self._local_report()

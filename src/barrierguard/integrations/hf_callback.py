@@ -19,51 +19,40 @@ class HFBarrierGuard(Adapter, TrainerCallback):
     """A ``transformers.TrainerCallback`` that watches a ``Trainer`` run for host-device syncs.
 
     ``Trainer(..., callbacks=[HFBarrierGuard()])`` runs the same guard as
-    :func:`~barrierguard.watch` around ``trainer.train()``. Steps are the
-    Trainer's optimizer steps (``on_step_end``; with gradient accumulation one
-    step spans several micro-batches). Evaluation, prediction, checkpoint
-    saving and what runs after the last step are counted apart (each site's
-    ``phases``) and never held against the policy. Syncs inside transformers
-    and accelerate are named by mechanism with the ``TrainingArguments``
-    setting that removes them, or plainly that none does (docs/huggingface.md).
+    :func:`~barrierguard.watch` around ``trainer.train()``. Steps are the Trainer's optimizer
+    steps (``on_step_end``; with gradient accumulation one step spans several micro-batches).
+    Evaluation, prediction, checkpoint saving and what runs after the last step are counted
+    apart (each site's ``phases``) and never held against the policy. Syncs inside transformers
+    and accelerate are named by mechanism with the ``TrainingArguments`` setting that removes
+    them, or plainly that none does (docs/huggingface.md).
 
-    At the end of training the report is printed on the main process and saved
-    as JSON (``barrierguard_report.json`` in ``args.output_dir``). Under DDP
-    every rank collects and rank 0 merges the reports (one collective, after
-    training).
-
-    When ``trainer.train()`` raises, the guard stops before the exception
-    reaches the caller: nothing of barrierguard stays installed, whatever the
-    policy. The Trainer has no event for a failed run, so the callback wraps
-    ``train`` on the trainer it belongs to (found at ``on_init_end``, or at the
-    first ``on_train_begin`` for a callback added with ``add_callback``).
-
-    A ``transformers.TrainerCallback`` to subclass like any other (override an
-    event and call ``super()``); ``barrierguard.HFBarrierGuard`` loads this
-    module, and transformers, on first use: ``import barrierguard`` does not.
+    At the end of training the report is printed on the main process and saved as JSON
+    (``barrierguard_report.json`` in ``args.output_dir``); under DDP rank 0 merges the ranks'
+    reports (one collective, after training). When ``trainer.train()`` raises, the guard stops
+    before the exception reaches the caller, whatever the policy: having no event for a failed
+    run, the callback wraps ``train`` of its Trainer (found at ``on_init_end``, or at the first
+    ``on_train_begin`` when added with ``add_callback``). Subclass it like any
+    ``TrainerCallback`` (call ``super()``); ``barrierguard.HFBarrierGuard`` imports
+    transformers on first use only.
 
     Args:
-        **options: The options of :func:`~barrierguard.watch` (``policy``,
-            ``engine``, ``warmup_steps`` counted in optimizer steps,
-            ``allow``, where ``"framework:transformers"`` accepts all of
-            transformers' own syncs, ``max_syncs_per_step``, ``memory``, ...,
-            but not ``out``), and those below.
+        **options: The options of :func:`~barrierguard.watch` (``warmup_steps`` counted in
+            optimizer steps; ``allow=["framework:transformers"]`` accepts all of transformers'
+            own syncs), but not ``out``; and those below.
         print_report: Print the report at the end of training (main process).
-        save_report: Where to save the merged JSON report: ``True`` for
-            ``<args.output_dir>/barrierguard_report.json``, a path, or ``False``.
+        save_report: ``True`` for ``<args.output_dir>/barrierguard_report.json``, a path, or
+            ``False``; the merged report.
         rank_reports: Also write each rank's own report: ``True`` for
-            ``<args.output_dir>/barrierguard_report.rank{rank}.json``, a path
-            (``{rank}`` is replaced, else ``.rank<N>`` is inserted), or ``False``;
-            ``barrierguard merge`` joins the files offline.
-        merge_ranks: Merge the ranks' reports on rank 0 at the end (one
-            collective); ``False`` needs ``rank_reports``.
+            ``<args.output_dir>/barrierguard_report.rank{rank}.json``, a path (``{rank}`` is
+            replaced, else ``.rank<N>`` is inserted), or ``False``; ``barrierguard merge`` joins
+            the files offline.
+        merge_ranks: Merge the ranks' reports on rank 0 at the end (one collective); ``False``
+            needs ``rank_reports``.
 
     Raises:
-        BarrierGuardError: For a bad option value (the message names it and
-            the accepted forms).
+        BarrierGuardError: For a bad option value (the message names the accepted forms).
         TypeError: For an unknown keyword argument.
-        ModuleNotFoundError: When transformers is not installed (the message
-            names the extra to install).
+        ModuleNotFoundError: When transformers is not installed (the message names the extra).
 
     Example:
         >>> import barrierguard

@@ -21,53 +21,38 @@ __all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "BarrierGuard"]
 class BarrierGuard(Adapter, pl.Callback):
     """A Lightning callback that watches a ``Trainer`` run for host-device syncs.
 
-    ``Trainer(callbacks=[BarrierGuard()])`` runs the same guard as
-    :func:`~barrierguard.watch` around ``fit`` (and ``validate``/``test``/
-    ``predict``). Training batches are steps; validation, test and predict
-    batches are counted apart (each site's ``phases``) and never held against
-    the policy; setup and the sanity check count as setup. Lightning's own syncs
-    (the batch copy to the device, ``prog_bar`` metrics, logger conversions,
-    ...) are named by mechanism, with the Lightning hook in flight and the fix,
-    in each site's ``mechanisms``; syncs in your ``training_step`` and friends
-    stay ``origin: "user"``.
+    ``Trainer(callbacks=[BarrierGuard()])`` runs the same guard as :func:`~barrierguard.watch`
+    around ``fit`` (and ``validate``/``test``/``predict``). Training batches are steps;
+    validation, test and predict batches are counted apart (each site's ``phases``) and never
+    held against the policy; setup and the sanity check count as setup. Lightning's own syncs
+    (the batch copy, ``prog_bar`` metrics, logger conversions, ...) are named by mechanism, with
+    the Lightning hook in flight and the fix; syncs in your ``training_step`` and friends stay
+    ``origin: "user"``.
 
-    At each training epoch end, barrierguard's own figures (syncs per step in
-    the epoch, memory growth per step) go to the trainer's loggers as Python
-    numbers (no sync). At the end of ``fit`` the report is printed on rank 0 and
-    saved as JSON (``barrierguard_report.json`` in ``trainer.log_dir``). Under
-    DDP every rank collects and rank 0 merges the reports (one collective,
-    after training). The counts travel in checkpoints, so a resumed run keeps
-    them.
-
-    A ``lightning.pytorch.Callback`` to subclass like any other (override a
-    hook and call ``super()``); ``barrierguard.BarrierGuard`` loads this
-    module, and Lightning, on first use: ``import barrierguard`` does not.
+    At each training epoch end, syncs per step and memory growth per step go to the trainer's
+    loggers as Python numbers (no sync). At the end of ``fit`` the report is printed on rank 0
+    and saved as JSON (``barrierguard_report.json`` in ``trainer.log_dir``); under DDP rank 0
+    merges the ranks' reports (one collective, after training). The counts travel in
+    checkpoints, so a resumed run keeps them. Subclass it like any Lightning callback (call
+    ``super()``); ``barrierguard.BarrierGuard`` imports Lightning on first use only.
 
     Args:
-        **options: The options of :func:`~barrierguard.watch` (``policy``,
-            ``engine``, ``warmup_steps`` counted in training batches,
-            ``allow``, where ``"framework:lightning"`` accepts all of
-            Lightning's own syncs, ``max_syncs_per_step``, ``memory``, ...,
-            but not ``out``), and those below.
+        **options: The options of :func:`~barrierguard.watch` (``warmup_steps`` counted in
+            training batches; ``allow=["framework:lightning"]`` accepts all of Lightning's own
+            syncs), but not ``out``; and those below.
         print_report: Print the report at the end of ``fit`` (rank 0).
-        save_report: Where to save the JSON report: ``True`` for
-            ``<trainer.log_dir>/barrierguard_report.json``, a path, or
+        save_report: ``True`` for ``<trainer.log_dir>/barrierguard_report.json``, a path, or
             ``False``. Under DDP, rank 0 saves the merged report.
-        rank_reports: Every rank also saves its own report (atomically, before
-            any merge): ``True`` for
-            ``<trainer.default_root_dir>/barrierguard_report.rank<N>.json``,
-            or a path (``{rank}`` in it is the rank; without it, a run of
-            several ranks inserts ``.rank<N>`` before the suffix); ``barrierguard
-            merge`` joins the files offline.
-        merge_ranks: Merge the ranks' reports on rank 0 at the end of ``fit``
-            (one ``all_gather_object``). ``False`` skips that collective (a
-            multi-node job); it needs ``rank_reports``.
-        log_figures: Send syncs per step and memory growth to the trainer's
-            loggers at each training epoch end.
+        rank_reports: Every rank also saves its own report (atomically, before any merge):
+            ``True`` for ``<trainer.default_root_dir>/barrierguard_report.rank<N>.json``, or a
+            path (``{rank}`` in it is the rank, else ``.rank<N>`` goes before the suffix);
+            ``barrierguard merge`` joins the files offline.
+        merge_ranks: Merge the ranks' reports on rank 0 at the end of ``fit`` (one
+            ``all_gather_object``); ``False`` (a multi-node job) needs ``rank_reports``.
+        log_figures: Send syncs per step and memory growth to the loggers at each epoch end.
 
     Raises:
-        BarrierGuardError: For a bad option value (the message names it and
-            the accepted forms).
+        BarrierGuardError: For a bad option value (the message names the accepted forms).
         TypeError: For an unknown keyword argument.
         ModuleNotFoundError: When Lightning is not installed.
 
@@ -80,9 +65,8 @@ class BarrierGuard(Adapter, pl.Callback):
         200
     """
 
-    def __init__(self, **options: Any) -> None:
-        own = self._configure("BarrierGuard", "trainer.log_dir", options, own=("log_figures",))
-        log_figures = own.get("log_figures", True)
+    def __init__(self, *, log_figures: bool = True, **options: Any) -> None:
+        self._configure("BarrierGuard", "trainer.log_dir", options, own=("log_figures",))
         if not isinstance(log_figures, bool):
             raise BarrierGuardError(
                 f"BarrierGuard(log_figures={log_figures!r}) is not valid: expected True or False"

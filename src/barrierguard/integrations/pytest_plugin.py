@@ -1,13 +1,10 @@
 """The pytest plugin (entry point ``pytest11``): watch tests for host-device synchronizations.
 
-It does nothing unless asked: ``--barrierguard=record|warn|error`` (or the ini key
-``barrierguard``; the command line wins) watches every test, ``@pytest.mark.barrierguard(...)``
-one test with its own options, and the ``barrierguard`` fixture yields a running guard. Under
-``error`` a test fails after its body, listing every offending line with its kind, code and fix;
-``--barrierguard-report=FILE`` writes the sites of all watched tests as one report for
-``barrierguard check``. Under pytest-xdist each worker sends its tests' reports to the
-controller (``workeroutput``, read in ``pytest_testnodedown``, as pytest-cov does), which writes
-the report file and the summary, as a serial run would.
+Off unless asked: ``--barrierguard=record|warn|error`` (or the ini key ``barrierguard``) watches
+every test, ``@pytest.mark.barrierguard(...)`` one test with its own options, and the
+``barrierguard`` fixture yields a running guard. Under ``error`` a test fails after its body,
+listing every offending line. Under pytest-xdist the workers send their tests' reports to the
+controller (``workeroutput``, as pytest-cov does), which writes the report and the summary.
 """
 
 from __future__ import annotations
@@ -37,11 +34,6 @@ from barrierguard.session.options import (
 from barrierguard.session.site_stats import ci_text
 
 __all__: list[str] = []
-
-_MARKER_HELP = (
-    f"barrierguard(**options): watch this test for host-device synchronizations; "
-    f"the options of barrierguard.watch(): {', '.join(GUARD_OPTIONS)}"
-)
 
 
 @dataclass(frozen=True)
@@ -134,7 +126,11 @@ def _policy(config: pytest.Config) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", _MARKER_HELP)
+    config.addinivalue_line(
+        "markers",
+        "barrierguard(**options): watch this test for host-device synchronizations; "
+        f"the options of barrierguard.watch(): {', '.join(GUARD_OPTIONS)}",
+    )
     defaults: dict[str, Any] = {
         "engine": str(config.getini("barrierguard_engine")).strip() or "auto",
         "warmup_steps": _int_ini(config, "barrierguard_warmup_steps") or 0,
@@ -167,9 +163,8 @@ def _plan(mark: pytest.Mark | None, state: _State) -> _Plan:
     growth = kw.pop("max_growth_per_step", None)
     allow = kw.pop("allow", ())
     allow = state.defaults["allow"] + ((allow,) if isinstance(allow, str) else tuple(allow))
-    # Made at setup, so a bad marker is an error there. "error" records and fails the
-    # test afterwards, listing every offending line: raising inside the test would show
-    # only the first one, and could be caught by the test's own code.
+    # Made at setup, so a bad marker fails there. "error" records, then fails the test listing
+    # every offending line (raising inside the test would show one, and could be caught).
     options = make_options(
         policy="warn" if policy == "warn" else "record",
         owner=owner,

@@ -1,6 +1,4 @@
-"""MetricBuffer: a step's hot path (the names, devices and dtypes of the last step) and checked
-path; the state read back with one transfer in ``compute()``, or cloned in ``state_dict()``.
-"""
+"""MetricBuffer: running metrics kept on the device, read back with one transfer in compute()."""
 
 from __future__ import annotations
 
@@ -47,38 +45,35 @@ STATE_VERSION: Final = 1
 class MetricBuffer:
     """Running metrics kept on the device, read back with one transfer.
 
-    Follows torchmetrics' ``update``/``compute``/``reset``. Each metric has a
-    reduction fixed at construction (or on first use, see ``default``):
+    Follows torchmetrics' ``update``/``compute``/``reset``. Each metric has a reduction fixed at
+    construction (or on first use, see ``default``): ``"mean"``, ``"sum"``, ``"count"`` (weighted
+    by the ``n`` of :meth:`update` as ``("mean", "weighted")`` etc.), ``"min"``, ``"max"``,
+    ``"last"``, and ``"cat"`` (every value, tensors of any shape, concatenated on dim 0).
 
-    ``"mean"``, ``"sum"``, ``"count"`` (weighted by the ``n`` of :meth:`update` as
-    ``("mean", "weighted")`` etc.), ``"min"``, ``"max"``, ``"last"``, and ``"cat"``
-    (every value, tensors of any shape, concatenated on dim 0).
-
-    Running reductions keep float64 state of constant size. :meth:`update` never
-    synchronizes and keeps nothing of the caller's: it copies a step's tensors
-    into a row of a float64 block on the device with one kernel (folded into the
-    state every :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps and before
-    anything reads it) and Python numbers into host floats.
+    Running reductions keep float64 state of constant size. :meth:`update` never synchronizes and
+    keeps nothing of the caller's: it copies a step's tensors into a row of a float64 block on the
+    device with one kernel (folded into the state every
+    :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps and before anything reads it) and Python
+    numbers into host floats.
 
     Args:
         reductions: Metric name to reduction spec, e.g.
             ``{"loss": ("mean", "weighted"), "grad_norm": "max"}``.
-        metrics: torchmetrics ``Metric`` objects logged alongside; ``update``
-            forwards to ``metric.update``, ``compute`` calls ``metric.compute()``
-            (which may transfer or synchronize by itself).
-        nan: NaN and +/-inf values are kept (``"propagate"``), skipped by
-            fixed-shape masking (``"ignore"``) or raised at ``compute()`` (``"error"``).
-        default: Reduction given to metric names first seen in :meth:`update`;
-            ``None`` makes an unknown name an error.
-        device: Device of the state, where every logged tensor must be; by
-            default the first tensor's.
-        sync_dist: Reduce across ranks in :meth:`compute` when ``torch.distributed``
-            is initialised.
+        metrics: torchmetrics ``Metric`` objects logged alongside; ``update`` forwards to
+            ``metric.update``, ``compute`` calls ``metric.compute()`` (which may transfer or
+            synchronize by itself).
+        nan: NaN and +/-inf values are kept (``"propagate"``), skipped by fixed-shape masking
+            (``"ignore"``) or raised at ``compute()`` (``"error"``).
+        default: Reduction given to metric names first seen in :meth:`update`; ``None`` makes
+            an unknown name an error.
+        device: Device of the state, where every logged tensor must be; by default the first
+            tensor's.
+        sync_dist: Reduce across ranks in :meth:`compute` when ``torch.distributed`` is
+            initialised.
         process_group: Process group for that reduction (default: the world).
 
     Raises:
-        BarrierGuardError: A reduction, ``nan`` policy, ``default`` or metric name
-            is not valid.
+        BarrierGuardError: A reduction, ``nan`` policy, ``default`` or metric name is not valid.
 
     Example:
         >>> import torch
@@ -164,23 +159,22 @@ class MetricBuffer:
     ) -> None:
         """Log one step's values, without synchronizing with the device.
 
-        For the names of the last step, on its devices with its dtypes, this is
-        one copy kernel (and a fold every :data:`~barrierguard.metrics.slots.BLOCK_STEPS`
-        steps). Raising for NaN (``nan="error"``) waits for :meth:`compute`.
+        For the names of the last step, on its devices with its dtypes, this is one copy kernel
+        (and a fold every :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps). Raising for
+        NaN (``nan="error"``) waits for :meth:`compute`.
 
         Args:
             values: Metric values by name, for names that are not identifiers.
-            n: Weight of this step for weighted reductions (e.g. the batch size):
-                a Python number or a one-element tensor on the buffer's device.
-                Ignored by unweighted reductions. Defaults to 1.
-            **kwargs: Metric values by name: one-element tensors or Python numbers
-                (any tensor for ``cat``); for a torchmetrics metric, a tuple of
-                positional arguments, a dict of keyword arguments or a single
-                tensor for its ``update``.
+            n: Weight of this step for weighted reductions (e.g. the batch size): a Python
+                number or a one-element tensor on the buffer's device. Ignored by unweighted
+                reductions. Defaults to 1.
+            **kwargs: Metric values by name: one-element tensors or Python numbers (any tensor
+                for ``cat``); for a torchmetrics metric, a tuple of positional arguments, a
+                dict of keyword arguments or a single tensor for its ``update``.
 
         Raises:
-            BarrierGuardError: An unknown name when ``default=None``; a value that is
-                not a number or a one-element real tensor on the buffer's device.
+            BarrierGuardError: An unknown name when ``default=None``; a value that is not a
+                number or a one-element real tensor on the buffer's device.
 
         Example:
             >>> import torch
@@ -194,8 +188,7 @@ class MetricBuffer:
         items = kwargs if values is None else {**values, **kwargs} if kwargs else values
         block = self._hot
         if block is not None and len(items) == block.width:
-            # The hot path: the names of the last step (as many, none missing), on
-            # its devices with its dtypes, copied with one kernel.
+            # The hot path: the names, devices and dtypes of the last step, one copy kernel.
             try:
                 step = block.take(items)
             except KeyError:
@@ -207,17 +200,17 @@ class MetricBuffer:
     def compute(self) -> dict[str, Any]:
         """Reduce every metric, with one device-to-host transfer for all of them.
 
-        With ``torch.distributed`` initialised (and ``sync_dist=True``), over all
-        ranks with one collective (``last``: the highest rank that logged one);
-        ``cat`` values stay on the device and their rank.
+        With ``torch.distributed`` initialised (and ``sync_dist=True``), over all ranks with one
+        collective (``last``: the highest rank that logged one); ``cat`` values stay on the
+        device and their rank.
 
         Returns:
-            Metric name to a Python float (``nan`` for a mean, min, max or last with
-            no values), a device tensor (``cat``) or the torchmetrics result.
+            Metric name to a Python float (``nan`` for a mean, min, max or last with no values),
+            a device tensor (``cat``) or the torchmetrics result.
 
         Raises:
-            BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; the
-                ranks registered different metrics.
+            BarrierGuardError: Under ``nan="error"``, a metric saw NaN or inf; the ranks
+                registered different metrics.
 
         Example:
             >>> from barrierguard import MetricBuffer
@@ -258,8 +251,8 @@ class MetricBuffer:
         """Snapshot of the state; device tensors are cloned on the device, never read.
 
         Returns:
-            A dict for :meth:`load_state_dict` (and ``torch.save``); torchmetrics
-            metrics are saved with their ``state_dict()`` and metric states.
+            A dict for :meth:`load_state_dict` (and ``torch.save``); torchmetrics metrics are
+            saved with their ``state_dict()`` and metric states.
 
         Example:
             >>> from barrierguard import MetricBuffer
@@ -304,12 +297,12 @@ class MetricBuffer:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore a :meth:`state_dict` snapshot.
 
-        Tensors are moved to this buffer's device when it has one (a host-device
-        copy, outside the training loop); otherwise the buffer takes their device.
+        Tensors are moved to this buffer's device when it has one (a host-device copy, outside
+        the training loop); otherwise the buffer takes their device.
 
         Raises:
-            BarrierGuardError: The snapshot comes from another version, or declares a
-                different reduction for a metric this buffer declares.
+            BarrierGuardError: The snapshot comes from another version, or declares a different
+                reduction for a metric this buffer declares.
 
         Example:
             >>> from barrierguard import MetricBuffer

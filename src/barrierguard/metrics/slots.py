@@ -1,7 +1,5 @@
-"""MetricBuffer's state: its vocabulary checked in one place, a :class:`Slot` per metric, a
-:class:`Block` of float64 device rows per set of names, and the folds. Nothing here reads a
-device value.
-"""
+"""MetricBuffer's state: its vocabulary, a :class:`Slot` per metric, a :class:`Block` of float64
+device rows per set of names, and the folds. Nothing here reads a device value."""
 
 from __future__ import annotations
 
@@ -41,21 +39,15 @@ def is_number(value: object) -> TypeGuard[numbers.Real]:
 
 def parse_spec(where: str, name: str, spec: object) -> tuple[str, bool]:
     """The reduction of ``spec`` and whether it is weighted by ``n``; raises naming ``where``."""
-    if isinstance(spec, str) and spec in REDUCTIONS:
-        return spec, False
-    if (
-        isinstance(spec, tuple)
-        and len(spec) == 2
-        and spec[0] in REDUCTIONS
-        and spec[1] in ("weighted", "unweighted")
-    ):
-        if spec[1] == "weighted" and spec[0] not in WEIGHTABLE:
+    red, mode = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, "unweighted")
+    if isinstance(red, str) and red in REDUCTIONS and mode in ("weighted", "unweighted"):
+        if mode == "weighted" and red not in WEIGHTABLE:
             raise BarrierGuardError(
                 f"{where}={{{name!r}: {spec!r}}} is not a valid reduction: only "
                 f"{quote_all(WEIGHTABLE)} can be weighted by n, a weight means nothing "
-                f"for {spec[0]!r}"
+                f"for {red!r}"
             )
-        return str(spec[0]), spec[1] == "weighted"
+        return red, mode == "weighted"
     raise BarrierGuardError(
         f"{where}={{{name!r}: {spec!r}}} is not a valid reduction: expected one of "
         f"{quote_all(REDUCTIONS)}, or (reduction, 'weighted') for {quote_all(WEIGHTABLE)}"
@@ -157,9 +149,8 @@ class Block:
     def put(self, values: tuple[Any, ...], n: object) -> bool:
         """Copy a step that matches the last checked one into the next row; else ``False``.
 
-        A value that is not a tensor fails the device read, one that is not 0-d the copy,
-        and one that requires grad (unlike the last step's) too: the rows are ``unbind``
-        views, which autograd refuses to write a graph into, before it copies.
+        A non-tensor fails the device read; a tensor not 0-d, or newly requiring grad, the copy
+        (autograd refuses to write a graph into the rows' ``unbind`` views).
         """
         if self.tensor_weights and isinstance(n, torch.Tensor):
             values = (*values, n)

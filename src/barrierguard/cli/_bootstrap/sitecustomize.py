@@ -7,7 +7,7 @@ child when it re-executes the job's script or module. Never raises.
 from __future__ import annotations
 
 
-def _chain() -> None:
+def _bootstrap() -> None:
     import importlib.machinery
     import importlib.util
     import os
@@ -21,12 +21,6 @@ def _chain() -> None:
             spec.loader.exec_module(importlib.util.module_from_spec(spec))
     except Exception as exc:
         print(f"barrierguard: the shadowed sitecustomize failed: {exc!r}", file=sys.stderr)
-
-
-def _follow() -> None:
-    import os
-    import sys
-
     if not os.environ.get("BARRIERGUARD_FOLLOW"):
         return
     try:
@@ -39,5 +33,4 @@ def _follow() -> None:
         print(f"barrierguard: this child is not watched: {exc!r}", file=sys.stderr)
 
 
-_chain()
-_follow()
+_bootstrap()
