@@ -230,11 +230,9 @@ def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 def _direction(src: str, dst: str) -> str:
-    if src == "cpu" and dst != "cpu":
-        return "h2d"
-    if src != "cpu" and dst == "cpu":
-        return "d2h"
-    return "d2d" if src != dst else ""
+    if src == dst:
+        return ""
+    return "h2d" if src == "cpu" else "d2h" if dst == "cpu" else "d2d"
 
 
 def _target_type(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

@@ -198,7 +198,6 @@ def emit(
     Returns:
         The :class:`Tally` the one recorder counted a repeat in, else ``None``.
     """
-
     ident = _get_ident()
     actions: list[Callable[[], None]] | None = None
     tally: Tally | None = None

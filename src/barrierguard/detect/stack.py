@@ -657,7 +657,6 @@ def annotate(frame: FrameType | None) -> tuple[str | None, str | None]:
     """The framework mechanism and the phase the stack shows, from ``frame`` outward.
 
     Returns:
-
         ``(mechanism, phase)``: the innermost table mechanism on the stack as
         ``"name (hook)"`` when a Lightning hook is in flight, else ``"name"``,
         or ``None``; and the innermost phase marker's phase, or ``None``.

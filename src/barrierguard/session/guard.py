@@ -115,21 +115,15 @@ class _Quiet(hub.Tally):
 class Guard:
     """A watching session: collects syncs between :meth:`start` and :meth:`stop`.
 
-    Create one with :func:`watch`. A guard is a context manager, a decorator,
-    or driven by hand with :meth:`start`/:meth:`stop`; starting it again after a
-    stop adds to the same report.
+    Create one with :func:`watch`: a context manager, a decorator, or driven by
+    hand with :meth:`start`/:meth:`stop`; starting it again adds to the same report.
 
-    Steps: every ``optimizer.step()`` ends a step. With several optimizers,
-    the first to step in an iteration leads and the others follow, so a GAN's
-    two optimizers stepping once each make one step; an optimizer that steps
-    twice while the lead does not (layer-wise training: A steps 30 times, then
-    B 30 times) takes the lead and every step of it counts, 60 in all
-    (``session/steps.py`` has the rule). Loops without an optimizer call
-    :meth:`step`; once :meth:`step` has been called, optimizer steps no
-    longer count. Everything before the first step, and the first
-    ``warmup_steps`` steps, is setup: recorded, never held against the policy.
-    What follows the last step, at sites no closed step saw, is after the
-    loop (phase ``"after-loop"``), counted apart: see ``loop_end``.
+    Steps: every ``optimizer.step()`` ends a step; with several optimizers the
+    first to step in an iteration leads (``session/steps.py`` has the rule). Loops
+    without an optimizer call :meth:`step`, after which optimizer steps no longer
+    count. Everything before the first step, and the first ``warmup_steps`` steps,
+    is setup: recorded, never held against the policy. What follows the last step,
+    at sites no closed step saw, is counted apart as ``"after-loop"`` (``loop_end``).
 
     Example:
         >>> import barrierguard, torch
@@ -286,9 +280,8 @@ class Guard:
     def stop(self) -> Report:
         """Remove every hook, restore every global, and return the report.
 
-        With ``watch(out=...)`` the report is also saved, to this rank's file
-        (:attr:`report_path`); a file that cannot be written is logged and
-        noted in the report, never raised.
+        With ``watch(out=...)`` the report is also saved to this rank's file
+        (:attr:`report_path`); a write that fails is logged and noted, never raised.
 
         Raises:
             SyncError: Under the ``"error"`` policy, when a sync in another
@@ -373,17 +366,12 @@ class Guard:
     def __call__(self, func: F) -> F:
         """Use the guard as a decorator: each call of ``func`` runs watched.
 
-        A recursive call runs inside the outer one's watch; a generator is
-        watched over its iterations, a coroutine until it returns (see
-        ``session/lifecycle``).
+        A generator is watched over its iterations, a coroutine until it returns.
         """
         return lifecycle.decorate(self, func)
 
     def step(self) -> None:
-        """Mark the end of a training step (for loops without an optimizer).
-
-        Once called, optimizer steps no longer mark steps for this guard.
-        """
+        """Mark the end of a training step; optimizer steps no longer mark steps after it."""
         self._manual = True
         self._alone = None
         self._advance()
@@ -457,9 +445,7 @@ class Guard:
                     first_time = key not in self._warned
                     self._warned.add(key)
                     if violation:
-                        self._violation_count += 1
-                        if len(self._violations) < _MAX_VIOLATIONS:
-                            self._violations.append((stats.loc, step, reason, thread))
+                        self._violate(stats.loc, step, reason, thread)
                     if opts.policy == "error" and violation:
                         self._due[key] = self._error(stats, step, reason)
                     elif opts.policy != "record" and first_time:
@@ -537,10 +523,8 @@ class Guard:
     def set_phase(self, phase: str | None) -> None:
         """Tag the syncs from now on with ``phase`` (a framework adapter's events).
 
-        A phase the stack shows (an evaluation loop, a checkpoint save) wins
-        over ``"train"``; syncs in ``validate``, ``test``, ``predict``,
-        ``checkpoint``, ``teardown``, ``after-loop``, ``compile`` and ``probe``
-        are counted apart from the steps.
+        A phase the stack shows (an evaluation loop, a checkpoint save) wins over
+        ``"train"``; syncs in the phases of ``APART_PHASES`` are counted apart.
 
         Example:
             >>> import barrierguard
@@ -695,9 +679,7 @@ class Guard:
             if held:
                 self._open.pend(stats, step, reason, self._thread_name(ident), True)
                 return None
-            self._violation_count += 1
-            if len(self._violations) < _MAX_VIOLATIONS:
-                self._violations.append((loc, step, reason, self._thread_name(ident)))
+            self._violate(loc, step, reason, self._thread_name(ident))
             if opts.policy == "record":
                 self._settle(stats)
                 return None
@@ -713,6 +695,11 @@ class Guard:
                     self._deferred.append(error)
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
         return functools.partial(_raise, error)
+
+    def _violate(self, loc: Location, step: int, reason: str, thread: str) -> None:
+        self._violation_count += 1
+        if len(self._violations) < _MAX_VIOLATIONS:
+            self._violations.append((loc, step, reason, thread))
 
     def _count_in_step(self, stats: SiteStats, step: int, stall: float | None) -> None:
         """Count one sync of ``stats``'s site in the measured step ``step``."""
