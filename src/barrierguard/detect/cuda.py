@@ -32,8 +32,7 @@ __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 _PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
 
-# Above this size a non_blocking host-to-device copy from pageable memory waits
-# for the queue (measured on an H200, driver 580; see docs/benchmarks.md).
+# Above this size a non_blocking pageable host-to-device copy waits (docs/benchmarks.md).
 PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
 
 
@@ -79,8 +78,7 @@ _clock = time.perf_counter
 # t0 after a timed call's first sync: the queue is drained from then on.
 _DRAINED = float("-inf")
 
-# Calls that may synchronize, timed from their entry (the warning comes once the
-# wait is over); only the outermost timed call on a thread keeps time.
+# Calls that may synchronize, timed from their entry (only the outermost on a thread).
 _SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index__"})
 # Methods of self alone get a wrapper of fixed arity, cheaper than *args, **kwargs.
 _NO_ARGS = _SCALAR_READS | {"tolist"}
@@ -175,9 +173,8 @@ def _timed_no_args(
                 _raw_set(_WARN)
             stall = clock() - t0
             frame = getframe(1)
-            # Met again while its tally stands (hub.Tally): counted here, nothing called.
-            # Again: the loop's own frame at the same instruction, or the last route's
-            # code and instruction with its frames where they were.
+            # Met again while its tally stands (hub.Tally): counted here, nothing called;
+            # the loop's own frame at its instruction, or the last route's frames in place.
             hot = state.hot
             if hot is not None and hot[2] == hub_module.epoch:
                 last = anchors.last
@@ -431,8 +428,7 @@ class CudaEngine:
             self._patches.set(torch.Tensor, name, timed)
         self._time(torch.Tensor, TIMED_TENSOR_METHODS)
         self._time(torch, TIMED_TORCH_FUNCTIONS)
-        # torch.distributed's host barriers, the stall being the wait for the slowest
-        # rank; a collective on a CPU tensor runs on the host (gloo), not on a stream.
+        # torch.distributed's host barriers (a collective on a CPU tensor runs on the host).
         distributed.install(
             self._patches,
             host=lambda tensor: tensor.device.type == "cpu",

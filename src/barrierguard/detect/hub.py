@@ -89,8 +89,7 @@ _Record = Callable[[Sync, int, float | None, bool], "Callable[[], None] | Tally 
 _lock = threading.RLock()
 _get_ident = threading.get_ident
 _recorders: dict[str, tuple[Recorder, ...]] = {}
-# The same, each with its record method looked up once (CPython 3.11 does not
-# specialize a method lookup on an object of many attributes).
+# The same, each with its record method looked up once (not specialized by CPython 3.11).
 _deliveries: dict[str, tuple[tuple[Recorder, _Record], ...]] = {}
 _engines: dict[str, Engine] = {}
 # Per thread ident: what an engine stopped elsewhere left on it, run by its next tidy().

@@ -148,8 +148,7 @@ class _Anchors:
     located: tuple[FrameType, FrameType, FrameType | None, str, bool, int, int] | None = None
     # A frame with no table function between it and the root (a plain loop).
     searched: FrameType | None = None
-    # The last observed frame, its instruction, the kind and detail asked for, and
-    # the sync found (one tuple: a thread reads it whole).
+    # The last observed frame, its instruction, kind and detail, and its sync (one tuple).
     last: tuple[FrameType, int, str | None, str, Sync] | None = None
     # The last replayed route's key (code, instruction, kind, detail) and its routes.
     hot: tuple[CodeType, int, str | None, str, list[_Route]] | None = None
@@ -217,8 +216,7 @@ def forget(live: bool = False) -> None:
         id(last and last[0]),
         _held_version,
     ):
-        # Nothing held changed since the last boundary: the kept frames are still
-        # on the stack if each is where that boundary found it.
+        # Nothing held changed since: the kept frames live if each is where it was.
         getframe = sys._getframe
         try:
             for held, depth in _depths.items():

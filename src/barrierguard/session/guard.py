@@ -402,8 +402,7 @@ class Guard:
             self._advance()
 
     def _advance(self) -> None:
-        # Only the training thread advances steps, so no lock: the new step's
-        # counters exist before the step number that indexes them.
+        # Only the training thread advances steps: no lock, the counters made first.
         if self._tallied:
             self._tallied = False
             self._fold()
