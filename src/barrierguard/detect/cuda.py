@@ -1,14 +1,11 @@
 """The CUDA engine: sync-debug mode in warn mode, plus what that mode misses.
 
-CUDA sync-debug mode reports a synchronizing call as a ``UserWarning`` after the
-sync has completed, pointing at the innermost Python frame. This engine turns
-every such warning into a located record (the user's line, the framework line,
-the kind), and intercepts what the mode does not flag although the host blocks:
-``torch.cuda.synchronize()``, ``Event.synchronize()`` and ``non_blocking=True``
-copies of large pageable host tensors, and the host barriers of
-``torch.distributed`` (``detect/distributed.py``). A ``non_blocking`` copy to
-pinned host memory is reported as ``async_d2h``: no barrier, but a race if read
-too soon.
+Every sync-debug warning becomes a located record (the user's line, the framework
+line, the kind). Intercepted, since the mode misses them although the host blocks:
+``torch.cuda.synchronize()``, ``Event.synchronize()``, ``non_blocking=True`` copies
+of large pageable host tensors, and ``torch.distributed``'s host barriers
+(``detect/distributed.py``). A ``non_blocking`` copy to pinned host memory is
+reported as ``async_d2h``: no barrier, but a race if read too soon.
 """
 
 from __future__ import annotations
@@ -35,23 +32,18 @@ __all__ = ["PAGEABLE_BLOCKING_BYTES", "CudaEngine"]
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 _PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
 
-# A non_blocking host-to-device copy from pageable memory is staged by the
-# driver through a pinned buffer; above this size the host waits for the queue
-# (on an H200 with driver 580: 2 MiB returned at once, 3 MiB waited behind a
-# 20 ms kernel; see docs/benchmarks.md).
+# Above this size a non_blocking pageable host-to-device copy waits (docs/benchmarks.md).
 PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
 
 
-# A thread's last read counted in a tally: its sync, the tally, hub.epoch then,
-# the route that found it (None: the loop's own frame), the sync frame's
-# instruction, and len(sys.modules) when no framework with phase markers was
-# imported (else -1: an import since may bring one).
+# A thread's last read counted in a tally: its sync, the tally, hub.epoch then, the
+# route that found it (None: the loop's own frame), the sync frame's instruction, and
+# len(sys.modules) while no framework with phase markers is imported (else -1).
 _Hot = tuple[Sync, hub.Tally, int, "_Route | None", int, int]
 
 
 class _Thread:
-    """One thread's state: when the outermost timed call began, the copy in
-    flight, and the tally of the last read (its sync, the tally, ``hub.epoch``)."""
+    """One thread's state: the outermost timed call's start, the copy in flight, the hot tally."""
 
     __slots__ = ("hot", "op", "t0")
 
@@ -62,13 +54,7 @@ class _Thread:
 
 
 class _State(threading.local):
-    """Per thread, its :class:`_Thread`, made at the thread's first use.
-
-    A wrapper reads the thread-local once and then works on plain slots: each
-    read or write of a thread-local's attribute costs several hundred machine
-    instructions (its per-thread dictionary, a name compare), and a copy
-    wrapper made six.
-    """
+    """Per thread, its :class:`_Thread`: a wrapper reads the thread-local once, then slots."""
 
     def __init__(self) -> None:
         self.s = _Thread()
@@ -92,30 +78,18 @@ _clock = time.perf_counter
 # t0 after a timed call's first sync: the queue is drained from then on.
 _DRAINED = float("-inf")
 
-# Calls that may synchronize, timed from their entry: the sync-debug warning
-# only arrives once the wait is over, so the stall needs the start time. Only
-# the outermost timed call on a thread keeps time (print(t) -> item() ...).
-# Scalar reads: one value, one wait, whenever the tensor is a plain CUDA tensor.
+# Calls that may synchronize, timed from their entry (only the outermost on a thread).
 _SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index__"})
-# Methods that take no argument but self get a wrapper of fixed arity: cheaper
-# to call than one with *args, **kwargs, and optimizers call item() every step.
+# Methods of self alone get a wrapper of fixed arity, cheaper than *args, **kwargs.
 _NO_ARGS = _SCALAR_READS | {"tolist"}
-# The others: outputs whose size depends on the values, reads of a whole tensor or its text.
 _DATA_SHAPED = ("nonzero", "argwhere", "masked_select", "unique", "repeat_interleave")
 TIMED_TENSOR_METHODS = (*_DATA_SHAPED, "cpu", "numpy", "__complex__", "__format__", "__repr__")
 TIMED_TORCH_FUNCTIONS = (*_DATA_SHAPED, "where", "allclose", "equal", "tensor")
-
-
-# Indexing is timed only once a run has shown an indexing sync: datasets index
-# tensors per sample, and a Python wrapper there would cost every run dearly.
+# Timed only once a run has shown an indexing sync: datasets index tensors per sample.
 TIMED_ON_DEMAND = ("__getitem__", "__setitem__")
 
-
-# is_dynamo_compiling() is a bare `return False` that Dynamo folds to True
-# while tracing: the cheapest way to stay out of compiled graphs.
+# Dynamo folds is_dynamo_compiling() to True while tracing: wrappers stay out of graphs.
 _compiling = distributed._compiling
-
-
 _HOST_NUMBERS = frozenset({int, float, bool, complex})
 
 
@@ -126,8 +100,7 @@ def _timed(orig: Callable[..., Any], compiling: Callable[[], bool]) -> Callable[
 
     @functools.wraps(orig)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        # A Python number first (torch.tensor(1.0), which optimizers call every
-        # step) reads no device value.
+        # A Python number first (torch.tensor(1.0)) reads no device value.
         if (args and type(args[0]) in _HOST_NUMBERS) or compiling():
             return orig(*args, **kwargs)
         state = tls.s
@@ -151,15 +124,11 @@ def _no_mode(mode: int = 0) -> int:
     return 0  # a build without CUDA: no mode to read or set
 
 
-# The sync-debug mode by its number, read and set without the public
-# functions' checks (seams: tests on CPU replace them).
+# The mode by its number, without the public functions' checks (seams for tests).
 _raw_get: Callable[[], int] = getattr(torch._C, "_cuda_get_sync_debug_mode", _no_mode)
 _raw_set: Callable[[int], object] = getattr(torch._C, "_cuda_set_sync_debug_mode", _no_mode)
-
-
 _WARN = 1  # the sync-debug mode's number for "warn"
-# Whether a read of this tensor synchronizes for certain: a plain tensor on a
-# CUDA device (a subclass may run Python of its own, or a collective).
+# A read of a plain CUDA tensor synchronizes for certain (a subclass may run Python).
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -170,10 +139,8 @@ def _timed_no_args(
 ) -> Callable[..., Any]:
     """Like :func:`_timed`, for a method called as ``tensor.method()``.
 
-    With ``read`` (a scalar read), a plain CUDA tensor's read is recorded here,
-    from the caller's frame, with sync-debug mode off for that one call: the
-    read waits for certain, and the mode's warning would only cost its trip
-    through :mod:`warnings`. The mode stays on for every other call.
+    With ``read`` (a scalar read), a plain CUDA tensor's read is recorded here from
+    the caller's frame, with sync-debug mode off for that one call.
     """
     tls = _tls
     clock = _clock
@@ -186,25 +153,19 @@ def _timed_no_args(
 
     @functools.wraps(orig)
     def timed(self: Any) -> Any:
-        # A host tensor never waits for the device (optimizers read their CPU
-        # step counters with item() for every parameter, every step).
+        # A host tensor never waits (optimizers read CPU step counters every step).
         if not on_device(self) or compiling():
             return orig(self)
         state = tls.s
         if state.t0 is not None:
             return orig(self)
-        # On the device, a plain tensor's read waits for certain (a subclass
-        # may run Python of its own, or a collective).
         if read is not None and type(self) in plain and _raw_get() == _WARN:
-            # With the mode off, nothing inside warns: no start to note.
             t0 = clock()
             _raw_set(0)
             try:
                 out = orig(self)
             except BaseException:
-                # One value that failed on the device (a stream being captured,
-                # a CUDA error): the read reached the device, as the mode's
-                # warning would have said. A misfit (several values) did not.
+                # One value that failed on the device reached it; a misfit did not.
                 if self.numel() == 1:
                     read(getframe(1), clock() - t0)
                 raise
@@ -212,11 +173,8 @@ def _timed_no_args(
                 _raw_set(_WARN)
             stall = clock() - t0
             frame = getframe(1)
-            # The read met again while the tally it went to last still stands
-            # (see hub.Tally): counted here, nothing called. Met again means
-            # the loop's own frame at the same instruction, or the route a
-            # framework's read took last: the same code and instruction, the
-            # frames its answer came from where they were.
+            # Met again while its tally stands (hub.Tally): counted here, nothing called;
+            # the loop's own frame at its instruction, or the last route's frames in place.
             hot = state.hot
             if hot is not None and hot[2] == hub_module.epoch:
                 last = anchors.last
@@ -269,11 +227,9 @@ def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 
 def _direction(src: str, dst: str) -> str:
-    if src == "cpu" and dst != "cpu":
-        return "h2d"
-    if src != "cpu" and dst == "cpu":
-        return "d2h"
-    return "d2d" if src != dst else ""
+    if src == dst:
+        return ""
+    return "h2d" if src == "cpu" else "d2h" if dst == "cpu" else "d2d"
 
 
 def _target_type(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -297,9 +253,7 @@ class CudaEngine:
     name = "cuda"
 
     def __init__(self) -> None:
-        # The name on the instance too: every scalar read passes it on, and
-        # CPython 3.11 specializes the lookup of an instance's attribute, not
-        # of one its class holds.
+        # On the instance too: CPython 3.11 specializes an instance attribute's lookup.
         self.name = type(self).name
         self._patches = Patches()
         self._saved_mode: int = 0
@@ -308,18 +262,15 @@ class CudaEngine:
         self._saved_show: Callable[..., Any] | None = None
         self._index_timed = False
 
-    # -- install / uninstall ------------------------------------------------
     def install(self) -> None:
         self._saved_mode = _get_mode()
         try:
             # Route the mode's warnings to us first, then arm the mode.
             warnings.filterwarnings("always", message=SYNC_MESSAGE, category=UserWarning)
             self._filter = warnings.filters[0]
-            # The list it went into: a warnings.catch_warnings() entered
-            # meanwhile works on a copy and puts this list back at its exit.
+            # Its list: a catch_warnings() entered meanwhile puts this one back at exit.
             self._filter_list = cast("list[Any]", warnings.filters)
-            # _showwarnmsg sees warnings even inside catch_warnings(record=True)
-            # (pytest records every test that way).
+            # _showwarnmsg sees warnings even inside catch_warnings(record=True).
             self._saved_show = warnings._showwarnmsg  # type: ignore[attr-defined]
             warnings._showwarnmsg = self._show  # type: ignore[attr-defined]
             self._patch_calls()
@@ -346,7 +297,6 @@ class CudaEngine:
                 self._filter_list = []
                 self._filter = None
 
-    # -- the sync-debug warning -------------------------------------------
     def _show(self, msg: Any) -> None:
         message, category = msg.message, msg.category
         if (
@@ -365,8 +315,7 @@ class CudaEngine:
         state = _tls.s
         now = _clock()
         t0 = state.t0
-        # The warning arrives once the wait is over: the stall is the time since
-        # the timed call began (or since the previous sync inside that call).
+        # The stall is the time since the timed call began (the wait is over).
         stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
         op = state.op
         try:
@@ -384,17 +333,13 @@ class CudaEngine:
             return
         finally:
             if t0 is not None:
-                # The first sync drained the queue: later syncs inside the same
-                # call (print runs several) wait for little but the host's own
-                # formatting, which is not a stall. Charge them nothing.
+                # The first sync drained the queue: later ones in the call cost no stall.
                 state.t0 = _DRAINED
         if sync is not None:
             if t0 is None and sync.loc.kind == "index" and not self._index_timed:
-                # From the second indexing sync on, its stall is known.
-                self._index_timed = True
+                self._index_timed = True  # from the second indexing sync on, timed
                 self._time(torch.Tensor, TIMED_ON_DEMAND)
-            # A further sync inside the same timed call (print(t) syncs about ten
-            # times) is an event of the occurrence already counted.
+            # A further sync inside the same timed call (print(t)) is the same occurrence.
             hub.emit(self.name, sync, stall, again=t0 is _DRAINED)
 
     def _time(self, owner: Any, names: tuple[str, ...]) -> None:
@@ -406,21 +351,16 @@ class CudaEngine:
 
     def _read(self, frame: FrameType, stall: float) -> None:
         """A scalar read of a CUDA tensor, timed by its wrapper (see :func:`_timed_no_args`)."""
-        # distributed.quiet(), without the call, and without the thread-local's
-        # read while no thread is inside a recorded call.
+        # distributed.quiet(), inline, its thread-local read only while a call records.
         if distributed._quiet_threads and _distributed_tls.quiet:
             return
-        # The last sync's frame at the same instruction: its sync, without a
-        # call into the walk (a loop that reads a value every step).
         route: _Route | None = None
         last = _anchors.last
         if last is not None and frame is last[0] and frame.f_lasti == last[1] and last[2] is None:
-            sync: Sync | None = last[4]
+            sync: Sync | None = last[4]  # the loop's own frame at the same instruction
         else:
             try:
-                # A framework's read met again by the same route: the route that
-                # answered the last read, by a few probes without the walk's
-                # bookkeeping (else the whole observe).
+                # The route of the last read at this code and instruction first.
                 read = _anchors.read
                 sync = None
                 if read is not None and read[0] is frame.f_code and read[1] == frame.f_lasti:
@@ -450,7 +390,6 @@ class CudaEngine:
             modules = -1 if route.phases else len(sys.modules)
             state.hot = (sync, tally, epoch, route, frame.f_lasti, modules)
 
-    # -- what the mode misses ---------------------------------------------
     def _record(self, kind: str, detail: str, stall: float | None = None) -> None:
         """Locate the sync made by this call's caller and hand it on."""
         try:
@@ -474,13 +413,12 @@ class CudaEngine:
 
             return synchronize
 
-        self._patches.set(torch.cuda, "synchronize", after(torch.cuda.synchronize, "device"))
-        self._patches.set(
-            torch.cuda.Event, "synchronize", after(torch.cuda.Event.synchronize, "event")
-        )
-        accel = getattr(torch, "accelerator", None)
-        if accel is not None and hasattr(accel, "synchronize"):
-            self._patches.set(accel, "synchronize", after(accel.synchronize, "device"))
+        cuda, accel = torch.cuda, getattr(torch, "accelerator", None)
+        for owner, detail in ((cuda, "device"), (cuda.Event, "event"), (accel, "device")):
+            orig = getattr(owner, "synchronize", None)
+            if orig is not None:
+                self._patches.set(owner, "synchronize", after(orig, detail))
+
         for method in ("to", "cuda", "copy_"):
             orig = getattr(torch.Tensor, method)
             self._patches.set(torch.Tensor, method, self._copy_wrapper(orig, method))
@@ -491,9 +429,7 @@ class CudaEngine:
             self._patches.set(torch.Tensor, name, timed)
         self._time(torch.Tensor, TIMED_TENSOR_METHODS)
         self._time(torch, TIMED_TORCH_FUNCTIONS)
-        # torch.distributed's host barriers: timed around the call, the stall
-        # being the wait for the slowest rank. A collective on a CPU tensor
-        # runs on the host (gloo), not on a stream.
+        # torch.distributed's host barriers (a collective on a CPU tensor runs on the host).
         distributed.install(
             self._patches,
             host=lambda tensor: tensor.device.type == "cpu",
@@ -503,14 +439,9 @@ class CudaEngine:
     def _host_reads_unwrapped(self, item: Callable[[Any], Any]) -> None:
         """Let optimizers read their host step counters with ``item`` itself.
 
-        Adam, AdamW, NAdam, RAdam, Adamax, ASGD and Adagrad read each
-        parameter's step counter, a host tensor, with ``torch.optim``'s
-        ``_get_value`` (``x.item()``) once or twice a step: through the
-        ``item()`` wrapper, a frame that only finds the tensor on the host. Each
-        module's ``_get_value`` is replaced, while the engine is installed, by
-        one that reads a plain host tensor with the unwrapped ``item`` and hands
-        everything else (a device tensor, a number, a traced call) to the
-        original: the same values, and a device read is still recorded.
+        ``torch.optim``'s ``_get_value`` (``x.item()``, once or twice a step per
+        parameter) is replaced in each optimizer module by one that reads a plain host
+        tensor with the unwrapped ``item`` and hands anything else to the original.
         """
         try:
             from torch.optim import optimizer as base
@@ -574,8 +505,7 @@ class CudaEngine:
                             stall = clock() - t0 if outer else None
                             record("copy", "h2d pageable non_blocking", stall)
                     elif src.is_cuda and dst.is_cpu and method != "copy_":
-                        # A new host tensor that is not ready yet; copy_ into a
-                        # pinned buffer is the deliberate pattern, left alone.
+                        # Not ready yet; copy_ into a pinned buffer is deliberate, left alone.
                         record("async_d2h", "non_blocking")
             return out
 

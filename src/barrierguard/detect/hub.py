@@ -1,10 +1,8 @@
 """The running recorders, and the one path every detected sync takes to them.
 
-Engines install global hooks once, however many recorders use them (nested
-``watch()`` blocks, a pytest fixture around a user's own recorder), and hand each
-sync to :func:`emit`, which gives it to every running recorder of that engine.
-A recorder is anything with the three methods of :class:`Recorder` (the
-session's recorder); the hub knows nothing else of it.
+Engines install global hooks once, however many recorders use them, and hand
+each sync to :func:`emit`, which gives it to every running recorder of that
+engine (anything with the methods of :class:`Recorder`).
 """
 
 from __future__ import annotations
@@ -34,11 +32,9 @@ __all__ = [
 class Tally:
     """A settled site's count of repeats, which an engine may add to itself.
 
-    A recorder returns one from ``record`` when the sync was one more of the
-    site's last one and nothing needs deciding. Until :data:`epoch` changes,
-    an engine that meets the very same sync again on the same thread adds to
-    ``n`` and ``stall`` itself, without a call to :func:`emit`; the recorder
-    folds the tally into its counters later.
+    ``record`` returns one for a repeat that needs no decision. Until :data:`epoch`
+    changes, an engine meeting the same sync again on that thread adds to ``n`` and
+    ``stall`` itself, without :func:`emit`; the recorder folds it in later.
     """
 
     __slots__ = ("n", "stall")
@@ -48,10 +44,8 @@ class Tally:
         self.stall = 0.0
 
 
-# Changes whenever a tally handed out may no longer stand for the next sync
-# (a step boundary, a phase, an allowed() block, a recorder attached or
-# detached, another thread's count of a site): engines compare it with the
-# value they kept beside the tally.
+# Changes whenever a tally handed out may no longer stand for the next sync (a step
+# boundary, a phase, a recorder attached, ...): engines keep it beside the tally.
 epoch = 0
 
 
@@ -67,13 +61,9 @@ class Recorder(Protocol):
     def record(
         self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
     ) -> Callable[[], None] | Tally | None:
-        """Count one sync (located, with its mechanism and phase); return the policy's
-        action (a warning, a raise), if any, or the site's :class:`Tally` when
-        the sync was a repeat that needs no decision.
+        """Count one sync; return the policy's action, or the site's :class:`Tally`.
 
-        ``again`` marks a further sync inside the same call (``print(t)``
-        synchronizes several times): an event of the occurrence already
-        counted, not a new one.
+        ``again`` marks a further sync inside a call already counted (``print(t)``).
         """
 
     def fault(self, exc: BaseException) -> None:
@@ -99,13 +89,10 @@ _Record = Callable[[Sync, int, float | None, bool], "Callable[[], None] | Tally 
 _lock = threading.RLock()
 _get_ident = threading.get_ident
 _recorders: dict[str, tuple[Recorder, ...]] = {}
-# The same recorders, each with its record method, looked up once (emit reads
-# this alone): CPython 3.11 does not specialize the lookup of a method on the
-# session's recorder, an object of many attributes, and every sync makes it.
+# The same, each with its record method looked up once (not specialized by CPython 3.11).
 _deliveries: dict[str, tuple[tuple[Recorder, _Record], ...]] = {}
 _engines: dict[str, Engine] = {}
-# Per thread ident: what an engine stopped from another thread left behind on
-# that thread (state only that thread can remove), run by its next tidy().
+# Per thread ident: what an engine stopped elsewhere left on it, run by its next tidy().
 _left: dict[int, list[Callable[[], None]]] = {}
 
 
@@ -120,10 +107,7 @@ def _set_recorders(engine_name: str, recorders: tuple[Recorder, ...]) -> None:
 
 
 def attach(recorder: Recorder, engine: Engine) -> None:
-    """Start delivering ``engine``'s syncs to ``recorder``; install it if first.
-
-    ``recorder.record`` is looked up here, once: every sync calls that method.
-    """
+    """Start delivering ``engine``'s syncs to ``recorder``; install it if first."""
     with _lock:
         invalidate()
         current = _recorders.get(engine.name, ())
@@ -149,10 +133,8 @@ def detach(recorder: Recorder, engine_name: str) -> None:
     if engine is None:
         return
     if current:
-        # The last recorder of this thread left, others run elsewhere: what the
-        # engine keeps on this thread alone (a function mode) goes now, since a
-        # thread that ends with a function mode on its stack can abort the
-        # process.
+        # This thread's last recorder left: what the engine keeps on it (a function
+        # mode, which aborts the process if its thread ends with it) goes now.
         release = getattr(engine, "release", None)
         if release is not None:
             release(here)
@@ -161,10 +143,7 @@ def detach(recorder: Recorder, engine_name: str) -> None:
 
 
 def defer(thread_ident: int, cleanup: Callable[[], None]) -> None:
-    """Run ``cleanup`` at the next :func:`tidy` on the thread ``thread_ident``.
-
-    Nothing is kept for a thread that has already ended.
-    """
+    """Run ``cleanup`` at the next :func:`tidy` on ``thread_ident`` (if it still runs)."""
     if not any(t.ident == thread_ident for t in threading.enumerate()):
         return
     with _lock:
@@ -172,11 +151,7 @@ def defer(thread_ident: int, cleanup: Callable[[], None]) -> None:
 
 
 def tidy() -> None:
-    """Run what was deferred to this thread (never raises: it is best effort).
-
-    What was deferred to a thread that has ended is dropped: its state ended
-    with it.
-    """
+    """Run what was deferred to this thread, best effort; drop what ended threads left."""
     if not _left:
         return
     alive = {t.ident for t in threading.enumerate()}
@@ -209,23 +184,18 @@ def note(engine_name: str, text: str) -> None:
         recorder.note(text)
 
 
-# ``again`` is not keyword-only: CPython 3.11 specializes no call to a function
-# with keyword-only parameters, and every sync makes this call.
+# ``again`` is not keyword-only: CPython 3.11 specializes no call with keyword-only ones.
 def emit(
     engine_name: str, sync: Sync, stall: float | None = None, again: bool = False
 ) -> Tally | None:
     """Give one ``sync`` to every recorder of ``engine_name``, then act.
 
-    ``stall`` is the time the host was blocked in it, in seconds, when measured;
-    ``again`` marks a further sync inside a call already counted.
-
-    Recording never raises into training: a fault inside a recorder is noted in
-    its report. The policy's actions (a warning, a :class:`SyncError`) run
-    after every recorder has recorded.
+    ``stall`` is the host's blocked time in seconds, when measured; ``again`` marks
+    a further sync inside a call already counted. A recorder's fault is noted, never
+    raised; the policy's actions run after every recorder has recorded.
 
     Returns:
-        The :class:`Tally` the one recorder counted the sync in, when it is a
-        repeat that needs no decision (else ``None``).
+        The :class:`Tally` the one recorder counted a repeat in, else ``None``.
     """
     ident = _get_ident()
     actions: list[Callable[[], None]] | None = None

@@ -1,19 +1,11 @@
 """One walk of the stack per sync: the user's line, the framework mechanism and the phase.
 
-Every engine hands a detected sync to :func:`observe`, which walks outward from
-the frame that synchronized once and returns a :class:`Sync`: the interned
-:class:`~barrierguard.detect.frames.Location` (the user's line, the kind, the
-framework line), the innermost mechanism of the framework table
-(``frameworks.MECHANISMS``, with the Lightning hook in flight) and the phase of
-the innermost phase marker (``frameworks.PHASES``). The recorders count it;
-fixes and causes are looked up when a report is made, never per sync.
-
-What the walk reads of a frame is fixed by its file and its function's name, so
-each source file is classified once (:func:`_learn`), and a frame costs one
-dictionary lookup by file name (two in a file that the framework tables name). The walk stops at the innermost phase marker
-(or, with no framework that has phases imported, once the user's frame and a
-mechanism are found); the location of a call path seen before is one lookup in
-the location cache.
+:func:`observe` walks outward from the frame that synchronized, once, and returns
+a :class:`Sync`: the interned :class:`~barrierguard.detect.frames.Location`, the
+innermost mechanism of ``frameworks.MECHANISMS`` (with the Lightning hook in
+flight) and the phase of the innermost marker of ``frameworks.PHASES``. Each
+source file is classified once (:func:`_learn`): a frame costs one lookup by file
+name. A sync met again is found from anchors and routes without a walk.
 
 Example:
     >>> import sys
@@ -51,8 +43,7 @@ class Sync:
     phase: str | None = None
 
 
-# Every Sync by its parts, so that one place, mechanism and phase is one object
-# however it was found (a recorder tells a repeat by identity).
+# Every Sync by its parts: one object however found (a recorder tells a repeat by identity).
 _syncs: dict[tuple[Location, str | None, str | None], Sync] = {}
 
 
@@ -82,18 +73,14 @@ _CALLER = 8  # a Lightning hook caller (it holds the hook's name)
 
 # A table function: (its flags, the mechanism's name, the phase marker).
 _Function = tuple[int, "str | None", frameworks.Marker]
-# A file: (flags, framework name, its table functions by name or None, the
-# entry of its other functions). Keyed by the file name, whose hash Python
-# caches: a frame costs one lookup (an id() of the code would allocate an int).
+# A file: (flags, framework name, its table functions by name or None, the entry of
+# its other functions), by file name (its hash is cached; an id() would allocate).
 _File = tuple[int, str, "dict[str, _Function] | None", "_Function | None"]
 _files: dict[str, _File] = {}
 
-# Code flags of a function whose frame is suspended and resumed (generator,
-# coroutine, async generator): its f_back is whoever resumed it last.
+# A resumable frame's f_back is whoever resumed it last.
 _RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-
-# Depth at which the search for a mechanism and a phase gives up (the location
-# is always found: it ends at the first user frame).
+# Depth at which the search for a mechanism and a phase gives up (not the location's).
 _STOP_DEPTH = 120
 
 
@@ -136,7 +123,7 @@ def _phases_possible() -> bool:
     modules = sys.modules
     seen = _phases_seen
     if seen[0] != len(modules):
-        # isdisjoint runs in C: any() over a generator costs a microsecond a sync.
+        # isdisjoint runs in C (any() over a generator cost a microsecond a sync).
         seen = _phases_seen = (
             len(modules),
             not modules.keys().isdisjoint(frameworks.PHASE_PACKAGES),
@@ -149,36 +136,24 @@ _NONE: _Function = (0, None, None)
 
 
 class _Anchors:
-    """Frames that earlier walks passed, and what lies outward of each.
+    """Frames that earlier walks passed: a walk that meets one (``is``) knows what lies outward.
 
-    A frame object is one activation while it lives, and the frames outward
-    of a live one do not change: a walk that meets the same object (``is``)
-    knows the rest without walking it. ``located``: a frame past which only
-    the location was missing (the frame after a phase marker, inside a
-    framework's loop), with the user's frame and the first framework frame
-    from it on (when the walk noted it), and how far outward each lies.
-    ``searched``: a frame with no table function between it and the root (a
-    plain loop). ``last``: the last sync's frame, its instruction and the sync
-    found: a loop that reads a value in its own body meets them every step and
-    skips the walk. Each slot is replaced when a walk misses it and dropped at
-    every step boundary and uninstall (:func:`forget`): no finished frame is
-    held for long.
+    Each slot is replaced when a walk misses it and dropped at step boundaries and
+    uninstall (:func:`forget`), so no finished frame is held for long.
     """
 
+    # A frame past which only the location was missing (inside a framework's loop),
+    # the user's frame, the first framework frame and its name, whether the walk
+    # noted it, and the distances to the user's frame and to the framework frame.
     located: tuple[FrameType, FrameType, FrameType | None, str, bool, int, int] | None = None
+    # A frame with no table function between it and the root (a plain loop).
     searched: FrameType | None = None
-    # The last observed frame, its instruction, the kind and detail asked for,
-    # and the sync found (one tuple: a thread reads it whole).
+    # The last observed frame, its instruction, kind and detail, and its sync (one tuple).
     last: tuple[FrameType, int, str | None, str, Sync] | None = None
-    # The key of the last route replayed (its code, instruction, kind and
-    # detail) and its key's routes: the same key again costs no dictionary.
+    # The last replayed route's key (code, instruction, kind, detail) and its routes.
     hot: tuple[CodeType, int, str | None, str, list[_Route]] | None = None
-    # The last route replayed for a read (no kind or detail known), with its
-    # code and instruction, when its sync's frame is not the user's (kept as
-    # ``last``): a framework's read met again from one loop (a logger's
-    # ``.item()`` many frames out of the user's line) at that code and
-    # instruction tries it first, by _replay alone, before observe (the CUDA
-    # engine's scalar read, CudaEngine._read).
+    # The last route replayed for a read whose frame is not the user's, with its code
+    # and instruction: CudaEngine._read tries it first, by _replay alone.
     read: tuple[CodeType, int, _Route] | None = None
 
 
@@ -189,13 +164,9 @@ _anchors = _Anchors()
 class _Route:
     """What a walk's answer came from, by depth outward of the sync's frame.
 
-    A sync met again at the same instruction of the same code is the same sync
-    while the frames its answer came from are where they were: the probes (the
-    user's, the framework's and the sync's caller's frames, at their depths and
-    instructions; the mechanism's, the hook caller's and the phase markers',
-    at their depths), read with ``sys._getframe(depth)``, which makes no frame
-    object. When the search for a phase ran out outward of the user's frame,
-    ``outer`` holds the frame just outward of it: the route holds while it lives.
+    The same code and instruction give the same sync while the probed frames
+    (``sys._getframe(depth)``, no frame object made) are where they were, and
+    ``outer`` (the frame past the user's, when the phase search ran out) lives.
     """
 
     code: CodeType  # the sync's frame's: held, so that its id in the key stays its own
@@ -213,7 +184,6 @@ class _Route:
 
     def __post_init__(self, found: Sync) -> None:
         self.loc = found.loc
-        # Nothing to read again at each sync: the same answer every time.
         static = self.caller < 0 and all(isinstance(m, str) for _, m in self.markers)
         self.sync = found if static else None
 
@@ -224,22 +194,16 @@ _ROUTES_PER_KEY = 4
 _NO_ROUTES: list[_Route] = []  # never filled
 # Routes that hold a frame (``outer``): dropped with the anchors.
 _held: list[tuple[tuple[int, int, str | None, str], _Route]] = []
-# The depth (as forget's sys._getframe(depth)) at which each held frame, by
-# id, was on the stack at the last boundary.
+# The depth (forget's sys._getframe(depth)) of each held frame, by id, at the last boundary.
 _depths: dict[int, int] = {}
 # Counts the changes to _held outside forget (a route learnt or dropped).
 _held_version = 0
-# What the last boundary kept, by id (no frame held here): searched, located's
-# frame, last's frame and the _held_version (its frames' depths are _depths).
+# What the last boundary kept, by id: searched, located's and last's frames, _held_version.
 _kept: tuple[int, int, int, int] | None = None
 
 
 def forget(live: bool = False) -> None:
-    """Drop the frames the walk keeps (step boundaries, uninstall).
-
-    With ``live`` (a step boundary), what holds a frame that is on the stack
-    now (the training loop's, running on) is kept: it is no finished frame.
-    """
+    """Drop the frames the walk keeps; with ``live`` (a step boundary), not those on the stack."""
     global _phases_seen, _depths, _kept
     _phases_seen = (-1, False)
     located, searched, last = _anchors.located, _anchors.searched, _anchors.last
@@ -252,9 +216,7 @@ def forget(live: bool = False) -> None:
         id(last and last[0]),
         _held_version,
     ):
-        # Nothing held changed since the last boundary (a loop whose syncs
-        # all met their anchors, or none): the frames it kept are still on
-        # the stack if each is where that boundary found it.
+        # Nothing held changed since: the kept frames live if each is where it was.
         getframe = sys._getframe
         try:
             for held, depth in _depths.items():
@@ -272,9 +234,7 @@ def forget(live: bool = False) -> None:
         for frame in (searched, located and located[0], last and last[0]):
             if frame is not None:
                 wanted.add(id(frame))
-        # First where each was at the last boundary: a loop's boundaries come
-        # from one place, and a probe makes no frame object on the way (a walk
-        # makes one for every fresh frame between, a dozen in an optimizer's step).
+        # First where each was at the last boundary (a probe makes no frame object).
         getframe = sys._getframe
         for held, depth in _depths.items():
             if held in wanted:
@@ -322,7 +282,7 @@ def forget(live: bool = False) -> None:
 
 @dataclass(slots=True, eq=False)
 class _Trace:
-    """What a walk notes for a route: the depth and frame of each of its answers' sources."""
+    """What a walk notes for a route: the depth and frame of each source of its answer."""
 
     innermost: int = -1
     framework: int = -1
@@ -330,8 +290,7 @@ class _Trace:
     mechanism: tuple[int, FrameType] | None = None
     caller: tuple[int, FrameType] | None = None
     markers: list[tuple[int, FrameType, frameworks.Marker]] = field(default_factory=list)
-    # How the search ended: -1 decided (a phase, or a mechanism with no
-    # phase possible), else the depth where it ran out (None: no route).
+    # -1: decided; else the depth where the search ran out (None: no route).
     complete: int | None = -1
 
 
@@ -340,11 +299,8 @@ def _walk(
 ) -> tuple[_Found, str | None, str | None]:
     """The one walk: ``((innermost, framework, its name, user), mechanism, phase)``.
 
-    Two loops over the same frames: the first, to the user's frame, reads
-    everything; the second, outward of it, only what marks a mechanism, a hook
-    caller or a phase (most frames there are none: one lookup each). Either
-    ends early at its anchor (:class:`_Anchors`) when it meets it. With a
-    ``trace``, it notes the depth of every frame the answer came from.
+    The first loop, to the user's frame, reads everything; the second only marks
+    of a mechanism, hook caller or phase. Either ends at its anchor (:class:`_Anchors`).
     """
     get = _files.get
     phases = _phases_possible()
@@ -358,8 +314,7 @@ def _walk(
     framework: FrameType | None = None
     framework_name = ""
     user: FrameType | None = None
-    # The anchor to be (the first frame once the search is over), its depth,
-    # and the first framework frame from it on.
+    # The anchor to be (the first frame once the search is over), its depth, its framework frame.
     pending: FrameType | None = None
     pending_depth = 0
     pending_framework: FrameType | None = None
@@ -382,8 +337,7 @@ def _walk(
             if pending is None:
                 pending, pending_depth = f, depth
             if framework is not None:
-                # Only the user's frame is missing: the tightest loop (it does
-                # not note framework frames, so the anchor will not either).
+                # Only the user's frame is missing: the tightest loop, noting no framework.
                 complete = False
                 f, steps = _to_user(f, located[0] if located is not None else None)
                 depth += steps
@@ -448,8 +402,7 @@ def _walk(
         f = f.f_back
         depth += 1
     if search and f is not None:
-        # Outward of the first real frame (the user's, at the latest) a direct
-        # mechanism never applies, and the location is known.
+        # Outward of the first real frame no direct mechanism applies; the location is known.
         searched = _anchors.searched
         start = f
         plain = True  # no table function met: start becomes the anchor
@@ -486,8 +439,7 @@ def _walk(
         if plain and f is None:
             _anchors.searched = start
     if trace is not None and search and trace.complete is not None:
-        # Ran out outward of the user's frame: the frame after it stands for
-        # the rest (in the route, by identity).
+        # Ran out outward of the user's frame: the frame after it stands for the rest.
         trace.complete = trace.user + 1 if trace.user >= 0 else None
     mechanism = found
     if found is not None and caller is not None:
@@ -588,12 +540,7 @@ def _learn_route(
 
 
 def _replay(route: _Route, base: int) -> Sync | None:
-    """The route's sync if its frames are where they were, the sync's frame being
-    ``sys._getframe(base)`` here.
-
-    That frame runs ``route.code``: the route's key holds that code's id, and
-    the route holds the code, so no other code object can have that id.
-    """
+    """The route's sync if its frames are where they were (the sync's: ``sys._getframe(base)``)."""
     getframe = sys._getframe
     try:
         for depth, code, lasti in route.probes:
@@ -603,9 +550,8 @@ def _replay(route: _Route, base: int) -> Sync | None:
         outer = route.outer
         if outer is not None and getframe(base + outer[0]) is not outer[1]:
             return None
-        # A route learnt before any framework with phase markers was imported
-        # holds no marker's probe: walk again once one is (imports stay).
-        # _phases_possible(), its cache read inline (a call a sync).
+        # A route learnt before a framework with phase markers was imported holds no
+        # marker's probe: walk again once one is (_phases_possible(), read inline).
         seen = _phases_seen
         if not route.phases and (seen[1] if seen[0] == len(sys.modules) else _phases_possible()):
             return None
@@ -656,17 +602,14 @@ def observe(
         and kind == last[2]
         and detail == last[3]
     ):
-        # The same live frame at the same instruction: the frames outward of
-        # it are the ones the walk saw, so the sync is the one it found.
-        return last[4]
+        return last[4]  # the same live frame at the same instruction: the same sync
     code = frame.f_code
     lasti = frame.f_lasti
     sync: Sync | None = None
     kept = False
     key: tuple[int, int, str | None, str] | None = None
     if depth >= 0:
-        # The routes of the last key replayed, without making the key again
-        # (a framework's sync met again and again from one loop).
+        # The routes of the last key replayed, without making the key again.
         hot = _anchors.hot
         if (
             hot is not None
@@ -679,8 +622,7 @@ def observe(
         else:
             key = (id(code), lasti, kind, detail)
             routes = _routes.get(key, _NO_ROUTES)
-        # From _replay and _learn_route, one call further in, frame is
-        # sys._getframe(depth + 2).
+        # From _replay and _learn_route, frame is sys._getframe(depth + 2).
         for route in routes:
             sync = _replay(route, depth + 2)
             if sync is not None:
@@ -704,18 +646,13 @@ def observe(
                 key = (id(code), lasti, kind, detail)
             _learn_route(key, depth + 2, frame, trace, found, sync)
     if kept and not frame.f_code.co_flags & _RESUMABLE:
-        # Only a frame of the sync's own place is kept: one of barrierguard's
-        # (a wrapper) is new at every call and would never be met again. A
-        # generator's or coroutine's frame is resumed from any caller: the
-        # frames outward of it change, it is never kept.
+        # Only the user's own frame (a wrapper's is new every call); never a resumable one.
         _anchors.last = (frame, frame.f_lasti, kind, detail, sync)
     return sync
 
 
 def annotate(frame: FrameType | None) -> tuple[str | None, str | None]:
     """The framework mechanism and the phase the stack shows, from ``frame`` outward.
-
-    The part of :func:`observe` that is not the location.
 
     Returns:
         ``(mechanism, phase)``: the innermost table mechanism on the stack as

@@ -1,9 +1,7 @@
 """The guard: one watching session, its steps, its records and its policy.
 
-It stays one module because :class:`Guard` is one object whose parts share
-one lock and one hot path: the lifecycle installs what the recording path
-reads, and the policy acts inside the recording. Per-site records and messages
-are in ``site_stats``, ``watch()`` in ``watch``.
+One module, as :class:`Guard`'s parts share one lock and one hot path. Per-site
+records and messages are in ``site_stats``, ``watch()`` in ``watch``.
 """
 
 from __future__ import annotations
@@ -53,11 +51,8 @@ _allowing_tls = allowing._TLS
 _get_ident = threading.get_ident
 
 
-# Phases whose syncs are counted apart: outside the training steps' counts,
-# their per-step series and the policy (a Lightning validation batch is not a
-# training step, nor is the teardown after the last one, nor what a plain loop
-# does after its last step: see ``loop_end``). torch.compile at work (tracing,
-# compiling, autotuning) and the capture probe are not training either.
+# Phases whose syncs are counted apart from the steps' counts and the policy: not
+# training steps (see ``loop_end`` for after-loop; compile is torch.compile at work).
 APART_PHASES = frozenset(
     {"validate", "test", "predict", "teardown", "checkpoint", AFTER_LOOP, "compile", "probe"}
 )
@@ -74,8 +69,7 @@ def _make_engine(requested: str) -> hub.Engine:
             "False here; use engine='auto' (CUDA when available, else the CPU audit) or "
             "engine='audit'"
         )
-    # "audit" anywhere, and "auto" without CUDA: the CPU audit reasons about
-    # which lines would sync on a GPU.
+    # "audit", or "auto" without CUDA: the CPU audit.
     from barrierguard.detect.audit import AuditEngine
 
     return AuditEngine()
@@ -91,12 +85,8 @@ def _make_timeline() -> StepTimeline:
 class _Quiet(hub.Tally):
     """A settled site (see ``Guard._settle``), and its tally of repeats since its last count.
 
-    A sync that is the very object of the site's last one (an interned sync:
-    same place, mechanism and phase), in the same step, under the same
-    adapter's phase, on the same thread and outside an ``allowed()`` block
-    is one more of it: ``n`` counts it (the engine may count it itself, see
-    :class:`~barrierguard.detect.hub.Tally`), and ``Guard._fold`` adds the
-    tally to the counters at the step's end, or when a report is made.
+    A repeat is the site's last sync object again, in the same step, adapter phase
+    and thread, outside an ``allowed()`` block; ``Guard._fold`` counts the tally.
     """
 
     __slots__ = (
@@ -113,35 +103,27 @@ class _Quiet(hub.Tally):
     def __init__(self, stats: SiteStats, violating: bool) -> None:
         super().__init__()
         self.stats = stats
-        # Whether its syncs count against the policy (a blocking site not allowed).
-        self.violating = violating
+        self.violating = violating  # a blocking site not allowed: counts against the policy
         self.sync: Sync | None = None
         self.step = -1
         self.guard_phase: str | None = None
         self.mechanism: str | None = None
         self.phase: str | None = None
-        # Of the n, those without a measured stall (the others are timed).
-        self.untimed = 0
+        self.untimed = 0  # of the n, those without a measured stall
 
 
 class Guard:
     """A watching session: collects syncs between :meth:`start` and :meth:`stop`.
 
-    Create one with :func:`watch`. A guard is a context manager, a decorator,
-    or driven by hand with :meth:`start`/:meth:`stop`; starting it again after a
-    stop adds to the same report.
+    Create one with :func:`watch`: a context manager, a decorator, or driven by
+    hand with :meth:`start`/:meth:`stop`; starting it again adds to the same report.
 
-    Steps: every ``optimizer.step()`` ends a step. With several optimizers,
-    the first to step in an iteration leads and the others follow, so a GAN's
-    two optimizers stepping once each make one step; an optimizer that steps
-    twice while the lead does not (layer-wise training: A steps 30 times, then
-    B 30 times) takes the lead and every step of it counts, 60 in all
-    (``session/steps.py`` has the rule). Loops without an optimizer call
-    :meth:`step`; once :meth:`step` has been called, optimizer steps no
-    longer count. Everything before the first step, and the first
-    ``warmup_steps`` steps, is setup: recorded, never held against the policy.
-    What follows the last step, at sites no closed step saw, is after the
-    loop (phase ``"after-loop"``), counted apart: see ``loop_end``.
+    Steps: every ``optimizer.step()`` ends a step; with several optimizers the
+    first to step in an iteration leads (``session/steps.py`` has the rule). Loops
+    without an optimizer call :meth:`step`, after which optimizer steps no longer
+    count. Everything before the first step, and the first ``warmup_steps`` steps,
+    is setup: recorded, never held against the policy. What follows the last step,
+    at sites no closed step saw, is counted apart as ``"after-loop"`` (``loop_end``).
 
     Example:
         >>> import barrierguard, torch
@@ -166,17 +148,14 @@ class Guard:
         self._step_stall: list[float] = [0.0]
         self._manual = False
         self._optimizer_steps = OptimizerSteps()
-        # The id of the optimizer whose next step makes one boundary, no
-        # questions asked (see _on_optimizer_step); None when it must ask.
+        # The optimizer whose next step makes one boundary, no questions asked.
         self._alone: int | None = None
-        # (site, step, reason, thread name): made into Violations by report(),
-        # off the hot path.
+        # (site, step, reason, thread name): made into Violations by report().
         self._violations: list[tuple[Location, int, str, str]] = []
         self._violation_count = 0
         self._thread_names: dict[int, str] = {}
         self._deferred: list[SyncError] = []
-        # Syncs after the latest boundary of sites not yet seen in a closed
-        # step, and the errors of confirmed ones not yet raised (``loop_end``).
+        # Syncs of sites no closed step saw yet, and errors not yet raised (``loop_end``).
         self._open = OpenStep()
         self._due: dict[tuple[str, int, str, str, str, int], SyncError] = {}
         self._loader_end = -1
@@ -186,8 +165,7 @@ class Guard:
         self._engine_name = "none"
         self._running = False
         self._thread_ident: int | None = None
-        # start() and stop() may race across threads; the entries of each
-        # thread (with, decorated calls) are kept apart (see lifecycle).
+        # start() and stop() may race across threads; each thread's entries are apart.
         self._life = threading.RLock()
         self._entries = threading.local()
         self._hook_handle: Any = None
@@ -201,13 +179,10 @@ class Guard:
         self._probing = False
         self._call_probe: CallProbe | None = None
         self._optimizers: dict[int, Any] = {}
-        # Set by framework adapters (set_phase) from their events: the phase
-        # each sync is tagged with.
-        self._phase: str | None = None
+        self._phase: str | None = None  # from framework adapters' events (set_phase)
         # Where stop() last saved the report (watch(out=...)), this rank's file.
         self.report_path: str | None = None
 
-    # -- lifecycle ----------------------------------------------------------
     @property
     def is_running(self) -> bool:
         """Whether the guard is collecting now."""
@@ -305,9 +280,8 @@ class Guard:
     def stop(self) -> Report:
         """Remove every hook, restore every global, and return the report.
 
-        With ``watch(out=...)`` the report is also saved, to this rank's file
-        (:attr:`report_path`); a file that cannot be written is logged and
-        noted in the report, never raised.
+        With ``watch(out=...)`` the report is also saved to this rank's file
+        (:attr:`report_path`); a write that fails is logged and noted, never raised.
 
         Raises:
             SyncError: Under the ``"error"`` policy, when a sync in another
@@ -356,8 +330,7 @@ class Guard:
             return report
 
     def _save(self, report: Report, path: str) -> None:
-        # A report that cannot be written must not cost the run (the training
-        # around it may still have a checkpoint to save): logged, and noted.
+        # A report that cannot be written must not cost the run: logged, and noted.
         try:
             self.report_path = ranks.save(report, path)
         except OSError as exc:
@@ -393,18 +366,12 @@ class Guard:
     def __call__(self, func: F) -> F:
         """Use the guard as a decorator: each call of ``func`` runs watched.
 
-        A recursive call runs inside the outer one's watch; a generator is
-        watched over its iterations, a coroutine until it returns (see
-        ``session/lifecycle``).
+        A generator is watched over its iterations, a coroutine until it returns.
         """
         return lifecycle.decorate(self, func)
 
-    # -- steps --------------------------------------------------------------
     def step(self) -> None:
-        """Mark the end of a training step (for loops without an optimizer).
-
-        Once called, optimizer steps no longer mark steps for this guard.
-        """
+        """Mark the end of a training step; optimizer steps no longer mark steps after it."""
         self._manual = True
         self._alone = None
         self._advance()
@@ -416,8 +383,7 @@ class Guard:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         key = id(optimizer)
         if key == self._alone:
-            # The optimizer that made the last boundary, and none other since:
-            # this step makes one (the common loop: one call, one boundary).
+            # The last boundary's optimizer, none other since: one boundary.
             self._advance()
             return
         self._alone = None
@@ -436,8 +402,7 @@ class Guard:
             self._advance()
 
     def _advance(self) -> None:
-        # Only the training thread advances steps, so no lock on this hot path:
-        # the new step's counters exist before the step number that indexes them.
+        # Only the training thread advances steps: no lock, the counters made first.
         if self._tallied:
             self._tallied = False
             self._fold()
@@ -445,7 +410,6 @@ class Guard:
         self._steps = step = self._steps + 1
         hub.invalidate()
         if step == len(self._per_step):
-            # Counters for the steps ahead, made a block at a time, not a step at a time.
             self._per_step += [0] * _STEPS_AHEAD
             self._step_stall += [0.0] * _STEPS_AHEAD
         # The walk's anchors hold frames: none that finished outlives a step.
@@ -465,11 +429,7 @@ class Guard:
         self._loader_end = self._steps
 
     def _close_step(self) -> SyncError | None:
-        """A boundary closed the step: judge its held syncs (``loop_end``).
-
-        Returns the error of a site confirmed at the previous boundary that did
-        not fire again in the step since (so not raised at its line): due now.
-        """
+        """Judge the closed step's held syncs (``loop_end``); return an error due now."""
         opts = self._options
         actions: list[Callable[[], None]] = []
         with self._lock:
@@ -484,9 +444,7 @@ class Guard:
                     first_time = key not in self._warned
                     self._warned.add(key)
                     if violation:
-                        self._violation_count += 1
-                        if len(self._violations) < _MAX_VIOLATIONS:
-                            self._violations.append((stats.loc, step, reason, thread))
+                        self._violate(stats.loc, step, reason, thread)
                     if opts.policy == "error" and violation:
                         self._due[key] = self._error(stats, step, reason)
                     elif opts.policy != "record" and first_time:
@@ -517,12 +475,10 @@ class Guard:
     def probe_capture(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CaptureProbe:
         """Try to capture one call of ``fn(*args, **kwargs)`` with ``torch.cuda.graph``.
 
-        The call is recorded on a side stream and never replayed, so the
-        training that follows computes what it would have (docs/compile.md
-        says exactly what is captured and restored); its syncs are counted
-        apart (phase ``"probe"``). Call it after warm-up. The result is also
-        the report's ``compile.probe``; ``watch(capture_probe=True)`` on a
-        decorated step function does this for its first call after warm-up.
+        The call is recorded on a side stream and never replayed (docs/compile.md);
+        its syncs are counted apart (phase ``"probe"``). Call it after warm-up. The
+        result is also the report's ``compile.probe``; ``watch(capture_probe=True)``
+        on a decorated step function does this for its first call after warm-up.
 
         Returns:
             ``status`` ``"capturable"``, ``"blocked"`` (with the first line
@@ -566,10 +522,8 @@ class Guard:
     def set_phase(self, phase: str | None) -> None:
         """Tag the syncs from now on with ``phase`` (a framework adapter's events).
 
-        A phase the stack shows (an evaluation loop, a checkpoint save) wins
-        over ``"train"``; syncs in ``validate``, ``test``, ``predict``,
-        ``checkpoint``, ``teardown``, ``after-loop``, ``compile`` and ``probe``
-        are counted apart from the steps.
+        A phase the stack shows (an evaluation loop, a checkpoint save) wins over
+        ``"train"``; syncs in the phases of ``APART_PHASES`` are counted apart.
 
         Example:
             >>> import barrierguard
@@ -586,19 +540,14 @@ class Guard:
         """Step boundaries seen so far."""
         return self._steps
 
-    # -- for the framework adapters and the command line --------------------
     def steps_by_caller(self) -> None:
-        """Take step boundaries from :meth:`step` calls only (a framework's own steps).
-
-        The optimizer hook stops counting them, before the first ``step()``.
-        """
+        """Take step boundaries from :meth:`step` calls only, even before the first one."""
         self._manual = True
         self._alone = None
 
     def syncs_in_steps(self, start: int, end: int) -> list[int]:
         """The blocking syncs of each measured step from ``start`` to ``end`` (steps seen)."""
-        # _per_step[k] holds the syncs recorded after k steps, i.e. in step k + 1.
-        self._fold()
+        self._fold()  # _per_step[k]: the syncs after k steps, in step k + 1
         return self._per_step[start : min(end, self._steps + 1)]
 
     def memory_slopes(self) -> dict[str, float]:
@@ -607,15 +556,10 @@ class Guard:
         return dict(memory.report().slopes) if memory is not None else {}
 
     def abandon(self) -> Report:
-        """Stop because the run is failing: restore every global, act on nothing.
-
-        No policy error is raised (not even one deferred from another thread):
-        the run's own exception is the news. The report keeps what was found.
-        """
+        """Stop because the run is failing: restore every global, raise no policy error."""
         self._deferred.clear()
         return self._stop(act=False)
 
-    # -- recording (called from the hub, on any thread) --------------------
     def fault(self, exc: BaseException) -> None:
         """Note a fault of barrierguard's own (logged once, listed in the report), never raised."""
         text = f"internal error in barrierguard: {type(exc).__name__}: {exc}"
@@ -643,11 +587,9 @@ class Guard:
     def record(
         self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
     ) -> Callable[[], None] | hub.Tally | None:
-        """Count one ``sync`` from thread ``ident``; return the policy's action,
-        or the site's tally when the sync was a repeat that needs no decision.
+        """Count one ``sync`` from thread ``ident``; return the policy's action, or a tally.
 
-        ``again``: a further sync inside a call already counted (``print(t)``);
-        it adds an event to that occurrence, not an occurrence.
+        ``again``: a further sync inside a call already counted (``print(t)``).
         """
         loc = sync.loc
         quiet = self._quiet.get(loc)
@@ -660,29 +602,22 @@ class Guard:
             and not again
             and (not quiet.violating or not (allowing.open_blocks and _allowing_tls.scopes))
         ):
-            # The same sync as the site's last one in this step: a tally,
-            # folded into the counters at the step's end (_fold).
-            quiet.n += 1
+            quiet.n += 1  # a repeat: folded into the counters later (_fold)
             self._tallied = True
             if stall is None:
                 quiet.untimed += 1
             else:
                 quiet.stall += stall
             return quiet
-        # Whatever follows may change what a repeat means (the site's thread,
-        # its settling): the tallies engines hold are stale.
-        hub.invalidate()
+        hub.invalidate()  # what follows may change what a repeat means
         mechanism = sync.mechanism
-        # The stack's phase is the more specific one (an evaluation or a save
-        # inside the training loop), except the plain training region, where an
-        # adapter's phase from its events (setup, teardown hooks) knows better.
+        # The stack's phase wins but for plain "train", where the adapter's knows better.
         phase = self._phase
         found = sync.phase
         if found is not None and (phase is None or found != "train"):
             phase = found
         if quiet is not None and not again and ident == quiet.stats.last_ident:
-            # A site that the loop has confirmed and whose syncs need no decision
-            # (see _settle): counted without the lock or the policy's checks.
+            # Settled (see _settle): counted without the lock or the policy's checks.
             self._fold_one(quiet)
             self._count_quiet(quiet.stats, mechanism, phase, stall)
             quiet.sync, quiet.step, quiet.guard_phase = sync, self._steps, self._phase
@@ -743,9 +678,7 @@ class Guard:
             if held:
                 self._open.pend(stats, step, reason, self._thread_name(ident), True)
                 return None
-            self._violation_count += 1
-            if len(self._violations) < _MAX_VIOLATIONS:
-                self._violations.append((loc, step, reason, self._thread_name(ident)))
+            self._violate(loc, step, reason, self._thread_name(ident))
             if opts.policy == "record":
                 self._settle(stats)
                 return None
@@ -756,12 +689,16 @@ class Guard:
             self._due.pop(loc.key, None)
             error = self._error(stats, step, reason)
             if ident != self._thread_ident:
-                # Raising in a worker thread would kill it, not the run: the
-                # guard's own thread raises it at stop().
+                # A worker thread's error is raised by the guard's thread at stop().
                 if not self._deferred:
                     self._deferred.append(error)
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
         return functools.partial(_raise, error)
+
+    def _violate(self, loc: Location, step: int, reason: str, thread: str) -> None:
+        self._violation_count += 1
+        if len(self._violations) < _MAX_VIOLATIONS:
+            self._violations.append((loc, step, reason, thread))
 
     def _count_in_step(self, stats: SiteStats, step: int, stall: float | None) -> None:
         """Count one sync of ``stats``'s site in the measured step ``step``."""
@@ -779,10 +716,8 @@ class Guard:
     def _settle(self, stats: SiteStats) -> None:
         """Count ``stats``'s further syncs on the quiet path, once nothing is left to decide.
 
-        That is once the loop has confirmed the site and a sync of it can no
-        longer warn, raise or fill the violation list: the site is allowed, or
-        it is no barrier and already warned of, or the policy records and has
-        no budget and the list is full. Called with the lock held.
+        The loop confirmed the site, and it can no longer warn, raise or fill the
+        violation list. Called with the lock held.
         """
         if not stats.in_loop or self._options.max_syncs_per_step is not None:
             return
@@ -790,11 +725,7 @@ class Guard:
             self._quiet.setdefault(stats.loc, _Quiet(stats, stats.blocking and not stats.allowed))
 
     def _fold(self, every: bool = False) -> None:
-        """Count the settled sites' tallies (step boundaries, reports; ``every`` at the end).
-
-        Only this thread's: another thread adds to its own tally without a lock,
-        and counts it itself at its next sync of the site that is not a repeat.
-        """
+        """Count this thread's tallies of settled sites (every thread's with ``every``)."""
         hub.invalidate()  # a new step or a report: the tallies start again
         me = _get_ident()
         for quiet in self._quiet.values():
@@ -814,8 +745,7 @@ class Guard:
         step = quiet.step
         if stats.blocking:
             self._per_step[step] += n
-        # The step is in the site's ranges already (its first sync of the step).
-        stats.step_count += n
+        stats.step_count += n  # the step is in the site's ranges already
         if timed:
             stats.stall += stall
             stats.stall_count += timed
@@ -868,9 +798,9 @@ class Guard:
         return stats
 
     def _thread_name(self, ident: int) -> str:
-        # Listing the threads costs microseconds on every violating sync: a
-        # thread keeps the name it had when first seen.
+        # A thread keeps the name it had when first seen (listing threads is slow).
         name = self._thread_names.get(ident)
+
         if name is None:
             named = (t.name for t in threading.enumerate() if t.ident == ident)
             name = self._thread_names[ident] = next(named, f"thread-{ident}")
