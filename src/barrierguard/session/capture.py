@@ -81,10 +81,8 @@ def _stream_mismatch(exc: BaseException) -> bool:
 
 @contextlib.contextmanager
 def _stale_streams_follow_capture() -> Iterator[bool]:
-    """Autograd nodes of earlier iterations follow the capture's stream, where torch can.
-
-    The switch is process-wide and acts only during a capture; yields whether it is on.
-    """
+    """Autograd nodes of earlier iterations follow the capture's stream, where torch can
+    (a process-wide switch that acts only during a capture); yields whether it is on."""
     import torch
 
     setter: Any = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
@@ -185,9 +183,8 @@ def probe(
 ) -> CaptureProbe:
     """Capture one call of ``fn(*args, **kwargs)``; never replay it.
 
-    ``params``: tensors whose ``.grad`` is put back; ``skips``: the CUDA-graph
-    skips seen so far (``"reason at file:line"``), which keep inductor's
-    verdict on the backward from counting.
+    ``params``: tensors whose ``.grad`` is put back; ``skips``: the CUDA-graph skips seen
+    so far (``"reason at file:line"``), which keep inductor's verdict on the backward out.
     """
     import torch
 
@@ -299,11 +296,8 @@ def _arguments(frame: FrameType) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 
 class CallProbe:
-    """Probes the first call of a function named ``name`` once ``ready()`` says so.
-
-    A profile function watches the calls until then (a little on every call),
-    never installed over another profiler.
-    """
+    """Probes the first call of a function named ``name`` once ``ready()`` says so, watching
+    calls until then with a profile function (never installed over another profiler)."""
 
     def __init__(
         self,

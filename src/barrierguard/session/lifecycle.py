@@ -1,9 +1,8 @@
 """How a guard is entered and left: ``with``, the decorator, re-entry and threads.
 
-The entry that started a guard stops it. Entering it again from its own thread
-(recursion, a nested ``with``) runs inside the outer watch; from another thread
-while it runs, that call runs unwatched and the report notes it (docs/guide.md,
-"Recursion, threads, generators").
+The entry that started a guard stops it. Entered again from its own thread (recursion,
+a nested ``with``), the call runs inside the outer watch; from another thread, unwatched,
+and the report notes it (docs/guide.md, "Recursion, threads, generators").
 """
 
 from __future__ import annotations

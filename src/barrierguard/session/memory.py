@@ -224,9 +224,7 @@ def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> P
 # -- the sampler -------------------------------------------------------------------
 class Sampler:
     """Reads the probes at step boundaries: every ``every`` steps, or adaptively (``None``).
-
-    A probe that raises is dropped, with a note, and its series end there.
-    """
+    A probe that raises is dropped, with a note, and its series end there."""
 
     def __init__(
         self,
@@ -347,11 +345,6 @@ def analyze_series(
     threshold, with a median above it: growth until the end. A one-time allocation
     raises one window only (a step change). ``slope``: the median rate of that run, else
     of all.
-
-    Example:
-        >>> v = analyze_series(range(20), [100 * s for s in range(20)], warmup=0, threshold=50)
-        >>> v.growing, v.slope, v.began_at
-        (True, 100.0, 1)
     """
     # One sample per step (the last): two at one step would make a zero run.
     pts = list({s: (s, v) for s, v in zip(steps, values, strict=True) if v is not None}.values())
@@ -480,9 +473,8 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
 class MemoryMonitor:
     """The sampler, the verdict and the policy's action, for one guard.
 
-    ``probes`` makes the probes at each start; ``threshold`` is
-    ``max_growth_per_step`` in bytes. A leak found outside the guard's thread
-    (``thread_ident``) is raised at :meth:`finish` instead.
+    ``probes`` makes the probes at each start; ``threshold``: ``max_growth_per_step`` in
+    bytes. A leak found outside the guard's thread (``thread_ident``) raises at :meth:`finish`.
     """
 
     def __init__(

@@ -70,14 +70,8 @@ def rank_path(
     path: str | os.PathLike[str], *, rank: int | str | None = None, world: int | None = None
 ) -> str:
     """The file this rank (or a pattern such as ``"*"``) writes for ``path``: ``{rank}``
-    replaced by the rank, else ``.rank<N>`` before the suffix in a run of several ranks.
-
-    Example:
-        >>> rank_path("out/bg.json", rank=3, world=8)
-        'out/bg.rank3.json'
-        >>> rank_path("out/bg-{rank}.json", rank=3, world=8)
-        'out/bg-3.json'
-    """
+    replaced by the rank, else ``.rank<N>`` before the suffix in a run of several ranks
+    (``out/bg.json`` -> ``out/bg.rank3.json``)."""
     name = os.fspath(path)
     if rank is None:
         rank = current_rank() or 0

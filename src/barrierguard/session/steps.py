@@ -1,10 +1,9 @@
 """Which ``optimizer.step()`` calls end a training step, with several optimizers.
 
-Several optimizers step either **together** (a GAN: one iteration is one step) or **one
-after another** (layer-wise training: every step counts). The optimizer that steps first
-after a boundary *leads* and makes the boundary; the others *follow* and end nothing. A
-follower that steps again before the lead has stopped it: it takes the lead, and both of
-its steps count.
+They step either **together** (a GAN: one iteration is one step) or **one after another**
+(layer-wise training: every step counts). The optimizer that steps first after a boundary
+*leads* and makes the boundary; the others *follow* and end nothing. A follower stepping
+again before the lead shows the lead has stopped: it takes the lead, both steps count.
 
 Example:
     >>> rule = OptimizerSteps()

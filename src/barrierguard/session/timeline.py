@@ -166,10 +166,8 @@ def summarize(
     warmup: int,
     sampling: str = "",
 ) -> Timeline:
-    """The timeline of the measured steps, the saving, and a verdict in words.
-
-    ``steps[i]`` ended the interval timed in ``host_s[i]``, whose syncs were counted in
-    step ``steps[i] - 1``."""
+    """The timeline of the measured steps, the saving, and a verdict in words (``steps[i]``
+    ended the interval timed in ``host_s[i]``, whose syncs count in step ``steps[i] - 1``)."""
     rows = [
         (s, h, a, device_s.get(s), step_stall[s - 1] if s - 1 < len(step_stall) else 0.0)
         for s, h, a in zip(steps, host_s, ahead, strict=True)
