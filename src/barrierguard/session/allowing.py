@@ -52,12 +52,6 @@ open_blocks = 0
 _open_lock = threading.Lock()
 
 
-def _count_open(change: int) -> None:
-    global open_blocks
-    with _open_lock:
-        open_blocks += change
-
-
 def admits(key: Hashable, kind: str) -> bool:
     """Whether an open ``allowed()`` block of this thread admits this occurrence
     of the site ``key`` (of ``kind``)."""
@@ -109,10 +103,13 @@ def allowed(*kinds: str, first_only: bool = False) -> Iterator[None]:
     scopes = _TLS.scopes
     if scopes is None:
         scopes = _TLS.scopes = []
-    _count_open(1)
+    global open_blocks
+    with _open_lock:
+        open_blocks += 1
     scopes.append(scope)
     try:
         yield
     finally:
         scopes.remove(scope)
-        _count_open(-1)
+        with _open_lock:
+            open_blocks -= 1

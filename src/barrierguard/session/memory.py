@@ -221,7 +221,6 @@ def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> P
     return ProbeSet(probes, sources, notes, verdict_series)
 
 
-# -- the sampler -------------------------------------------------------------------
 class Sampler:
     """Reads the probes at step boundaries: every ``every`` steps, or adaptively (``None``).
     A probe that raises is dropped, with a note, and its series end there."""
@@ -469,7 +468,6 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
     return None
 
 
-# -- the monitor ---------------------------------------------------------------------
 class MemoryMonitor:
     """The sampler, the verdict and the policy's action, for one guard.
 
