@@ -1,11 +1,8 @@
 """Allow rules where the code is: an inline comment on the line, and a scoped block.
 
-``# barrierguard: allow`` on the line that syncs allows every sync of that line,
-``# barrierguard: allow[item, BG301]`` only those kinds or codes; the guard
-reads the line once, when it first sees the site. ``with allowed(...):`` allows
-the syncs made inside the block, in this thread, for every running guard; the
-guard asks :func:`admits`, and a settled site's count reads no thread-local while
-no block is open in any thread (``open_blocks``).
+``# barrierguard: allow`` on a line allows its every sync, ``allow[item, BG301]`` those
+kinds or codes (read once, when the guard first sees the site). ``with allowed(...):``
+allows the syncs of the block in this thread, for every guard (:func:`admits`).
 """
 
 from __future__ import annotations
@@ -27,10 +24,8 @@ _INLINE = re.compile(r"#\s*barrierguard:\s*allow\b(?:\[([^\]]*)\])?")
 
 
 def inline_allowed(file: str, line: int, kind: str) -> bool:
-    """Whether ``file``'s ``line`` carries a ``# barrierguard: allow`` comment for ``kind``.
-
-    No kind named: every kind; a name that is neither a kind nor a code allows nothing.
-    """
+    """Whether ``file``'s ``line`` carries a ``# barrierguard: allow`` comment for ``kind``
+    (no name: every kind; a name neither a kind nor a code allows nothing)."""
     text = linecache.getline(file, line)
     found = _INLINE.search(text) if "barrierguard" in text else None
     if found is None:
@@ -47,25 +42,15 @@ class _Scope:
 
 
 class _Local(threading.local):
-    # A class-level default: a thread with no block open reads None, without
-    # the AttributeError (caught by getattr) that a bare local raises per sync.
+    # A class-level default: no AttributeError to catch per sync in a thread without blocks.
     scopes: list[_Scope] | None = None
 
 
 _TLS = _Local()
-# How many allowed() blocks are open, in every thread: while none is, the
-# guard's count of a settled site needs no read of the thread-local (it costs
-# as much as the rest of that count). Counted before a block opens and after
-# it closes: never 0 while this thread has one open.
+# allowed() blocks open in all threads: while none is, a settled site's count reads no
+# thread-local. Counted before a block opens and after it closes.
 open_blocks = 0
 _open_lock = threading.Lock()
-
-
-def _count_open(change: int) -> None:
-    global open_blocks
-    with _open_lock:
-        open_blocks += change
-    hub.invalidate()  # a repeat may now be admitted, or no longer
 
 
 def admits(key: Hashable, kind: str) -> bool:
@@ -119,10 +104,15 @@ def allowed(*kinds: str, first_only: bool = False) -> Iterator[None]:
     scopes = _TLS.scopes
     if scopes is None:
         scopes = _TLS.scopes = []
-    _count_open(1)
+    global open_blocks
+    with _open_lock:
+        open_blocks += 1
+    hub.invalidate()  # the engines' tallies: a repeat may now be admitted
     scopes.append(scope)
     try:
         yield
     finally:
         scopes.remove(scope)
-        _count_open(-1)
+        with _open_lock:
+            open_blocks -= 1
+        hub.invalidate()

@@ -1,16 +1,11 @@
 """The capture probe: one call of a step captured with ``torch.cuda.graph``, never replayed.
 
-Captured after warm-up on a side stream: capturing records kernels and runs
-none; the probe puts back what it changes on the host (the known parameters'
-``.grad``, the RNG states, the current stream). The first call that cannot be
-captured raises inside the capture, and its traceback names the user's line.
-
-Compiled functions run as plain Python (``force_eager``): inductor's CUDA
-graphs (``mode="reduce-overhead"``) keep the last step's outputs alive, and with
-them an autograd graph whose accumulators belong to the default stream, which
-a backward captured on a side stream would have to join. Where torch can,
-those nodes follow the capture's stream; elsewhere the backward is inductor's
-verdict when it kept no op out of its graphs (docs/compile.md).
+Captured after warm-up on a side stream, which records kernels and runs none; the host
+state it changes (the known parameters' ``.grad``, the RNG states, the current stream) is
+put back. Compiled functions run as plain Python (``force_eager``): inductor's CUDA graphs
+keep the last step's autograd graph alive, which a backward captured on a side stream would
+have to join. Where torch can, those nodes follow the capture's stream; elsewhere the
+backward takes inductor's verdict when it kept no op out of its graphs (docs/compile.md).
 """
 
 from __future__ import annotations
@@ -33,15 +28,6 @@ from barrierguard.session.site_stats import code_at
 
 __all__ = ["CallProbe", "blocking_line", "inductor_cuda_graphs", "probe"]
 
-# A capture on a side stream that autograd had to join to the default stream
-# (an AccumulateGrad node of an earlier iteration, kept alive by e.g. the last
-# loss): the CUDA error, and the errors of torch versions that name the case.
-_STREAM_MISMATCH = (
-    "legacy stream depend on",
-    "stale non-capturing stream",
-    "set_override_stale_capture_stream",
-)
-
 
 def blocking_line(exc: BaseException) -> tuple[str, int, str]:
     """The user's innermost line in ``exc``'s traceback (else the innermost not our own)."""
@@ -59,16 +45,14 @@ def _release_failed_capture(graph: Any, stream: Any) -> None:
     """Undo what a capture that could not end leaves behind in the allocator and generators."""
     import torch
 
-    # capture_end raises at cudaStreamEndCapture before it tells the caching
-    # allocator the capture is over, and reset() releases only a captured
-    # graph's pool: end the pool as torch.cuda.use_mem_pool does.
+    # capture_end raised before ending the allocator's pool, which reset() does not
+    # release: end it as torch.cuda.use_mem_pool does.
     with contextlib.suppress(Exception):  # this torch already ended it, or names it otherwise
         device, pool = torch.cuda.current_device(), graph.pool()
         torch._C._cuda_endAllocateToPool(device, pool)
         torch._C._cuda_releasePool(device, pool)
-    # It also skips the epilogue that tells the CUDA generators the capture is
-    # over: every later random op would fail ("Offset increment outside graph
-    # capture encountered unexpectedly"). An empty capture runs both once more.
+    # Nor did it tell the CUDA generators, so every later random op would fail ("Offset
+    # increment outside graph capture"): an empty capture ends both once more.
     with contextlib.suppress(Exception):
         empty = torch.cuda.CUDAGraph()
         try:
@@ -82,15 +66,23 @@ def _release_failed_capture(graph: Any, stream: Any) -> None:
 
 
 def _stream_mismatch(exc: BaseException) -> bool:
-    return any(m in str(exc) for m in _STREAM_MISMATCH)
+    """Whether autograd had to join the capture to the default stream (an AccumulateGrad
+    node of an earlier iteration still alive): the CUDA error, or torch's own."""
+    text = str(exc)
+    return any(
+        m in text
+        for m in (
+            "legacy stream depend on",
+            "stale non-capturing stream",
+            "set_override_stale_capture_stream",
+        )
+    )
 
 
 @contextlib.contextmanager
 def _stale_streams_follow_capture() -> Iterator[bool]:
-    """Autograd nodes of earlier iterations follow the capture's stream, where torch can.
-
-    The switch is process-wide and acts only during a capture; yields whether it is on.
-    """
+    """Autograd nodes of earlier iterations follow the capture's stream, where torch can
+    (a process-wide switch that acts only during a capture); yields whether it is on."""
     import torch
 
     setter: Any = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
@@ -191,18 +183,15 @@ def probe(
 ) -> CaptureProbe:
     """Capture one call of ``fn(*args, **kwargs)``; never replay it.
 
-    ``params``: tensors whose ``.grad`` is put back; ``skips``: the CUDA-graph
-    skips seen so far (``"reason at file:line"``), which keep inductor's
-    verdict on the backward from counting.
+    ``params``: tensors whose ``.grad`` is put back; ``skips``: the CUDA-graph skips seen
+    so far (``"reason at file:line"``), which keep inductor's verdict on the backward out.
     """
     import torch
 
     name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
     cuda = torch.cuda.is_available()
-    # Compiled code runs as plain Python in the probed call: it must not replay
-    # (or record) inductor's CUDA graphs inside the probe's capture, nor compile
-    # there (a guard that fails on the probe's call would recompile under
-    # capture, and add to the compiled code the training uses).
+    # Compiled code runs as plain Python: no inductor CUDA graph replayed or recorded
+    # in the capture, and no compile under it (that would add to the training's code).
     eager = "torch._dynamo" in sys.modules
     graphs = inductor_cuda_graphs() if cuda else 0
     plain = cuda and eager and (graphs or frames_compiled())
@@ -222,9 +211,7 @@ def probe(
     error: BaseException | None = None
     end_error: BaseException | None = None
     graph = torch.cuda.CUDAGraph()
-    # No synchronize (torch.cuda.graph makes one to free memory first): the side
-    # stream waits for the work queued so far on the device, and the capture
-    # only records; the host never waits.
+    # Unlike torch.cuda.graph, no synchronize: the side stream waits on the device.
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     try:
@@ -245,9 +232,8 @@ def probe(
         # Each restore on its own: one that fails must not skip the others.
         if end_error is not None:
             _release_failed_capture(graph, side)
-        # cuBLAS caches a workspace taken from the graph's pool for the side
-        # stream, which would keep that pool (tens of MB) alive: drop them, as
-        # inductor does around a capture (the training's come back at its next matmul).
+        # cuBLAS's workspace for the side stream keeps the graph's pool (tens of MB)
+        # alive: drop them, as inductor does (the training's come back at its next matmul).
         with contextlib.suppress(Exception):
             torch._C._cuda_clearCublasWorkspaces()
         with contextlib.suppress(Exception):
@@ -260,15 +246,13 @@ def probe(
     if follow:
         captured += "; autograd nodes of earlier iterations follow its stream"
     blocker = error or end_error
-    # The error's traceback holds the step's frames, and with them what it
-    # allocated in the capture: let go of it as soon as it is read.
+    # Its traceback holds the step's frames and what they allocated: let go once read.
     error = end_error = None
     if blocker is None:
         return CaptureProbe(status="capturable", captured=captured)
     if _stream_mismatch(blocker):
-        # Not the step's own doing: the side stream met autograd state of an earlier
-        # iteration. Take inductor's verdict on the backward where it holds (partitions
-        # kept out of CUDA graphs count as skips too), or say why not.
+        # An earlier iteration's autograd state, not the step: inductor's verdict where it
+        # holds (partitions kept out of CUDA graphs count as skips), or why not.
         counted = dynamo_count("inductor", "cudagraph_skips", "cudagraph_partitions")
         known = list(skips) or ([f"{counted} counted by inductor"] if counted else [])
         result = _backward_by_inductor(blocker, graphs, known, captured)
@@ -312,11 +296,8 @@ def _arguments(frame: FrameType) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 
 class CallProbe:
-    """Probes the first call of a function named ``name`` once ``ready()`` says so.
-
-    A profile function watches the calls until then (a little on every call),
-    never installed over another profiler.
-    """
+    """Probes the first call of a function named ``name`` once ``ready()`` says so, watching
+    calls until then with a profile function (never installed over another profiler)."""
 
     def __init__(
         self,

@@ -1,8 +1,5 @@
-"""A guard's view of torch.compile: listen while running, join to the sites at report time.
-
-:func:`join` puts each graph break and CUDA-graph skip on the sync site at its
-file and line, and lists the breaks that are not syncs apart.
-"""
+"""A guard's view of torch.compile: listen while running, join to the sites at report time
+(each graph break and CUDA-graph skip on the sync site at its line; other breaks apart)."""
 
 from __future__ import annotations
 
@@ -91,9 +88,7 @@ def join(
     sites: Sequence[Site], watch: CompileWatch, *, running: bool = False
 ) -> tuple[Sequence[Site], CompileReport] | None:
     """Sites with their compile consequence, and the compile section; ``None`` without compile.
-
-    ``running``: the guard still runs (frames compiled since its start count).
-    """
+    ``running``: the guard still runs (frames compiled since its start count)."""
     events = list(watch.listener.events)
     frames = watch.frames + (max(0, frames_compiled() - watch._frames_at_start) if running else 0)
     compile_syncs = sum(n for s in sites for phase, n in s.phases if phase == "compile")

@@ -1,9 +1,8 @@
 """How a guard is entered and left: ``with``, the decorator, re-entry and threads.
 
-The entry that started a guard stops it. Entering it again from its own thread
-(recursion, a nested ``with``) runs inside the outer watch; from another thread
-while it runs, that call runs unwatched and the report notes it (docs/guide.md,
-"Recursion, threads, generators").
+The entry that started a guard stops it. Entered again from its own thread (recursion,
+a nested ``with``), the call runs inside the outer watch; from another thread, unwatched,
+and the report notes it (docs/guide.md, "Recursion, threads, generators").
 """
 
 from __future__ import annotations
@@ -33,19 +32,12 @@ class Guard(Protocol):
     _thread_ident: int | None
 
     def start(self) -> Any: ...
-
     def stop(self) -> Any: ...
-
     def abandon(self) -> Any: ...
-
     def note(self, text: str) -> None: ...
-
     def _thread_name(self, ident: int) -> str: ...
-
     def _before_call(self, func: Any, args: Any, kwargs: Any) -> None: ...
-
     def __enter__(self) -> Any: ...
-
     def __exit__(self, *exc: Any) -> None: ...
 
 
@@ -73,21 +65,18 @@ def enter(guard: Guard) -> None:
 def leave(guard: Guard, failed: bool) -> None:
     """Leave ``guard``: the entry that started it stops it (``failed``: on an exception)."""
     entries: list[str] = guard._entries.__dict__.setdefault("stack", [])
-    # An entry made on another thread (a generator closed by the garbage
-    # collector there) finds no stack here: it was the one that started.
+    # No entry here: a generator closed by the garbage collector in another thread.
     kind = entries.pop() if entries else _OWN
     if kind != _OWN:
         return
     try:
-        # An exception already on its way out: restore everything, and do not
-        # hide it behind a deferred policy error.
+        # An exception on its way out is not hidden behind a deferred policy error.
         if failed:
             guard.abandon()
         else:
             guard.stop()
     finally:
-        # stop() from another thread may have left this thread's engine state
-        # behind (the audit's function mode is per thread): remove it here.
+        # stop() from another thread may leave this thread's engine state (per thread).
         hub.tidy()
 
 

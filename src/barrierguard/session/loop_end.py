@@ -1,13 +1,10 @@
 """After the loop: the syncs that follow the last step, held until a step proves them in it.
 
-While the loop runs, a guard cannot know whether the interval after the latest
-boundary is another step or what follows the loop (docs/ci-gate.md). A site
-that a closed step saw is a *loop site*: the policy acts at once. Any other
-site's syncs after the latest boundary are *held* (:class:`OpenStep`): counted
-in the open step, the verdict kept back until the next boundary confirms them.
-What is still held at ``stop()``, and what runs after a ``DataLoader`` ran out
-(:func:`watch_loaders`) at sites that are not loop sites, is ``"after-loop"``:
-counted apart, never held against the policy.
+The interval after the latest boundary is another step or what follows the loop
+(docs/ci-gate.md). At a *loop site* (one a closed step saw) the policy acts at once; any
+other site's syncs are *held* (:class:`OpenStep`) until the next boundary confirms them.
+Those still held at ``stop()``, and those after a ``DataLoader`` ran out
+(:func:`watch_loaders`) at other sites, are ``"after-loop"``: counted apart, not judged.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ class Held:
     blocking: int = 0
     stall: float = 0.0
     stall_count: int = 0
-    # (step, reason, thread, violation): the first policy event of the site in
-    # this step (a violation, or a race warning when not a violation).
+    # (step, reason, thread, violation): its first policy event in this step, a violation first.
     pending: list[tuple[int, str, str, bool]] = field(default_factory=list)
 
 
@@ -46,7 +42,6 @@ class OpenStep:
     __slots__ = ("held",)
 
     def __init__(self) -> None:
-        # Read as a plain attribute at every step boundary (a method would be a call).
         self.held: dict[object, Held] = {}
 
     def hold(self, stats: SiteStats, stall: float | None) -> None:

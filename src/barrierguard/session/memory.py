@@ -1,19 +1,11 @@
 """Memory per step, host and device: the probes, the sampler, the growth verdict, the monitor.
 
-The sampler runs at step boundaries (a guard's step listener). No probe
-synchronizes with the device; measured costs:
-
-* ``host_rss``: one ``pread`` of ``/proc/self/statm`` on a descriptor kept open,
-  about 2 us (psutil's ``memory_info()``, the fallback off Linux: 14 us);
-* ``workers_rss``: child processes, on request; the children are listed again
-  every 16th read (walking the process table costs about a millisecond);
-* ``device_allocated``/``device_reserved``: one ``torch._C._cuda_memoryStats``
-  call (flattening it is most of ``torch.cuda.memory_allocated()``'s 120 us);
-* ``device_used``: NVML, this process's own usage, else the whole device's.
-
-Adaptive sampling keeps the measured cost of a sample under ``BUDGET`` (0.25 %)
-of the measured step time; ``watch(memory_every=N)`` fixes the stride. At
-``MAX_SAMPLES`` every other sample is dropped and the stride doubles.
+Sampled at step boundaries; no probe synchronizes with the device. ``host_rss`` is one
+``pread`` of ``/proc/self/statm`` (about 2 us; psutil off Linux), ``workers_rss`` the
+child processes (listed again every 16th read), ``device_allocated``/``device_reserved``
+one ``torch._C._cuda_memoryStats`` call, ``device_used`` NVML (this process's usage, else
+the device's). Adaptive sampling keeps a sample's cost under ``BUDGET`` (0.25 %) of the
+step time; at ``MAX_SAMPLES`` every other sample is dropped and the stride doubles.
 """
 
 from __future__ import annotations
@@ -229,12 +221,9 @@ def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> P
     return ProbeSet(probes, sources, notes, verdict_series)
 
 
-# -- the sampler -------------------------------------------------------------------
 class Sampler:
     """Reads the probes at step boundaries: every ``every`` steps, or adaptively (``None``).
-
-    A probe that raises is dropped, with a note, and its series end there.
-    """
+    A probe that raises is dropped, with a note, and its series end there."""
 
     def __init__(
         self,
@@ -322,13 +311,11 @@ class Sampler:
 
     def close(self) -> None:
         """Release what the probes hold (file descriptors, NVML)."""
-        for name, probe in list(self._probes.items()):
-            close = getattr(probe, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as exc:
-                    self.notes.append(f"{name} memory probe failed to close: {exc}")
+        for name, probe in self._probes.items():
+            try:
+                getattr(probe, "close", lambda: None)()
+            except Exception as exc:
+                self.notes.append(f"{name} memory probe failed to close: {exc}")
 
 
 # -- the growth verdict, and the known causes of a leak ----------------------------
@@ -352,16 +339,11 @@ def analyze_series(
 ) -> SeriesVerdict:
     """Robust growth of one series after warm-up (``threshold``: bytes per step).
 
-    The measured samples are cut into up to 8 windows sharing their end points,
-    each with its growth rate. The series is *growing* when at least the last 3
-    windows all grow faster than half the threshold, with a median above it:
-    growth until the end. A one-time allocation raises one window only (a step
-    change, not a leak). ``slope``: the median rate of that run, else of all.
-
-    Example:
-        >>> v = analyze_series(range(20), [100 * s for s in range(20)], warmup=0, threshold=50)
-        >>> v.growing, v.slope, v.began_at
-        (True, 100.0, 1)
+    The measured samples are cut into up to 8 windows sharing their end points. The
+    series is *growing* when at least the last 3 windows all grow faster than half the
+    threshold, with a median above it: growth until the end. A one-time allocation
+    raises one window only (a step change). ``slope``: the median rate of that run, else
+    of all.
     """
     # One sample per step (the last): two at one step would make a zero run.
     pts = list({s: (s, v) for s, v in zip(steps, values, strict=True) if v is not None}.values())
@@ -399,7 +381,6 @@ def analyze_series(
     )
 
 
-# -- known patterns ------------------------------------------------------------
 def _add_chain(fn: Any, limit: int) -> int:
     """Length of a chain of additions in an autograd graph (``total += loss``)."""
     depth = 0
@@ -429,12 +410,10 @@ def _tensor_list(obj: list[Any], tensor: type, parameter: type) -> bool:
 def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str] | None:
     """A known cause of growth among the live objects: ``(pattern, fix, evidence)``, or ``None``.
 
-    Scans ``gc.get_objects()`` (tens of milliseconds: only after a leak
-    verdict; host-side metadata only, no sync) for a tensor whose autograd
-    graph chains additions (``total_loss += loss``) and for long lists of
-    tensors (``losses.append(loss)``), at least half of ``measured_steps`` long;
-    names their variables from ``frame`` outward. What is alive now is no
-    proof of the cause, so the evidence says "likely".
+    Scans ``gc.get_objects()`` (tens of ms, no sync: only after a leak verdict) for an
+    autograd graph chaining additions (``total_loss += loss``) or a list of tensors
+    (``losses.append(loss)``) at least half of ``measured_steps`` long, and names its
+    variable from ``frame`` outward. Alive now is no proof: the evidence says "likely".
     """
     import torch
 
@@ -443,8 +422,7 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
     biggest: tuple[int, Any] | None = None
     tensor_type = torch.Tensor
     for obj in gc.get_objects():
-        # type() rather than isinstance(): some live objects warn when their
-        # __class__ is read (deprecated torch aliases).
+        # type(), not isinstance(): some objects warn when __class__ is read (torch aliases).
         kind = type(obj)
         if issubclass(kind, tensor_type):
             depth = _add_chain(obj.grad_fn, 10 * need + 1000)  # 0 unless an addition
@@ -490,13 +468,11 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
     return None
 
 
-# -- the monitor ---------------------------------------------------------------------
 class MemoryMonitor:
     """The sampler, the verdict and the policy's action, for one guard.
 
-    ``probes`` makes the probes at each start; ``threshold`` is
-    ``max_growth_per_step`` in bytes. A leak found outside the guard's thread
-    (``thread_ident``) is raised at :meth:`finish` instead.
+    ``probes`` makes the probes at each start; ``threshold``: ``max_growth_per_step`` in
+    bytes. A leak found outside the guard's thread (``thread_ident``) raises at :meth:`finish`.
     """
 
     def __init__(

@@ -138,8 +138,7 @@ class Options:
     def allowed(
         self, file: str, line: int, kind: str, origin: str, mechanism: str | None = None
     ) -> bool:
-        # MetricBuffer.compute() is the deliberate transfer barrierguard recommends:
-        # reported (with its per-step rate), never a violation.
+        # MetricBuffer.compute(), the deliberate transfer barrierguard recommends: no violation.
         if origin == "framework:barrierguard":
             return True
         return any(r.matches(file, line, kind, origin, mechanism) for r in self.allow)
@@ -205,11 +204,8 @@ def make_options(
     capture_probe: bool | str = False,
     owner: str = "watch",
 ) -> Options:
-    """Validate and freeze a guard's options; every error names the argument.
-
-    The one declaration of the guard's options: ``watch()``, the callbacks and
-    the pytest marker pass theirs on (:data:`GUARD_OPTIONS` lists them).
-    """
+    """Validate and freeze a guard's options; every error names the argument. The one
+    declaration of the options that ``watch()``, the callbacks and the pytest marker take."""
     if isinstance(allow, str):
         allow = [allow]
     elif not isinstance(allow, Iterable) or isinstance(allow, (bytes, dict)):
@@ -282,9 +278,8 @@ def _flag(owner: str, name: str, value: object) -> bool:
     raise _invalid(owner, name, value, "True or False")
 
 
-# The keyword options every entry point takes (watch() and the callbacks), and
-# those of the framework adapters' end-of-run report (make_report_options).
-# out and capture_probe are watch()'s own (a file per stop, a decorated step).
+# The options of every entry point (out and capture_probe are watch()'s own), and those
+# of the framework adapters' end-of-run report (make_report_options).
 GUARD_OPTIONS = tuple(
     name
     for name in inspect.signature(make_options).parameters

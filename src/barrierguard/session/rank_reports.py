@@ -1,10 +1,8 @@
 """Reports of a distributed run: one file per rank, and the ranks' reports merged.
 
-Each rank can save its own report to :func:`rank_path` of one path (any
-launcher, no collective; ``barrierguard merge`` joins the files offline), and
-:func:`merge` gathers every rank's report to rank 0 in process. Nothing here
-may lose the run: a failed collective leaves each rank with its own report
-and a note.
+Each rank can save its report to :func:`rank_path` of one path (no collective;
+``barrierguard merge`` joins the files), and :func:`merge` gathers them to rank 0 in
+process. A failed collective leaves each rank its own report, with a note.
 """
 
 from __future__ import annotations
@@ -59,8 +57,7 @@ def _ask(what: str, env: str) -> int | None:
 
 
 def current_rank() -> int | None:
-    """This process's global rank: the process group's, else ``$RANK`` (torchrun,
-    Slurm launchers, accelerate), else ``None`` (not a distributed run)."""
+    """This process's global rank: the process group's, else ``$RANK``, else ``None``."""
     return _ask("get_rank", "RANK")
 
 
@@ -72,17 +69,9 @@ def world_size() -> int:
 def rank_path(
     path: str | os.PathLike[str], *, rank: int | str | None = None, world: int | None = None
 ) -> str:
-    """The file this rank (or a pattern such as ``"*"``) writes for ``path``.
-
-    ``{rank}`` in the path is replaced by the rank; else a run of several ranks
-    inserts ``.rank<N>`` before the suffix.
-
-    Example:
-        >>> rank_path("out/bg.json", rank=3, world=8)
-        'out/bg.rank3.json'
-        >>> rank_path("out/bg-{rank}.json", rank=3, world=8)
-        'out/bg-3.json'
-    """
+    """The file this rank (or a pattern such as ``"*"``) writes for ``path``: ``{rank}``
+    replaced by the rank, else ``.rank<N>`` before the suffix in a run of several ranks
+    (``out/bg.json`` -> ``out/bg.rank3.json``)."""
     name = os.fspath(path)
     if rank is None:
         rank = current_rank() or 0
@@ -112,8 +101,7 @@ def merge(local: Report) -> Report | None:
         dist = _group()
         if dist is None or dist.get_world_size() < 2:
             return local
-        # To rank 0 alone: an all-gather would send every report to every rank,
-        # N times the bytes for nothing (docs/distributed.md).
+        # To rank 0 alone: an all-gather would send N times the bytes (docs/distributed.md).
         gathered: list[Any] | None = None
         if dist.get_rank() == 0:
             gathered = [None] * dist.get_world_size()
@@ -135,11 +123,8 @@ def merge(local: Report) -> Report | None:
 def report_file(
     setting: bool | str | os.PathLike[str], directory: Callable[[], str], name: str
 ) -> str | None:
-    """Where an adapter's ``save_report``/``rank_reports`` setting writes.
-
-    ``True``: ``name`` in ``directory()``, called only then (asking a framework
-    for its log directory can be a collective).
-    """
+    """Where an adapter's ``save_report``/``rank_reports`` setting writes: ``True`` is
+    ``name`` in ``directory()``, called only then (it can be a collective)."""
     if setting is True:
         return os.path.join(directory(), name)
     return None if setting is False else os.fspath(setting)
@@ -161,11 +146,9 @@ def publish(
     print_report: bool,
     fault: Callable[[BaseException], None],
 ) -> tuple[Report, str | None, str | None]:
-    """End a framework run's reporting: this rank's file, then the merge on rank 0.
-
-    Each rank writes its own file first, so a merge that fails or hangs loses
-    nothing. A write that fails goes to ``fault``. Returns the report to keep,
-    the rank file and the merged file written.
+    """End a framework run's reporting: this rank's file first (a merge that fails or
+    hangs loses nothing), then the merge on rank 0; a failed write goes to ``fault``.
+    Returns the report to keep, the rank file and the merged file written.
     """
     written = saved = None
     if rank_file is not None:
@@ -186,8 +169,7 @@ def publish(
                 saved = _write(merged, merged_file)
             except OSError as exc:
                 fault(exc)
-    # Ranks leave together: rank 1 shutting gloo down while rank 0 still writes
-    # the report was seen to abort a spawned rank.
+    # Ranks leave together: one shutting gloo down while rank 0 writes can abort a rank.
     with contextlib.suppress(Exception):  # a failed barrier must not lose the run
         dist = _group()
         if dist is not None and dist.get_world_size() > 1:

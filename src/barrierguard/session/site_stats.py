@@ -67,11 +67,8 @@ def code_at(file: str, line: int) -> str:
 
 def _cause(mechanisms: dict[str, int]) -> str:
     """Why a framework sync syncs: its most frequent known mechanism's reason, or ``""``."""
-    for name, _ in sorted(mechanisms.items(), key=lambda kv: -kv[1]):
-        known = frameworks.mechanism(name)
-        if known is not None:
-            return known.why
-    return ""
+    known = (frameworks.mechanism(n) for n in sorted(mechanisms, key=lambda n: -mechanisms[n]))
+    return next((m.why for m in known if m is not None), "")
 
 
 def _fix(loc: Location, mechanisms: dict[str, int]) -> str:

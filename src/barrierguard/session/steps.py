@@ -1,12 +1,9 @@
 """Which ``optimizer.step()`` calls end a training step, with several optimizers.
 
-Several optimizers step either **together** (a GAN's discriminator and
-generator: one iteration is one step) or **one after another** (layer-wise
-training: A steps 30 times, then B 30 times: every step counts). The rule:
-the optimizer that steps first after a boundary *leads* and makes the
-boundary; the others that step after it *follow* and end nothing. A follower
-that steps again before the lead shows that the lead has stopped: it takes
-the lead, and both of its steps count.
+They step either **together** (a GAN: one iteration is one step) or **one after another**
+(layer-wise training: every step counts). The optimizer that steps first after a boundary
+*leads* and makes the boundary; the others *follow* and end nothing. A follower stepping
+again before the lead shows the lead has stopped: it takes the lead, both steps count.
 
 Example:
     >>> rule = OptimizerSteps()
@@ -47,13 +44,5 @@ class OptimizerSteps:
         return boundaries
 
     def alone(self, optimizer: Hashable) -> bool:
-        """Whether ``optimizer`` leads with no follower: its next step makes one boundary.
-
-        Example:
-            >>> rule = OptimizerSteps()
-            >>> rule.boundaries("A"), rule.alone("A")
-            (1, True)
-            >>> rule.boundaries("B"), rule.alone("A")
-            (0, False)
-        """
+        """Whether ``optimizer`` leads with no follower: its next step makes one boundary."""
         return optimizer == self._lead and not self._followers

@@ -1,13 +1,10 @@
 """Per-step timing on a GPU: host time, device time, run-ahead, and the saving.
 
-At each timed step end the host's clock is read and one CUDA event (from a
-recycled pool) is recorded; events are polled with ``query()``, never waited on.
-The **run-ahead** is the number of earlier step-end events the device has not
-reached; a step's **device time** is the time between two step-end events,
-known only when the host was ahead (else the device idled in between). The
-**saving** if the syncs were removed is per step the stall that the overlap
-could hide: ``min(stall, wall - max(host busy, device))``, else at most
-``min(stall, host busy)``.
+Each timed step end reads the host's clock and records a CUDA event (from a pool), polled
+with ``query()``, never waited on. **Run-ahead**: the earlier step-end events the device
+has not reached. **Device time**: between two step-end events, known only when the host
+was ahead. **Saving** if the syncs were removed, per step: ``min(stall, wall - max(host
+busy, device))``, else at most ``min(stall, host busy)``.
 """
 
 from __future__ import annotations
@@ -22,18 +19,15 @@ from barrierguard.report.records import Timeline
 
 __all__ = ["PERIOD", "WINDOW", "StepTimeline", "summarize"]
 
-# Steps are timed in windows: WINDOW consecutive steps every PERIOD steps of the
-# guard. Recording and polling events costs microseconds a step, too much
-# for a launch-bound loop; a window keeps per-step resolution for run-ahead.
+# WINDOW consecutive steps timed every PERIOD: events cost microseconds a step, too much
+# for a launch-bound loop, and a window keeps per-step resolution for run-ahead.
 WINDOW = 16
 PERIOD = 256
 
 
 class _CudaEvent:
-    """A timing event recorded on the stream that was current at start."""
-
-    # The C methods directly: torch.cuda.Event.record() looks up the current
-    # stream in Python on every call, which a per-step probe cannot pay.
+    """A timing event recorded on the stream current at start, through the C methods
+    (``torch.cuda.Event.record()`` looks the current stream up in Python at every call)."""
 
     __slots__ = ("_event", "_query", "_record_on", "_stream")
 
@@ -73,8 +67,7 @@ class StepTimeline:
         self._origin = 0
         self._started = False
         self._clock = clock
-        self._make_event = make_event
-        self._cuda_default = make_event is None
+        self._given_event = self._make_event = make_event
         self._pool: list[Any] = []
         self._pending: collections.deque[tuple[int, Any]] = collections.deque()
         self._done: tuple[int, Any] | None = None
@@ -89,7 +82,6 @@ class StepTimeline:
         if self._make_event is None:
             import torch
 
-            # Events go on the stream current when timing starts: the loop's.
             stream = torch.cuda.current_stream()
             self._make_event = lambda: _CudaEvent(stream)
         event = self._pool.pop() if self._pool else self._make_event()
@@ -105,8 +97,7 @@ class StepTimeline:
         self._done = None
         self._pending.clear()
         self._pool.clear()
-        if self._make_event is not None and self._cuda_default:
-            self._make_event = None  # a restart picks up the stream current now
+        self._make_event = self._given_event  # None: CUDA events on the stream current now
         self._place_event(step)
 
     def _retire(self) -> None:
@@ -122,10 +113,8 @@ class StepTimeline:
             self._done = (step, event)
 
     def on_step(self, step: int) -> None:
-        """At each step end: host time, retire reached events, measure run-ahead.
-
-        Only steps inside a window are timed; any other costs a modulo and a comparison.
-        """
+        """At each step end: host time, retire reached events, measure run-ahead (in a
+        window; any other step costs a modulo and a comparison)."""
         phase = (step - self._origin) % self._period
         if phase >= self._window:
             if phase == self._period - 1:
@@ -177,10 +166,8 @@ def summarize(
     warmup: int,
     sampling: str = "",
 ) -> Timeline:
-    """The timeline of the measured steps, the saving, and a verdict in words.
-
-    ``steps[i]`` ended the interval timed in ``host_s[i]``, whose syncs were counted in
-    step ``steps[i] - 1``."""
+    """The timeline of the measured steps, the saving, and a verdict in words (``steps[i]``
+    ended the interval timed in ``host_s[i]``, whose syncs count in step ``steps[i] - 1``)."""
     rows = [
         (s, h, a, device_s.get(s), step_stall[s - 1] if s - 1 < len(step_stall) else 0.0)
         for s, h, a in zip(steps, host_s, ahead, strict=True)
