@@ -443,9 +443,18 @@ def test_a_framework_read_met_again_replays_the_last_route_and_tells_user_lines_
         assert stack._anchors.read is None
 
 
-def _tallied_run(x: torch.Tensor, through: Any, fast: bool) -> tuple[Any, int]:
-    """Reads in user code and through a framework, across boundaries, a phase
-    and an allowed() block; the report and how many reads reached the guard."""
+# The plan of a tallied run: u, a read in user code; 1 and 2, a framework's read
+# from two user lines; s, a step boundary; v / t, the adapter's phase; a / z, an
+# allowed() block opened and closed.
+_PLAN = "u1s" + "uuuuuu12121212s" * 3 + "v" + "u" * 5 + "t" + "auuuz111" * 2
+
+
+def _tallied_run(
+    x: torch.Tensor, through: Any, fast: bool, plan: str = _PLAN, allow: tuple[str, ...] = ()
+) -> tuple[Any, int]:
+    """The reads of ``plan``; the report and how many reads reached the guard.
+
+    Not ``fast``: every tally handed out is made stale at once."""
     from barrierguard.detect import hub
     from barrierguard.session.guard import Guard
 
@@ -457,11 +466,7 @@ def _tallied_run(x: torch.Tensor, through: Any, fast: bool) -> tuple[Any, int]:
             if not fast and frame.f_code is Guard.record.__code__:
                 hub.invalidate()  # no tally outlives the call that handed it out
 
-    # u: a read in user code, 1 and 2: a framework's read from two user lines,
-    # s: a step boundary, v / t: the adapter's phase, a / z: an allowed() block.
-    plan = "u1s" + "uuuuuu12121212s" * 3 + "v" + "u" * 5 + "t" + "auuuz111" * 2
-    allow = ["item", "framework:*"]
-    with barrierguard.watch(engine="cuda", policy="record", allow=allow) as guard:
+    with barrierguard.watch(engine="cuda", policy="record", allow=list(allow)) as guard:
         guard.step()
         with contextlib.ExitStack() as blocks:
             for i, event in enumerate(plan):
@@ -485,6 +490,13 @@ def _tallied_run(x: torch.Tensor, through: Any, fast: bool) -> tuple[Any, int]:
     return guard.report, calls[Guard.record.__code__]
 
 
+def _view(report: Any) -> dict[Any, Any]:
+    return {
+        (s.line, s.origin): (s.count, s.step_count, s.steps, s.phases, s.stall_count)
+        for s in report.sites
+    }
+
+
 def test_repeats_the_wrapper_counts_itself_match_the_guards_counts(
     scalar_reads: FakeMode,
 ) -> None:
@@ -496,16 +508,11 @@ def test_repeats_the_wrapper_counts_itself_match_the_guards_counts(
     exec(_FRAMEWORK_READ, namespace)
     through = namespace["through"]
     x = torch.ones(1)
-    fast, fast_calls = _tallied_run(x, through, fast=True)
-    slow, slow_calls = _tallied_run(x, through, fast=False)
-
-    def view(report: Any) -> dict[Any, Any]:
-        return {
-            (s.line, s.origin): (s.count, s.step_count, s.steps, s.phases, s.stall_count)
-            for s in report.sites
-        }
-
-    assert view(fast) == view(slow)
+    allow = ("item", "framework:*")
+    fast, fast_calls = _tallied_run(x, through, True, allow=allow)
+    slow, slow_calls = _tallied_run(x, through, False, allow=allow)
+    assert _view(fast) == _view(slow)
+    view = _view
     user = view(fast)[(_line("# T-user"), "user")]
     assert user[:4] == (1 + 18 + 5 + 6, 1 + 18 + 6, ((1, 5),), (("validate", 5),))
     assert view(fast)[(_line("# T-one"), "framework:lightning")][:3] == (19, 19, ((1, 5),))
@@ -515,6 +522,23 @@ def test_repeats_the_wrapper_counts_itself_match_the_guards_counts(
     # Only a read whose tally went stale reaches the guard (the first one or
     # two after each boundary, phase, block, or read of another site).
     assert fast_calls <= slow_calls - 20
+
+
+def test_a_violating_sites_tally_goes_stale_when_an_allowed_block_opens(
+    scalar_reads: FakeMode,
+) -> None:
+    # Past the violation list's 1,000 entries a violating site is settled and
+    # its repeats tallied; reads inside allowed() are not violations, so the
+    # block must make the wrapper's tally stale.
+    x = torch.ones(1)
+    plan = "us" + "u" * 1100 + "auuuz" + "u" * 4 + "s" + "u" * 3
+    fast, fast_calls = _tallied_run(x, None, True, plan)
+    slow, slow_calls = _tallied_run(x, None, False, plan)
+    assert _view(fast) == _view(slow)
+    assert fast.notes == slow.notes
+    assert any("108 further policy violations" in note for note in fast.notes), fast.notes
+    assert fast.step_syncs == slow.step_syncs
+    assert fast_calls < slow_calls - 90  # the reads past the list, but for a few
 
 
 def test_scalar_read_under_error_policy_raises_at_the_line_with_the_mode_back_on(
