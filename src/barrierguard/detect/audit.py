@@ -65,7 +65,6 @@ class AuditEngine:
         self._depth = 0
         self._relay = WarningRelay()
 
-    # -- install / uninstall --------------------------------------------------
     def install(self) -> None:
         from torch.optim import optimizer as optim
 
@@ -109,7 +108,6 @@ class AuditEngine:
             mode.active = False
             _remove_from_stack(mode)
 
-    # -- optimizer steps: the mode steps aside ------------------------------------
     def _pause(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # A closure runs forward and backward inside step(): keep watching then.
         if len(args) > 1 or kwargs.get("closure") is not None:
@@ -133,7 +131,6 @@ class AuditEngine:
             _stack_push(mode)
             self._suspended = False
 
-    # -- patches: what the mode cannot see --------------------------------------------
     def _patch_calls(self, mode: AuditMode) -> None:
         thread = self._thread
         cuda_available = torch.cuda.is_available

@@ -105,7 +105,6 @@ class AuditMode(TorchFunctionMode):
         pop = self.marks.pop
         self._forget = lambda ref: pop(ref.key, None)
 
-    # -- provenance ----------------------------------------------------------
     def is_dev(self, t: Tensor) -> bool:
         """Whether ``t`` would live on the training device in a GPU run."""
         m = self.marks.get(id(t))
@@ -196,7 +195,6 @@ class AuditMode(TorchFunctionMode):
         self.where_cache[key] = (code, literal)
         return literal
 
-    # -- the mode ------------------------------------------------------------
     def __torch_function__(
         self,
         func: Any,
@@ -251,7 +249,6 @@ class AuditMode(TorchFunctionMode):
             hub.fault(NAME, exc)
         return out
 
-    # -- helpers for the rules --------------------------------------------------
     def record(self, kind: str, detail: str = "", depth: int = 1) -> None:
         """Record a sync of ``kind`` at the first frame not ours, from ``depth`` frames out."""
         if not self.active:  # stopped, or released by the thread that installed it

@@ -339,7 +339,6 @@ def build_rules() -> dict[Any, Rule]:
     return rules
 
 
-# -- checkpoints: calls the mode does not see whole -------------------------------
 class _Checkpoints:
     """The files ``torch.save`` wrote device tensors to (one blocking copy each on a
     GPU), which a ``torch.load`` without ``map_location`` puts back on the device."""

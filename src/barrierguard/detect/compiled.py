@@ -190,7 +190,6 @@ class CompileListener(logging.Handler):
         self._reason: str | None = None
         self._placed: CompileEvent | None = None
 
-    # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
         """Attach to every artifact logger there is, and to those made from now on."""
         for name in list(logging.Logger.manager.loggerDict):
@@ -254,7 +253,6 @@ class CompileListener(logging.Handler):
             logger.propagate = False
         logger.addHandler(self)
 
-    # -- records --------------------------------------------------------------
     def emit(self, record: logging.LogRecord) -> None:
         """Read ``record``; hand on what the logger would have propagated."""
         try:

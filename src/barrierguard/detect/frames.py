@@ -9,11 +9,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import dis
+import functools
 import importlib.util
 import linecache
 import os
 import sysconfig
-import threading
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
 
@@ -70,70 +70,65 @@ def _package_root(name: str) -> str | None:
     return os.path.abspath(next(iter(spec.submodule_search_locations))) + os.sep
 
 
+@functools.cache
+def _roots() -> list[tuple[str, int, str]]:
+    """The folders of barrierguard, torch and the known frameworks: ``(prefix, category, name)``."""
+    roots: list[tuple[str, int, str]] = [(_OWN_ROOT, OWN, "barrierguard")]
+    torch_root = _package_root("torch")
+    if torch_root is not None:
+        for sub, name in TORCH_FRAMEWORKS:
+            roots.append((torch_root + sub.replace("/", os.sep) + os.sep, FRAMEWORK, name))
+        roots.append((torch_root, TORCH, "torch"))
+    for pkg, name in KNOWN_FRAMEWORKS.items():
+        root = _package_root(pkg)
+        if root is not None:
+            roots.append((root, FRAMEWORK, name))
+    # Longest prefix first, so torch/amp/ wins over torch/.
+    return sorted(roots, key=lambda r: len(r[0]), reverse=True)
+
+
+def _classify(filename: str) -> tuple[int, str]:
+    if filename.startswith("<"):
+        # <frozen runpy> is the standard library, <eval_with_key>.N a torch.fx
+        # graph; <string>, <stdin> and notebook cells are the user's code.
+        if filename.startswith("<eval_with_key>"):
+            return TORCH, "torch"
+        return (LIBRARY, "python") if filename.startswith("<frozen") else (USER, "")
+    path = os.path.abspath(filename)
+    if _inductor_generated(path):
+        return TORCH, "torch"
+    if path in _OWN_EXCEPTIONS:
+        return _OWN_EXCEPTIONS[path]
+    if path.startswith(_OWN_FRAMEWORK_DIR):
+        return FRAMEWORK, "barrierguard"
+    for prefix, category, name in _roots():
+        if path.startswith(prefix):
+            return category, name
+    parts = path.split(os.sep)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            i = parts.index(marker)
+            top = parts[i + 1].removesuffix(".py") if i + 1 < len(parts) else ""
+            known = KNOWN_FRAMEWORKS.get(top)
+            return (LIBRARY, top) if known is None else (FRAMEWORK, known)
+    for key in ("stdlib", "platstdlib"):
+        stdlib = sysconfig.get_paths().get(key)
+        if stdlib and path.startswith(os.path.abspath(stdlib) + os.sep):
+            return LIBRARY, "python"
+    return USER, ""
+
+
 class _Classifier:
     """Caches what each source file is: user code, torch, a framework, a library."""
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[int, str]] = {}
-        self._roots: list[tuple[str, int, str]] | None = None
-        self._lock = threading.Lock()
-
-    def _build_roots(self) -> list[tuple[str, int, str]]:
-        roots: list[tuple[str, int, str]] = [(_OWN_ROOT, OWN, "barrierguard")]
-        torch_root = _package_root("torch")
-        if torch_root is not None:
-            for sub, name in TORCH_FRAMEWORKS:
-                roots.append((torch_root + sub.replace("/", os.sep) + os.sep, FRAMEWORK, name))
-            roots.append((torch_root, TORCH, "torch"))
-        for pkg, name in KNOWN_FRAMEWORKS.items():
-            root = _package_root(pkg)
-            if root is not None:
-                roots.append((root, FRAMEWORK, name))
-        # Longest prefix first, so torch/amp/ wins over torch/.
-        roots.sort(key=lambda r: len(r[0]), reverse=True)
-        return roots
 
     def classify(self, filename: str) -> tuple[int, str]:
         hit = self._cache.get(filename)
-        if hit is not None:
-            return hit
-        with self._lock:
-            if self._roots is None:
-                self._roots = self._build_roots()
-            result = self._classify(filename, self._roots)
-            self._cache[filename] = result
-        return result
-
-    @staticmethod
-    def _classify(filename: str, roots: list[tuple[str, int, str]]) -> tuple[int, str]:
-        if filename.startswith("<"):
-            # <frozen runpy> is the standard library, <eval_with_key>.N a torch.fx
-            # graph; <string>, <stdin> and notebook cells are the user's code.
-            if filename.startswith("<eval_with_key>"):
-                return TORCH, "torch"
-            return (LIBRARY, "python") if filename.startswith("<frozen") else (USER, "")
-        path = os.path.abspath(filename)
-        if _inductor_generated(path):
-            return TORCH, "torch"
-        if path in _OWN_EXCEPTIONS:
-            return _OWN_EXCEPTIONS[path]
-        if path.startswith(_OWN_FRAMEWORK_DIR):
-            return FRAMEWORK, "barrierguard"
-        for prefix, category, name in roots:
-            if path.startswith(prefix):
-                return category, name
-        parts = path.split(os.sep)
-        for marker in ("site-packages", "dist-packages"):
-            if marker in parts:
-                i = parts.index(marker)
-                top = parts[i + 1].removesuffix(".py") if i + 1 < len(parts) else ""
-                known = KNOWN_FRAMEWORKS.get(top)
-                return (LIBRARY, top) if known is None else (FRAMEWORK, known)
-        for key in ("stdlib", "platstdlib"):
-            stdlib = sysconfig.get_paths().get(key)
-            if stdlib and path.startswith(os.path.abspath(stdlib) + os.sep):
-                return LIBRARY, "python"
-        return USER, ""
+        if hit is None:
+            hit = self._cache[filename] = _classify(filename)
+        return hit
 
 
 _classifier = _Classifier()
