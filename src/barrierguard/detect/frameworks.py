@@ -53,11 +53,6 @@ class Mechanism:
     direct: bool = False
 
     @property
-    def framework(self) -> str:
-        """The package that makes the sync: the first folder of its first function."""
-        return self.functions[0].split("/", 1)[0]
-
-    @property
     def hint(self) -> str:
         """The fix, or the plain statement that none exists."""
         return self.fix or f"no setting removes it: {self.no_fix}"
@@ -395,8 +390,8 @@ def mechanism(name: str) -> Mechanism | None:
     """The table's entry for a mechanism name (a hook in brackets is ignored).
 
     Example:
-        >>> mechanism("prog_bar (on_train_batch_end)").framework
-        'lightning'
+        >>> mechanism("prog_bar (on_train_batch_end)").name
+        'prog_bar'
     """
     return _BY_NAME.get(name.split(" (", 1)[0])
 
