@@ -14,9 +14,9 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any
 
 from barrierguard.detect.frames import USER, classify_file
+from barrierguard.detect.patch import Patches
 
 __all__ = [
     "CompileEvent",
@@ -161,7 +161,7 @@ def not_a_dynamo_frame(code: CodeType) -> None:
 
 _listening_lock = threading.Lock()
 _listening: list[CompileListener] = []
-_patched_original: list[Any] = []
+_patch = Patches()  # torch._logging.getArtifactLogger, while a listener runs
 
 
 class CompileListener(logging.Handler):
@@ -184,7 +184,7 @@ class CompileListener(logging.Handler):
         self.notes: list[str] = []
         # logger name -> (level, propagate, effective level) before we touched it
         self._saved: dict[str, tuple[int, bool, int]] = {}
-        self._patched: Any = None  # torch._logging, while its getArtifactLogger is ours
+        self._listening = False
         # Inductor (torch 2.9+) logs each op it cannot put in a CUDA graph, then its stack
         # one frame per record: the op's reason, and its event at the innermost user frame.
         self._reason: str | None = None
@@ -209,10 +209,9 @@ class CompileListener(logging.Handler):
         # One patch for all listeners, removed by the last: stops in any order restore it.
         with _listening_lock:
             if not _listening:
-                _patched_original[:] = [original]
 
                 def get_artifact_logger(module_qname: str, artifact_name: str) -> logging.Logger:
-                    logger: logging.Logger = _patched_original[0](module_qname, artifact_name)
+                    logger: logging.Logger = original(module_qname, artifact_name)
                     if artifact_name in ARTIFACTS:
                         for listener in list(_listening):
                             try:
@@ -221,18 +220,18 @@ class CompileListener(logging.Handler):
                                 listener.faults.append(f"{type(exc).__name__}: {exc}")
                     return logger
 
-                tl.getArtifactLogger = get_artifact_logger  # type: ignore[attr-defined]
+                _patch.set(tl, "getArtifactLogger", get_artifact_logger)
             _listening.append(self)
-        self._patched = tl
+        self._listening = True
 
     def stop(self) -> None:
         """Detach from every logger and restore its level and propagation."""
-        module, self._patched = self._patched, None
-        if module is not None:
+        if self._listening:
+            self._listening = False
             with _listening_lock:
-                _listening.remove(self)  # there since start() set _patched
-                if not _listening and _patched_original:
-                    module.getArtifactLogger = _patched_original.pop()
+                _listening.remove(self)
+                if not _listening:
+                    _patch.undo()
         for name, (level, propagate, _) in self._saved.items():
             logger = logging.getLogger(name)
             logger.removeHandler(self)

@@ -236,12 +236,10 @@ def _source_segment(code: CodeType, lasti: int) -> str | None:
     lines = linecache.getlines(code.co_filename)
     if not lines or end > len(lines):
         return None
-    chunk = [ln.encode("utf-8") for ln in lines[start - 1 : end]]
-    if len(chunk) == 1:
-        text = chunk[0][col:end_col]
-    else:
-        text = chunk[0][col:] + b"".join(chunk[1:-1]) + chunk[-1][:end_col]
-    return text.decode("utf-8", errors="replace")
+    chunk = [ln.encode("utf-8") for ln in lines[start - 1 : end]]  # columns count bytes
+    chunk[-1] = chunk[-1][:end_col]
+    chunk[0] = chunk[0][col:]
+    return b"".join(chunk).decode("utf-8", errors="replace")
 
 
 def _call_name(node: ast.AST) -> str | None:

@@ -417,12 +417,10 @@ def file_entry(filename: str) -> tuple[bool, dict[str, Function] | None]:
     """What the walk of ``detect.stack`` needs of a source file (asked once per file).
 
     Returns:
-        ``(real, functions)``: real when a frame of the file can be the one
-        that synchronized (not barrierguard's, torch's core nor the standard
-        library's); functions maps each function name of the file that the
-        tables name (``"*"``: any other function of the file) to
-        ``(mechanism, direct only, phase marker, hook caller)``, or is ``None``
-        when the tables name none.
+        ``(real, functions)``: real when a frame of the file can be the one that
+        synchronized (not barrierguard's, torch's core nor the standard library's);
+        functions maps each function of the file that the tables name (``"*"``: any
+        other) to ``(mechanism, direct only, phase marker, hook caller)``, or is ``None``.
 
     Example:
         >>> file_entry("/sp/lightning/pytorch/loops/fit_loop.py")[1]["run"]
