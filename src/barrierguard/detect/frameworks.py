@@ -318,9 +318,7 @@ def _evaluation_stage(frame: FrameType) -> str | None:
     if getattr(getattr(loop, "trainer", None), "sanity_checking", False):
         return "sanity"
     stage = getattr(getattr(loop, "_stage", None), "value", None)
-    return {"sanity_check": "sanity", "validate": "validate", "test": "test"}.get(
-        str(stage), "validate"
-    )
+    return {"sanity_check": "sanity", "test": "test"}.get(str(stage), "validate")
 
 
 # "package/path.py:function" -> the phase of a run it marks, or a function of its frame
