@@ -1,25 +1,16 @@
 """The CPU audit engine: which lines would synchronize if the tensors lived on a GPU.
 
-Nothing synchronizes without a GPU, so the audit reasons: it follows which tensors
-would live on the training device in a GPU run (docs/audit.md), and flags the
-calls that would read one on the host, need a host-side size, or copy between
-host and device. Chosen for cost (a transformer step of many small ops must
-stay within 1.2x of bare):
+It follows which tensors would live on the training device in a GPU run (docs/audit.md)
+and flags the calls that would read one on the host, need a host-side size, or copy
+between host and device. For cost, one lean function mode (``audit_provenance``) marks
+the outputs of ops on device tensors, keyed by ``id(tensor)`` (nothing is stored on the
+tensor), and only calls that can sync have a rule (``audit_rules``). The mode steps off
+the stack during ``optimizer.step()`` without a closure, ``zero_grad()`` and
+``clip_grad_norm_``: many small calls that only update marked tensors.
 
-* one lean function mode (``audit_provenance``) whose fast path only marks the
-  outputs of ops on device tensors; calls that can sync have a rule
-  (``audit_rules``, one dict lookup);
-* marks keyed by ``id(tensor)`` with a weak reference that forgets them: nothing
-  is stored on the tensor, so pickling, ``deepcopy`` and ``torch.save`` see no
-  difference;
-* the mode steps off the stack during ``optimizer.step()`` without a closure (a
-  hundred small calls that only update marked tensors dominated small steps),
-  ``zero_grad()`` and ``clip_grad_norm_`` (five calls per parameter).
-
-A warning that torch raises under the mode is located at a frame of the mode;
-the :class:`WarningRelay` re-issues it at the frame it would name without
-barrierguard (docs/audit.md). Catching warnings around every call would cost
-each torch call, and ``catch_warnings`` resets every registry.
+A warning that torch raises under the mode is located at a frame of the mode; the
+:class:`WarningRelay` re-issues it at the frame it would name without barrierguard
+(``catch_warnings`` around every call would cost each call and reset every registry).
 """
 
 from __future__ import annotations
@@ -74,7 +65,6 @@ class AuditEngine:
         self._depth = 0
         self._relay = WarningRelay()
 
-    # -- install / uninstall --------------------------------------------------
     def install(self) -> None:
         from torch.optim import optimizer as optim
 
@@ -96,9 +86,8 @@ class AuditEngine:
         try:
             if mode is not None:
                 mode.active = False
-                # The stack is per thread: stopped from another thread, the
-                # mode stays on the starting thread's stack, inert, until
-                # that thread next enters or leaves a guard (hub.tidy).
+                # Stopped from another thread, the mode stays inert on the starting
+                # thread's stack until that thread next enters or leaves a guard.
                 if threading.get_ident() == self._thread:
                     _remove_from_stack(mode)
                 else:
@@ -113,14 +102,12 @@ class AuditEngine:
             stack.forget()
 
     def release(self, thread_ident: int) -> None:
-        """The last guard of ``thread_ident`` stopped, others run on: leave its stack
-        (the mode watches the thread that installed it only)."""
+        """The last guard of ``thread_ident`` stopped while others run: leave its stack."""
         mode = self._mode
         if mode is not None and thread_ident == self._thread == threading.get_ident():
             mode.active = False
             _remove_from_stack(mode)
 
-    # -- optimizer steps: the mode steps aside ------------------------------------
     def _pause(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # A closure runs forward and backward inside step(): keep watching then.
         if len(args) > 1 or kwargs.get("closure") is not None:
@@ -144,13 +131,12 @@ class AuditEngine:
             _stack_push(mode)
             self._suspended = False
 
-    # -- patches: what the mode cannot see --------------------------------------------
     def _patch_calls(self, mode: AuditMode) -> None:
         thread = self._thread
         cuda_available = torch.cuda.is_available
 
         @contextlib.contextmanager
-        def aside() -> Iterator[None]:
+        def aside() -> Iterator[None]:  # the mode off the stack meanwhile
             off = _step_off(mode, thread)
             try:
                 yield
@@ -190,9 +176,8 @@ class AuditEngine:
 
         self._patches.set(Parameter, "__new__", staticmethod(parameter_new))
 
-        # backward() is itself a torch function: the autograd engine runs
-        # while the mode is off the stack. A custom Function's Python backward
-        # gets the mode back, so what it computes and reads is audited.
+        # The autograd engine runs with the mode off the stack (backward() is a torch
+        # function): a custom Function's Python backward gets it back.
         BackwardCFunction = torch.autograd.function.BackwardCFunction
         orig_apply: Callable[..., Any] = BackwardCFunction.apply
 
@@ -208,9 +193,8 @@ class AuditEngine:
 
         self._patches.set(BackwardCFunction, "apply", apply)
 
-        # zero_grad() only drops or zeroes gradients: a dozen attribute calls
-        # per step that the mode need not see (a gradient read later is
-        # marked through its parameter).
+        # zero_grad() only drops or zeroes gradients (read later, marked through the
+        # parameter): calls the mode need not see.
         orig_zero = torch.optim.Optimizer.zero_grad
 
         @functools.wraps(orig_zero)
@@ -221,9 +205,8 @@ class AuditEngine:
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
         self._patch_clip(mode, thread)
 
-        # An exception inside optimizer.step() skips the post hook that puts
-        # the mode back; the step's profiler range still closes, so the mode
-        # comes back there, before the exception reaches the training loop.
+        # An exception inside optimizer.step() skips the post hook that puts the mode
+        # back; the step's profiler range still closes, so it comes back there.
         record_function = torch.autograd.profiler.record_function
         orig_exit = record_function.__exit__
 
@@ -240,10 +223,8 @@ class AuditEngine:
 
         self._patches.set(record_function, "__exit__", range_exit)
 
-        # torch.distributed's host barriers. A collective on tensors that would
-        # live on the device runs on the stream under NCCL: not a barrier. What
-        # a recorded call does inside (all_gather_object's copies and reads) is
-        # part of it, so the mode steps aside meanwhile.
+        # A collective on device tensors runs on NCCL's stream: not a barrier. What a
+        # recorded call does inside (all_gather_object's copies) is part of it.
         distributed.install(
             self._patches,
             host=lambda tensor: not mode.is_dev(tensor),
@@ -253,9 +234,8 @@ class AuditEngine:
         install_patches(self._patches, mode, aside)
 
     def _patch_clip(self, mode: AuditMode, thread: int) -> None:
-        """``clip_grad_norm_`` steps aside, as ``zero_grad()`` does, when it cannot sync: with
-        every gradient on one side and ``error_if_nonfinite`` off, none of its calls syncs
-        on a GPU and the total norm takes the gradients' side. Else it runs under the mode."""
+        """``clip_grad_norm_`` steps aside when it cannot sync (every gradient on one side,
+        ``error_if_nonfinite`` off): the total norm takes the gradients' side."""
         utils = torch.nn.utils
         module = sys.modules.get("torch.nn.utils.clip_grad")
         clip: Callable[..., Any] = utils.clip_grad_norm_
@@ -309,19 +289,10 @@ def _remove_from_stack(mode: TorchFunctionMode) -> None:
     if not _on_stack(mode):
         return
     above: list[Any] = []
-    try:
-        while _stack_len():
-            top = _stack_pop()
-            if top is mode:
-                break
-            above.append(top)
-    finally:
-        for m in reversed(above):
-            _stack_push(m)
-
-
-# The audit's modules: a warning located in one was raised under its mode.
-_MODULES = r"barrierguard\.detect\.audit"
+    while (top := _stack_pop()) is not mode:
+        above.append(top)
+    for m in reversed(above):
+        _stack_push(m)
 
 
 def home_frame(frame: FrameType | None) -> FrameType | None:
@@ -350,7 +321,8 @@ class WarningRelay:
 
     def install(self) -> None:
         """Add the filter and the show hook (both undone by :meth:`uninstall`)."""
-        warnings.filterwarnings("always", module=_MODULES)
+        # A warning located in the audit's modules was raised under its mode.
+        warnings.filterwarnings("always", module=r"barrierguard\.detect\.audit")
         self._filter = warnings.filters[0]
         self._home = cast("list[Any]", warnings.filters)
         # _showwarnmsg is also called inside catch_warnings(record=True).

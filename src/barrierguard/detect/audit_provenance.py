@@ -8,8 +8,6 @@ which judges them with the helpers here. docs/audit.md says which tensors count.
 
 from __future__ import annotations
 
-import contextlib
-import dis
 import linecache
 import re
 import sys
@@ -28,6 +26,7 @@ from barrierguard.detect.frames import (
     OWN,
     TORCH,
     _classifier,
+    _instruction,
     _source_segment,
     classify_file,
 )
@@ -68,10 +67,8 @@ _current_node = torch._C._current_autograd_node
 Rule = Callable[["AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-# While dynamo traces a compiled function it runs this mode's Python too: the
-# mode steps aside there (its stack walks would break the graph), and sees the
-# calls when the compiled code runs them, or where a graph break left them to
-# eager mode. ``torch.compiler.is_compiling`` is constant-folded by dynamo.
+# Dynamo runs the mode's Python while it traces: the mode steps aside there (its
+# stack walks would break the graph) and sees the calls when the compiled code runs.
 _compiling = torch.compiler.is_compiling
 
 
@@ -83,9 +80,8 @@ def _is_param(t: Tensor) -> bool:
 
 
 class _Mark(weakref.ref):  # type: ignore[type-arg]
-    """A tensor's side, and the weak reference whose callback forgets it: one object
-    per mark (not a tuple, a reference and a closure), as every op on device tensors
-    makes one."""
+    """A tensor's side, and the weak reference whose callback forgets it (one object:
+    every op on device tensors makes one)."""
 
     __slots__ = ("dev", "key")
 
@@ -109,14 +105,13 @@ class AuditMode(TorchFunctionMode):
         pop = self.marks.pop
         self._forget = lambda ref: pop(ref.key, None)
 
-    # -- provenance ----------------------------------------------------------
     def is_dev(self, t: Tensor) -> bool:
         """Whether ``t`` would live on the training device in a GPU run."""
         m = self.marks.get(id(t))
         if m is not None:
             return m.dev
-        # Unseen: a real device tensor, a parameter made before the guard, or
-        # a tensor the autograd engine made for a backward pass.
+        # Unseen: a real device tensor, a parameter made before the guard, or a
+        # tensor the autograd engine made for a backward pass.
         return not t.is_cpu or _is_param(t) or _current_node() is not None
 
     def mark(self, t: Tensor, dev: bool) -> None:
@@ -190,8 +185,7 @@ class AuditMode(TorchFunctionMode):
             f = f.f_back
         if f is None:
             return False
-        # Keyed by the code's id (hashing a code object hashes its constants);
-        # the entry keeps the code alive, so the id stays its own.
+        # Keyed by the code's id (hashing a code hashes its constants); the entry keeps it alive.
         code = f.f_code
         key = (id(code), f.f_lasti)
         hit = self.where_cache.get(key)
@@ -201,7 +195,6 @@ class AuditMode(TorchFunctionMode):
         self.where_cache[key] = (code, literal)
         return literal
 
-    # -- the mode ------------------------------------------------------------
     def __torch_function__(
         self,
         func: Any,
@@ -227,9 +220,8 @@ class AuditMode(TorchFunctionMode):
             except Exception as exc:  # never lose the user's op to our bookkeeping
                 hub.fault(NAME, exc)
             return out
-        # The fast path, propagate() inlined: most ops take no keyword, one or
-        # two tensors already marked, and return one tensor (f(*args) builds
-        # no dict, as f(*args, **kwargs) does).
+        # The fast path, propagate() inlined: most ops take no keyword and one or two
+        # marked tensors, and return one tensor (f(*args) builds no dict).
         out = func(*args)
         if out is None:
             return out
@@ -257,13 +249,12 @@ class AuditMode(TorchFunctionMode):
             hub.fault(NAME, exc)
         return out
 
-    # -- helpers for the rules --------------------------------------------------
-    def record(self, kind: str, detail: str = "") -> None:
-        """Record a sync of ``kind`` at the caller's place (the first frame not ours)."""
+    def record(self, kind: str, detail: str = "", depth: int = 1) -> None:
+        """Record a sync of ``kind`` at the first frame not ours, from ``depth`` frames out."""
         if not self.active:  # stopped, or released by the thread that installed it
             return
         try:
-            sync = observe(sync_frame(sys._getframe(1)), kind, detail)
+            sync = observe(sync_frame(sys._getframe(depth)), kind, detail)
         except Exception as exc:
             hub.fault(NAME, exc)
             return
@@ -321,23 +312,14 @@ class AuditMode(TorchFunctionMode):
 
 
 def _call_text(frame: FrameType) -> str:
-    code, lasti = frame.f_code, frame.f_lasti
-    raw = code.co_code
-    with contextlib.suppress(IndexError):
-        while lasti >= 2 and dis.opname[raw[lasti]] == "CACHE":
-            lasti -= 2
-    text = _source_segment(code, lasti)
-    if text is None:
-        text = linecache.getline(code.co_filename, frame.f_lineno)
-    return text
+    """The source of the call ``frame`` is executing, else its whole line."""
+    code = frame.f_code
+    text = _source_segment(code, _instruction(code, frame.f_lasti)[1])
+    return linecache.getline(code.co_filename, frame.f_lineno) if text is None else text
 
 
 def sync_frame(frame: FrameType | None) -> FrameType | None:
-    """The innermost frame from ``frame`` outward that is not barrierguard's own.
-
-    ``detect.stack`` keeps the frame it is given only when it is the sync's
-    place: a read repeated there is found again without a walk.
-    """
+    """The innermost frame from ``frame`` outward that is not barrierguard's own."""
     cache = _classifier._cache
     while frame is not None:
         name = frame.f_code.co_filename

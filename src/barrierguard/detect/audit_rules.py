@@ -28,12 +28,10 @@ from barrierguard.detect.audit_provenance import (
     AuditMode,
     Rule,
     Tensor,
-    sync_frame,
 )
 from barrierguard.detect.cuda import _nonblocking
 from barrierguard.detect.frameworks import package_path
 from barrierguard.detect.patch import Patches
-from barrierguard.detect.stack import observe
 
 __all__ = ["build_rules", "install_patches", "tagged_ops"]
 
@@ -74,31 +72,6 @@ def tagged_ops() -> dict[str, str]:
     return found
 
 
-def _reader(kind: str) -> Rule:
-    """A rule that records ``kind`` when the call's tensor is a device tensor."""
-
-    def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
-        out = func(*args, **kwargs)
-        try:
-            t = args[0] if args else None
-            if not isinstance(t, Tensor):
-                return out
-            m = mode.marks.get(id(t))
-            if not (m.dev if m is not None else mode.is_dev(t)):
-                return out
-            # The caller of the mode's __torch_function__, which called this
-            # rule: sys._getframe makes no frame object for the frames it skips.
-            sync = observe(sync_frame(sys._getframe(2)), kind, "")
-        except Exception as exc:
-            hub.fault(NAME, exc)
-            return out
-        if sync is not None:
-            hub.emit(NAME, sync)
-        return out
-
-    return rule
-
-
 def _judged(judge: Judge) -> Rule:
     """A rule that runs the op, then records what ``judge(mode, func, args, kwargs, out)`` finds."""
 
@@ -110,10 +83,23 @@ def _judged(judge: Judge) -> Rule:
             hub.fault(NAME, exc)
             return out
         if verdict is not None:
-            mode.record(*verdict)
+            # From the caller of the mode's __torch_function__, which called this rule:
+            # sys._getframe makes no frame object for the frames it skips.
+            mode.record(*verdict, depth=3)
         return out
 
     return rule
+
+
+def _reader(kind: str) -> Rule:
+    """A rule that records ``kind`` when the call's tensor is a device tensor."""
+    verdict = (kind, "")
+
+    def judge(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> Verdict:
+        t = args[0] if args else None
+        return verdict if isinstance(t, Tensor) and mode.is_dev(t) else None
+
+    return _judged(judge)
 
 
 def _dynamic(kind: str, which: Probe) -> Rule:
@@ -172,10 +158,8 @@ def _move(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
     return mode.moved(src, out, target, nonblocking)
 
 
-# Framework functions that copy with non_blocking=True when the target is a GPU
-# but not when it is the CPU (Lightning's _BLOCKING_DEVICE_TYPES): the audit
-# judges the copy the GPU run would make. Paths as the framework table names
-# them (the standalone lightning_fabric package reads as lightning/fabric).
+# Framework functions that copy with non_blocking=True to a GPU but not to the CPU
+# (Lightning's _BLOCKING_DEVICE_TYPES): judged as the GPU run's copy.
 _GPU_NONBLOCKING = {"lightning/fabric/utilities/apply_func.py": frozenset({"batch_to"})}
 
 
@@ -239,19 +223,15 @@ def _tensor(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) ->
     from_device = isinstance(data, Tensor) and mode.is_dev(data)
     if target or (target is None and from_device):
         mode.mark_out(out, True)
-    # An empty tensor copies nothing: on a GPU, torch.tensor([], device=...)
-    # does not wait (a KV cache starts that way in every forward).
+    # An empty tensor copies nothing (a KV cache starts that way in every forward).
     if not target or from_device or (isinstance(out, Tensor) and out.numel() == 0):
         return None
     return ("copy", "h2d")
 
 
 def _host_index(index: Any) -> bool:
-    """Whether ``index`` holds a Python list or range (or a numpy array) of integers.
-
-    Torch turns such an index into a host tensor and copies it to the indexed
-    tensor's device with a blocking copy: ``x[[0, 2]]``, ``x[range(n), y]``.
-    """
+    """Whether ``index`` holds a list or range (or numpy array) of integers, which torch
+    copies to the indexed tensor's device with a blocking copy: ``x[[0, 2]]``."""
     return any(
         (isinstance(part, range) and len(part) > 0)
         or (isinstance(part, list) and part and all(isinstance(i, int) for i in part))
@@ -359,7 +339,6 @@ def build_rules() -> dict[Any, Rule]:
     return rules
 
 
-# -- checkpoints: calls the mode does not see whole -------------------------------
 class _Checkpoints:
     """The files ``torch.save`` wrote device tensors to (one blocking copy each on a
     GPU), which a ``torch.load`` without ``map_location`` puts back on the device."""
@@ -370,7 +349,7 @@ class _Checkpoints:
         self.buffers: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def _seen(self, f: Any) -> tuple[Any, set[str] | weakref.WeakSet[Any]]:
-        """The key of file ``f`` (its absolute path, or the object itself), and its set."""
+        """The key of file ``f`` (its absolute path, else the object), and its set."""
         if isinstance(f, (str, os.PathLike)):
             return os.path.abspath(os.fspath(f)), self.paths
         name = getattr(f, "name", None)

@@ -1,12 +1,9 @@
 """What torch.compile says about the watched code: its graph breaks and CUDA-graph skips.
 
-dynamo logs every graph break on its ``graph_breaks`` artifact logger
-(``TORCH_LOGS=graph_breaks`` prints them), inductor its ``skipping cudagraphs
-due to ...`` on ``cudagraphs``, each with the user's stack. A
-:class:`CompileListener` puts a handler on those loggers while a guard runs
-(also on those made meanwhile, through ``torch._logging.getArtifactLogger``),
-turns each record into a :class:`CompileEvent` at the user's line, and restores
-every logger on stop: what ``TORCH_LOGS`` would have printed is still printed.
+dynamo logs each graph break on its ``graph_breaks`` artifact logger, inductor its
+``skipping cudagraphs due to ...`` on ``cudagraphs``, each with the user's stack. A
+:class:`CompileListener` handles those loggers while a guard runs and turns each record
+into a :class:`CompileEvent` at the user's line; what ``TORCH_LOGS`` would print is printed.
 """
 
 from __future__ import annotations
@@ -17,9 +14,9 @@ import sys
 import threading
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any
 
 from barrierguard.detect.frames import USER, classify_file
+from barrierguard.detect.patch import Patches
 
 __all__ = [
     "CompileEvent",
@@ -49,11 +46,10 @@ _FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
 class CompileEvent:
     """One graph break or CUDA-graph skip, at the user's line.
 
-    ``what`` is ``"graph_break"`` or ``"cudagraph_skip"``; ``reason`` is
-    dynamo's (or inductor's) headline, ``detail`` its explanation and hints,
-    ``gb`` the graph-break page (``"gb0124"``), ``flag`` the dynamo config flag
-    its hint names (``"capture_scalar_outputs"``), ``user`` whether the line is
-    the user's own (else the innermost frame dynamo named).
+    ``what`` is ``"graph_break"`` or ``"cudagraph_skip"``; ``reason`` is dynamo's (or
+    inductor's) headline, ``detail`` its explanation and hints, ``gb`` the graph-break page
+    (``"gb0124"``), ``flag`` the dynamo config flag its hint names, ``user`` whether the
+    line is the user's own (else the innermost frame dynamo named).
     """
 
     what: str
@@ -150,11 +146,9 @@ _PARTITION_OP = re.compile(r"^\s*op\d+: reason=(?P<reason>.+?)(?:, ir=|$)")
 def not_a_dynamo_frame(code: CodeType) -> None:
     """Keep dynamo from compiling ``code`` when it runs as a frame of its own.
 
-    The calls that a graph break leaves to eager mode enter barrierguard's hooks
-    (the audit's ``__torch_function__``, the CUDA engine's timed ``item``) as new
-    frames, which dynamo would compile (and the hook step aside in them): skipped,
-    the hooks see those calls as eager code. Tracing that inlines a hook into a
-    graph is not affected. Without this hook of torch's, nothing changes.
+    The calls a graph break leaves to eager mode enter barrierguard's hooks as new
+    frames, which dynamo would compile (and the hooks step aside in them): skipped, the
+    hooks see those calls as eager code. A torch without this hook changes nothing.
     """
     try:
         from torch._C._dynamo import eval_frame
@@ -167,14 +161,14 @@ def not_a_dynamo_frame(code: CodeType) -> None:
 
 _listening_lock = threading.Lock()
 _listening: list[CompileListener] = []
-_patched_original: list[Any] = []
+_patch = Patches()  # torch._logging.getArtifactLogger, while a listener runs
 
 
 class CompileListener(logging.Handler):
     """Listens to dynamo's graph breaks and inductor's CUDA-graph skips while running.
 
-    It is the handler it puts on torch's loggers: ``logging`` calls :meth:`emit`
-    under the handler's lock, one record at a time.
+    It is the handler it puts on torch's loggers (``logging`` calls :meth:`emit` under its
+    lock, one record at a time).
 
     Example:
         >>> listener = CompileListener()
@@ -190,14 +184,12 @@ class CompileListener(logging.Handler):
         self.notes: list[str] = []
         # logger name -> (level, propagate, effective level) before we touched it
         self._saved: dict[str, tuple[int, bool, int]] = {}
-        self._patched: Any = None  # torch._logging, while its getArtifactLogger is ours
-        # Inductor (torch 2.9 and later) logs each op it cannot put in a CUDA graph
-        # (``op3: reason=DeviceCopy ops, ...``), then its stack one frame per record:
-        # the op's reason, and its event placed at the innermost user frame so far.
+        self._listening = False
+        # Inductor (torch 2.9+) logs each op it cannot put in a CUDA graph, then its stack
+        # one frame per record: the op's reason, and its event at the innermost user frame.
         self._reason: str | None = None
         self._placed: CompileEvent | None = None
 
-    # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
         """Attach to every artifact logger there is, and to those made from now on."""
         for name in list(logging.Logger.manager.loggerDict):
@@ -214,14 +206,12 @@ class CompileListener(logging.Handler):
             )
             return
 
-        # One patch for all listeners (nested guards, guards of several
-        # threads), removed by the last: stops in any order restore the original.
+        # One patch for all listeners, removed by the last: stops in any order restore it.
         with _listening_lock:
             if not _listening:
-                _patched_original[:] = [original]
 
                 def get_artifact_logger(module_qname: str, artifact_name: str) -> logging.Logger:
-                    logger: logging.Logger = _patched_original[0](module_qname, artifact_name)
+                    logger: logging.Logger = original(module_qname, artifact_name)
                     if artifact_name in ARTIFACTS:
                         for listener in list(_listening):
                             try:
@@ -230,18 +220,18 @@ class CompileListener(logging.Handler):
                                 listener.faults.append(f"{type(exc).__name__}: {exc}")
                     return logger
 
-                tl.getArtifactLogger = get_artifact_logger  # type: ignore[attr-defined]
+                _patch.set(tl, "getArtifactLogger", get_artifact_logger)
             _listening.append(self)
-        self._patched = tl
+        self._listening = True
 
     def stop(self) -> None:
         """Detach from every logger and restore its level and propagation."""
-        module, self._patched = self._patched, None
-        if module is not None:
+        if self._listening:
+            self._listening = False
             with _listening_lock:
-                _listening.remove(self)  # there since start() set _patched
-                if not _listening and _patched_original:
-                    module.getArtifactLogger = _patched_original.pop()
+                _listening.remove(self)
+                if not _listening:
+                    _patch.undo()
         for name, (level, propagate, _) in self._saved.items():
             logger = logging.getLogger(name)
             logger.removeHandler(self)
@@ -253,9 +243,8 @@ class CompileListener(logging.Handler):
         if logger.name in self._saved:
             return
         level = logger.getEffectiveLevel()
-        # Already enabled (TORCH_LOGS=graph_breaks): it prints as before, emit()
-        # passes nothing on. Else lowered for our handler only, and emit() passes
-        # on what torch printed before.
+        # Already enabled (TORCH_LOGS=graph_breaks), it prints as before; else it is
+        # lowered for our handler only, and emit() passes on what it printed before.
         enabled = level <= logging.DEBUG
         self._saved[logger.name] = (logger.level, logger.propagate, 10**6 if enabled else level)
         if not enabled:
@@ -263,7 +252,6 @@ class CompileListener(logging.Handler):
             logger.propagate = False
         logger.addHandler(self)
 
-    # -- records --------------------------------------------------------------
     def emit(self, record: logging.LogRecord) -> None:
         """Read ``record``; hand on what the logger would have propagated."""
         try:
@@ -282,8 +270,7 @@ class CompileListener(logging.Handler):
             event = parse_graph_break(text, record.exc_info[1] if record.exc_info else None)
         else:
             event = parse_cudagraph_skip(text)
-            # Inductor logs its partitions either way; only with its CUDA graphs on
-            # (mode="reduce-overhead", triton.cudagraphs) is an op outside them a cost.
+            # An op outside inductor's partitions costs only with its CUDA graphs on.
             config = sys.modules.get("torch._inductor.config")
             if event is None and getattr(getattr(config, "triton", None), "cudagraphs", False):
                 self._partition(text)

@@ -1,15 +1,11 @@
 """The calls of ``torch.distributed`` that block the host, recorded at the user's line.
 
-CUDA sync-debug mode does not see them (they wait in the process group, not in a CUDA
-call), and every rank waits there for the slowest one. Both engines install the same
-wrappers over ``torch.distributed``, ``distributed_c10d`` (user code may use either) and
-``Work.wait``; the engine says which tensors are host tensors and how a call is recorded.
-A call is recorded, as kind ``collective`` with the call in its detail, when it blocks the
-host (docs/distributed.md): the barriers and ``*_object`` calls always; a collective or
-point-to-point call on host tensors without ``async_op=True`` (gloo runs it on the host; on
-device tensors NCCL enqueues it on the stream); the ``wait()`` of such a call started with
-``async_op=True``. Calls inside a wrapped call (``all_gather_object`` calls ``all_gather``)
-pass straight through; syncs inside a recorded call are part of it (:func:`quiet`).
+CUDA sync-debug mode does not see them (they wait in the process group). Both engines
+wrap ``torch.distributed``, ``distributed_c10d`` and ``Work.wait`` alike; a call is
+recorded, as kind ``collective``, when it blocks the host (docs/distributed.md): the
+barriers and ``*_object`` calls always; a collective on host tensors without
+``async_op=True`` (gloo runs it on the host, NCCL on the stream); the ``wait()`` of such a
+call started with ``async_op=True``. Calls and syncs inside a recorded call are part of it.
 """
 
 from __future__ import annotations
@@ -55,18 +51,15 @@ WORK_CALLS = ("isend", "irecv", "batch_isend_irecv")
 
 
 class _State(threading.local):
-    """Per thread: how many wrapped calls it is inside, and whether one is recorded
-    (class-level defaults: a thread that never entered one reads them, at every sync)."""
+    """Per thread: how many wrapped calls it is inside, and whether one is recorded."""
 
     depth = 0
     quiet = False
 
 
 _tls = _State()
-# How many threads are quiet now (inside a recorded call): while none is, no
-# sync reads the thread-local (several hundred machine instructions, at every
-# scalar read). A thread is counted before it turns quiet and uncounted after
-# it turns back: never 0 while the thread that asks is quiet.
+# How many threads are inside a recorded call: while none is, no sync reads the
+# thread-local. Counted before a thread turns quiet, uncounted after it turns back.
 _quiet_threads = 0
 _quiet_lock = threading.Lock()
 _clock = time.perf_counter

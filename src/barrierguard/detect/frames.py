@@ -1,8 +1,7 @@
 """Find the user's line, and the framework line, of a synchronization.
 
-Everything here runs inside the hook that fires on every synchronization, so it
-is built for speed: file names are classified once and cached, and the kind of
-the instruction a frame is executing is cached per ``(code, offset)``.
+This runs at every synchronization: a file's class, and the kind of the instruction at a
+``(code, offset)``, are each worked out once and cached.
 """
 
 from __future__ import annotations
@@ -10,11 +9,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import dis
+import functools
 import importlib.util
 import linecache
 import os
 import sysconfig
-import threading
+from dataclasses import dataclass, field
 from types import CodeType, FrameType
 
 from barrierguard.detect.kinds import kind_for_call
@@ -46,12 +46,9 @@ TORCH_FRAMEWORKS: tuple[tuple[str, str], ...] = (
 )
 
 _OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# barrierguard's own files that are not the guard's machinery: the demo is user
-# code, and MetricBuffer.compute() makes the one deliberate transfer of a
-# framework (reported as "framework:barrierguard", allowed by default).
-_OWN_EXCEPTIONS = {
-    _OWN_ROOT + os.path.join("cli", "demo.py"): (USER, ""),
-}
+# barrierguard's own files that are not its machinery: the demo is user code, and
+# MetricBuffer's transfer is a framework's ("framework:barrierguard", allowed by default).
+_OWN_EXCEPTIONS = {_OWN_ROOT + os.path.join("cli", "demo.py"): (USER, "")}
 _OWN_FRAMEWORK_DIR = _OWN_ROOT + "metrics" + os.sep
 
 
@@ -73,71 +70,65 @@ def _package_root(name: str) -> str | None:
     return os.path.abspath(next(iter(spec.submodule_search_locations))) + os.sep
 
 
+@functools.cache
+def _roots() -> list[tuple[str, int, str]]:
+    """The folders of barrierguard, torch and the known frameworks: ``(prefix, category, name)``."""
+    roots: list[tuple[str, int, str]] = [(_OWN_ROOT, OWN, "barrierguard")]
+    torch_root = _package_root("torch")
+    if torch_root is not None:
+        for sub, name in TORCH_FRAMEWORKS:
+            roots.append((torch_root + sub.replace("/", os.sep) + os.sep, FRAMEWORK, name))
+        roots.append((torch_root, TORCH, "torch"))
+    for pkg, name in KNOWN_FRAMEWORKS.items():
+        root = _package_root(pkg)
+        if root is not None:
+            roots.append((root, FRAMEWORK, name))
+    # Longest prefix first, so torch/amp/ wins over torch/.
+    return sorted(roots, key=lambda r: len(r[0]), reverse=True)
+
+
+def _classify(filename: str) -> tuple[int, str]:
+    if filename.startswith("<"):
+        # <frozen runpy> is the standard library, <eval_with_key>.N a torch.fx
+        # graph; <string>, <stdin> and notebook cells are the user's code.
+        if filename.startswith("<eval_with_key>"):
+            return TORCH, "torch"
+        return (LIBRARY, "python") if filename.startswith("<frozen") else (USER, "")
+    path = os.path.abspath(filename)
+    if _inductor_generated(path):
+        return TORCH, "torch"
+    if path in _OWN_EXCEPTIONS:
+        return _OWN_EXCEPTIONS[path]
+    if path.startswith(_OWN_FRAMEWORK_DIR):
+        return FRAMEWORK, "barrierguard"
+    for prefix, category, name in _roots():
+        if path.startswith(prefix):
+            return category, name
+    parts = path.split(os.sep)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            i = parts.index(marker)
+            top = parts[i + 1].removesuffix(".py") if i + 1 < len(parts) else ""
+            known = KNOWN_FRAMEWORKS.get(top)
+            return (LIBRARY, top) if known is None else (FRAMEWORK, known)
+    for key in ("stdlib", "platstdlib"):
+        stdlib = sysconfig.get_paths().get(key)
+        if stdlib and path.startswith(os.path.abspath(stdlib) + os.sep):
+            return LIBRARY, "python"
+    return USER, ""
+
+
 class _Classifier:
     """Caches what each source file is: user code, torch, a framework, a library."""
 
     def __init__(self) -> None:
         self._cache: dict[str, tuple[int, str]] = {}
-        self._roots: list[tuple[str, int, str]] | None = None
-        self._lock = threading.Lock()
-
-    def _build_roots(self) -> list[tuple[str, int, str]]:
-        roots: list[tuple[str, int, str]] = [(_OWN_ROOT, OWN, "barrierguard")]
-        torch_root = _package_root("torch")
-        if torch_root is not None:
-            for sub, name in TORCH_FRAMEWORKS:
-                roots.append((torch_root + sub.replace("/", os.sep) + os.sep, FRAMEWORK, name))
-            roots.append((torch_root, TORCH, "torch"))
-        for pkg, name in KNOWN_FRAMEWORKS.items():
-            root = _package_root(pkg)
-            if root is not None:
-                roots.append((root, FRAMEWORK, name))
-        # Longest prefix first, so torch/amp/ wins over torch/.
-        roots.sort(key=lambda r: len(r[0]), reverse=True)
-        return roots
 
     def classify(self, filename: str) -> tuple[int, str]:
         hit = self._cache.get(filename)
-        if hit is not None:
-            return hit
-        with self._lock:
-            if self._roots is None:
-                self._roots = self._build_roots()
-            result = self._classify(filename, self._roots)
-            self._cache[filename] = result
-        return result
-
-    @staticmethod
-    def _classify(filename: str, roots: list[tuple[str, int, str]]) -> tuple[int, str]:
-        if filename.startswith("<"):
-            # <frozen runpy> is the standard library; <eval_with_key>.N is a
-            # torch.fx graph's code; <string>, <stdin> and notebook cells are
-            # the user's own code.
-            if filename.startswith("<eval_with_key>"):
-                return TORCH, "torch"
-            return (LIBRARY, "python") if filename.startswith("<frozen") else (USER, "")
-        path = os.path.abspath(filename)
-        if _inductor_generated(path):
-            return TORCH, "torch"
-        if path in _OWN_EXCEPTIONS:
-            return _OWN_EXCEPTIONS[path]
-        if path.startswith(_OWN_FRAMEWORK_DIR):
-            return FRAMEWORK, "barrierguard"
-        for prefix, category, name in roots:
-            if path.startswith(prefix):
-                return category, name
-        parts = path.split(os.sep)
-        for marker in ("site-packages", "dist-packages"):
-            if marker in parts:
-                i = parts.index(marker)
-                top = parts[i + 1].removesuffix(".py") if i + 1 < len(parts) else ""
-                known = KNOWN_FRAMEWORKS.get(top)
-                return (LIBRARY, top) if known is None else (FRAMEWORK, known)
-        for key in ("stdlib", "platstdlib"):
-            stdlib = sysconfig.get_paths().get(key)
-            if stdlib and path.startswith(os.path.abspath(stdlib) + os.sep):
-                return LIBRARY, "python"
-        return USER, ""
+        if hit is None:
+            hit = self._cache[filename] = _classify(filename)
+        return hit
 
 
 _classifier = _Classifier()
@@ -148,50 +139,28 @@ def classify_file(filename: str) -> tuple[int, str]:
     return _classifier.classify(filename)
 
 
+@dataclass(eq=False, repr=False, slots=True)
 class Location:
     """Where a synchronization happened, as seen on the Python stack.
 
-    Locations are interned (see :func:`place`): a hot site reuses one object,
-    whose ``key`` (file, line, kind, origin, framework file and line) names the
-    site: two framework syncs behind one user line (``trainer.fit(model)``)
-    are two sites.
+    Interned by :func:`place`. ``key`` (file, line, kind, origin, framework file and line)
+    names the site: two framework syncs behind one user line are two sites.
     """
 
-    __slots__ = (
-        "detail",
-        "file",
-        "framework_file",
-        "framework_function",
-        "framework_line",
-        "function",
-        "key",
-        "kind",
-        "line",
-        "origin",
-    )
+    file: str
+    line: int
+    function: str
+    kind: str
+    detail: str
+    origin: str
+    framework_file: str | None = None
+    framework_line: int | None = None
+    framework_function: str | None = None
+    key: tuple[str, int, str, str, str, int] = field(init=False)
 
-    def __init__(
-        self,
-        file: str,
-        line: int,
-        function: str,
-        kind: str,
-        detail: str,
-        origin: str,
-        framework_file: str | None = None,
-        framework_line: int | None = None,
-        framework_function: str | None = None,
-    ) -> None:
-        self.file = file
-        self.line = line
-        self.function = function
-        self.kind = kind
-        self.detail = detail
-        self.origin = origin
-        self.framework_file = framework_file
-        self.framework_line = framework_line
-        self.framework_function = framework_function
-        self.key = (file, line, kind, origin, framework_file or "", framework_line or 0)
+    def __post_init__(self) -> None:
+        where = (self.framework_file or "", self.framework_line or 0)
+        self.key = (self.file, self.line, self.kind, self.origin, *where)
 
     def __repr__(self) -> str:
         return f"Location({self.file}:{self.line} {self.kind} {self.origin})"
@@ -236,6 +205,23 @@ _COPY_DIRECTIONS = {
 _kind_cache: dict[tuple[CodeType, int], tuple[str, str]] = {}
 
 
+def _instruction(code: CodeType, lasti: int) -> tuple[str, int]:
+    """The name and offset of the instruction at ``lasti`` (``""`` past the end).
+
+    A frame suspended in a call into Python code points at the last inline CACHE
+    entry of its CALL (3.11+): the CALL itself is named.
+    """
+    raw = code.co_code
+    try:
+        opname = dis.opname[raw[lasti]]
+        while opname == "CACHE" and lasti >= 2:
+            lasti -= 2
+            opname = dis.opname[raw[lasti]]
+    except IndexError:
+        opname = ""
+    return opname, lasti
+
+
 def _source_segment(code: CodeType, lasti: int) -> str | None:
     positions = getattr(code, "co_positions", None)
     if positions is None:
@@ -250,12 +236,10 @@ def _source_segment(code: CodeType, lasti: int) -> str | None:
     lines = linecache.getlines(code.co_filename)
     if not lines or end > len(lines):
         return None
-    chunk = [ln.encode("utf-8") for ln in lines[start - 1 : end]]
-    if len(chunk) == 1:
-        text = chunk[0][col:end_col]
-    else:
-        text = chunk[0][col:] + b"".join(chunk[1:-1]) + chunk[-1][:end_col]
-    return text.decode("utf-8", errors="replace")
+    chunk = [ln.encode("utf-8") for ln in lines[start - 1 : end]]  # columns count bytes
+    chunk[-1] = chunk[-1][:end_col]
+    chunk[0] = chunk[0][col:]
+    return b"".join(chunk).decode("utf-8", errors="replace")
 
 
 def _call_name(node: ast.AST) -> str | None:
@@ -275,8 +259,8 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
         with contextlib.suppress(SyntaxError):
             name = _call_name(ast.parse("(" + segment + "\n)", mode="eval").body)
     if name is None:
-        # No column positions (Python 3.10) or no source: fall back to the
-        # known synchronizing calls on the line, innermost (rightmost) last.
+        # No column positions (Python 3.10) or no source: the known synchronizing
+        # calls on the line, the innermost (rightmost) one.
         line = linecache.getline(code.co_filename, lineno).strip()
         try:
             module = ast.parse(line.rstrip(":"), mode="exec")
@@ -294,27 +278,14 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
 
 
 def kind_at(frame: FrameType) -> tuple[str, str]:
-    """The kind of the instruction ``frame`` is executing, with a detail string.
-
-    Cached per code object and instruction offset, so a hot site costs one
-    dictionary lookup.
-    """
+    """The kind of the instruction ``frame`` is executing, with a detail string (cached)."""
     code = frame.f_code
     lasti = frame.f_lasti
     key = (code, lasti)
     hit = _kind_cache.get(key)
     if hit is not None:
         return hit
-    raw = code.co_code
-    try:
-        opname = dis.opname[raw[lasti]]
-        # A frame suspended in a call into Python code points at the last
-        # inline CACHE entry of its CALL (3.11+): step back to the CALL itself.
-        while opname == "CACHE" and lasti >= 2:
-            lasti -= 2
-            opname = dis.opname[raw[lasti]]
-    except IndexError:
-        opname = ""
+    opname, lasti = _instruction(code, lasti)
     if opname in _CALL_OPS:
         result = _kind_from_call(code, lasti, frame.f_lineno)
     elif opname in _BOOL_OPS:
@@ -329,8 +300,8 @@ def kind_at(frame: FrameType) -> tuple[str, str]:
     return result
 
 
-# Keyed by the ids of the code objects (hashing a code object hashes its constants
-# and names); each entry keeps its code objects alive, so the ids stay theirs.
+# Keyed by the ids of the code objects (hashing one hashes its constants); each entry
+# keeps its code objects alive, so the ids stay theirs.
 _location_cache: dict[tuple[object, ...], tuple[Location, CodeType, CodeType]] = {}
 
 
@@ -368,15 +339,11 @@ def place(
         kind: The kind, when known; else read from the executing instruction.
         detail: Extra detail for a known kind.
     """
-    if user is None:
-        # Nothing but library frames (a module run with -m from site-packages):
-        # the innermost framework frame, else the innermost frame, stands in.
+    if user is None:  # only library frames (python -m of an installed module)
         user = framework or innermost
     probe = framework if framework is not None else user
     user_code, probe_code = user.f_code, probe.f_code
-    # Instruction offsets, not line numbers: a frame computes f_lineno from its
-    # code's line table, and the offset names the line as well. Two user lines
-    # that reach the same framework sync are two keys (the user frame's offset).
+    # Instruction offsets name the line as well as f_lineno, which a frame computes.
     key = (id(user_code), user.f_lasti, id(probe_code), probe.f_lasti, kind, detail)
     hit = _location_cache.get(key)
     if hit is not None and hit[1] is user_code and hit[2] is probe_code:

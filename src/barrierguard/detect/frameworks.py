@@ -1,16 +1,10 @@
 """The syncs that frameworks make, why, and the setting on the user's side that removes each.
 
-A sync inside Lightning, transformers, accelerate, torchmetrics or torch's own
-training utilities is found at a line the user cannot edit. This module names
-it: :data:`MECHANISMS` is the one table of known framework syncs (where, why,
-the fix, or plainly that none exists), and :data:`PHASES` marks the framework
-functions that tell which phase of a run a sync belongs to (a validation loop,
-a checkpoint save, the teardown after the last step). The walk of ``detect.stack``
-reads both through :func:`file_entry`, once per code object.
-
-To add a framework sync: add one :class:`Mechanism` to :data:`MECHANISMS` with
-the functions it lives in, prove its fix on a GPU (docs/frameworks.md), and add
-a row to ``tests/detect/test_frameworks.py``.
+:data:`MECHANISMS` is the one table of known framework syncs (where, why, the fix, or
+plainly that none exists); :data:`PHASES` marks the framework functions that tell which
+phase of a run a sync belongs to. The walk of ``detect.stack`` reads both through
+:func:`file_entry`. A new framework sync is one :class:`Mechanism`, its fix proven on a
+GPU (docs/frameworks.md) and a row in ``tests/detect/test_frameworks.py``.
 """
 
 from __future__ import annotations
@@ -42,16 +36,13 @@ class Mechanism:
 
     Attributes:
         name: A short stable name, recorded in each site's ``mechanisms``.
-        functions: Where it lives: ``"package/path.py:function"`` (``*`` for
-            any function of the file); the innermost match on the stack wins.
+        functions: Where it lives: ``"package/path.py:function"`` (``*`` for any
+            function of the file); the innermost match on the stack wins.
         why: One sentence: what the framework reads on the host, and when.
-        fix: The setting or call on the user's side that removes the sync, or
-            ``""`` when none exists.
-        no_fix: When ``fix`` is empty: plainly why nothing on the user's side
-            removes it (and what it costs).
-        direct: Only when the sync is made in these functions themselves, not
-            in a function they call (a loop body whose callees sync for other
-            reasons).
+        fix: The setting on the user's side that removes the sync, or ``""``.
+        no_fix: When ``fix`` is empty: why nothing removes it (and what it costs).
+        direct: Only when the sync is made in these functions themselves, not in
+            a function they call.
     """
 
     name: str
@@ -62,18 +53,13 @@ class Mechanism:
     direct: bool = False
 
     @property
-    def framework(self) -> str:
-        """The package that makes the sync: the first folder of its first function."""
-        return self.functions[0].split("/", 1)[0]
-
-    @property
     def hint(self) -> str:
         """The fix, or the plain statement that none exists."""
         return self.fix or f"no setting removes it: {self.no_fix}"
 
 
-# -- the table ------------------------------------------------------------------
-_LIGHTNING = (
+MECHANISMS: tuple[Mechanism, ...] = (
+    # Lightning
     Mechanism(
         "batch_transfer",
         (
@@ -191,9 +177,7 @@ _LIGHTNING = (
         "back to the CPU at teardown",
         no_fix="once per run (fit, validate, test or predict), outside the steps",
     ),
-)
-
-_HUGGING_FACE = (
+    # transformers and accelerate
     Mechanism(
         "packed_sequence_check",
         ("transformers/masking_utils.py:find_packed_sequence_indices",),
@@ -273,9 +257,7 @@ _HUGGING_FACE = (
         "through the device and back, four reads per batch, even on one GPU",
         fix="evaluate without compute_metrics, or TrainingArguments(prediction_loss_only=True)",
     ),
-)
-
-_TORCHMETRICS = (
+    # torchmetrics
     Mechanism(
         "nan_check",
         ("torchmetrics/aggregation.py:_cast_and_nan_check_input",),
@@ -297,9 +279,7 @@ _TORCHMETRICS = (
         "the first update to find groups",
         fix="MetricCollection(..., compute_groups=False), or accept it: once per collection",
     ),
-)
-
-_TORCH = (
+    # torch
     Mechanism(
         "grad_scaler_step",
         ("torch/amp/grad_scaler.py:_maybe_opt_step",),
@@ -329,8 +309,6 @@ _TORCH = (
     ),
 )
 
-MECHANISMS: tuple[Mechanism, ...] = _LIGHTNING + _HUGGING_FACE + _TORCHMETRICS + _TORCH
-
 Marker = str | Callable[[FrameType], str | None] | None
 
 
@@ -340,14 +318,11 @@ def _evaluation_stage(frame: FrameType) -> str | None:
     if getattr(getattr(loop, "trainer", None), "sanity_checking", False):
         return "sanity"
     stage = getattr(getattr(loop, "_stage", None), "value", None)
-    return {"sanity_check": "sanity", "validate": "validate", "test": "test"}.get(
-        str(stage), "validate"
-    )
+    return {"sanity_check": "sanity", "test": "test"}.get(str(stage), "validate")
 
 
-# Framework functions that mark the phase of a run: "package/path.py:function"
-# -> phase, or a function of the frame that returns the phase. The innermost
-# marker on the stack wins, and the walk stops there.
+# "package/path.py:function" -> the phase of a run it marks, or a function of its frame
+# that returns it. The innermost marker on the stack wins; the walk stops there.
 PHASES: dict[str, str | Callable[[FrameType], str | None]] = {
     "lightning/pytorch/loops/fit_loop.py:run": "train",
     "lightning/pytorch/loops/fit_loop.py:advance": "train",
@@ -364,9 +339,8 @@ PHASES: dict[str, str | Callable[[FrameType], str | None]] = {
     "transformers/trainer.py:save_model": "checkpoint",
     "transformers/trainer.py:_finalize_training": "teardown",
     "transformers/trainer.py:_load_best_model": "teardown",
-    # torch.compile at work: dynamo tracing a frame, inductor compiling a
-    # graph (the backward one at the first backward), and inductor's
-    # autotuning, which times kernels at their first call (a cold cache).
+    # torch.compile at work: dynamo tracing, inductor compiling a graph (the backward
+    # one at the first backward), and autotuning kernels at their first call.
     "torch/_dynamo/convert_frame.py:_compile": "compile",
     "torch/_inductor/compile_fx.py:compile_fx_inner": "compile",
     "torch/_inductor/compile_fx.py:fx_codegen_and_compile": "compile",
@@ -377,8 +351,7 @@ PHASES: dict[str, str | Callable[[FrameType], str | None]] = {
     "torch/_inductor/runtime/benchmarking.py:benchmark_gpu": "compile",
     "torch/_inductor/runtime/coordinate_descent_tuner.py:autotune": "compile",
     "torch/_inductor/select_algorithm.py:__call__": "compile",
-    # mode="reduce-overhead": CUDA-graph trees' warm-up runs and recordings,
-    # once per graph (a replay is none of these).
+    # mode="reduce-overhead": CUDA-graph trees' warm-up runs and recordings.
     "torch/_inductor/cudagraph_trees.py:run_eager": "compile",
     "torch/_inductor/cudagraph_trees.py:record_function": "compile",
     "torch/_inductor/cudagraph_trees.py:_allocate_and_copy_recording_inputs": "compile",
@@ -394,8 +367,7 @@ _HOOK_CALLERS = frozenset(
     }
 )
 
-# Where a framework's files lie inside a path, and the name they go by in the
-# tables (the standalone Lightning packages read as the unified one).
+# Where a framework's files lie inside a path, and their name in the tables.
 _ROOTS = (
     ("/lightning/pytorch/", "lightning/pytorch/"),
     ("/pytorch_lightning/", "lightning/pytorch/"),
@@ -416,8 +388,8 @@ def mechanism(name: str) -> Mechanism | None:
     """The table's entry for a mechanism name (a hook in brackets is ignored).
 
     Example:
-        >>> mechanism("prog_bar (on_train_batch_end)").framework
-        'lightning'
+        >>> mechanism("prog_bar (on_train_batch_end)").name
+        'prog_bar'
     """
     return _BY_NAME.get(name.split(" (", 1)[0])
 
@@ -430,8 +402,7 @@ def package_path(filename: str) -> str | None:
         'lightning/fabric/utilities/apply_func.py'
     """
     path = filename.replace(os.sep, "/")
-    # The innermost package wins (transformers vendored under another
-    # package's folder), i.e. the marker found furthest to the right.
+    # The innermost package (the rightmost marker) wins: a vendored copy is its own.
     marker, prefix = max(_ROOTS, key=lambda root: path.rfind(root[0]))
     i = path.rfind(marker)
     return prefix + path[i + len(marker) :] if i >= 0 else None
@@ -444,12 +415,10 @@ def file_entry(filename: str) -> tuple[bool, dict[str, Function] | None]:
     """What the walk of ``detect.stack`` needs of a source file (asked once per file).
 
     Returns:
-        ``(real, functions)``: real when a frame of the file can be the one
-        that synchronized (not barrierguard's, torch's core nor the standard
-        library's); functions maps each function name of the file that the
-        tables name (``"*"``: any other function of the file) to
-        ``(mechanism, direct only, phase marker, hook caller)``, or is ``None``
-        when the tables name none.
+        ``(real, functions)``: real when a frame of the file can be the one that
+        synchronized (not barrierguard's, torch's core nor the standard library's);
+        functions maps each function of the file that the tables name (``"*"``: any
+        other) to ``(mechanism, direct only, phase marker, hook caller)``, or is ``None``.
 
     Example:
         >>> file_entry("/sp/lightning/pytorch/loops/fit_loop.py")[1]["run"]
@@ -478,8 +447,7 @@ def file_entry(filename: str) -> tuple[bool, dict[str, Function] | None]:
     return real, functions
 
 
-# Packages whose functions mark phases; without one of them imported, no sync
-# can be inside such a function and the walk looks only for mechanisms.
+# Packages whose functions mark phases: without one imported, the walk seeks none.
 PHASE_PACKAGES = ("lightning", "pytorch_lightning", "transformers", "torch._dynamo")
 
 

@@ -132,9 +132,7 @@ KINDS: dict[str, Kind] = {
     ),
 }
 
-# The stable rule code of each kind (``Kind.code``), as linters number their rules:
-# reports, CI annotations and SARIF name a site by it, and an allow rule may use it
-# (docs/rules.md). A code is never reused for another kind.
+# The stable rule code of each kind, never reused for another (docs/rules.md).
 #   BG1xx: a device value read on the host    BG2xx: a copy between host and device
 #   BG3xx: an output size that needs device data    BG4xx: explicit waits, collectives
 #   BG5xx: inside backward    BG9xx: not named
@@ -250,11 +248,7 @@ def fix_for(kind: str, detail: str = "") -> str:
     collective's the call it names).
 
     Example:
-        >>> fix_for("index").startswith("use torch.where")
-        True
         >>> fix_for("copy", "h2d").startswith("pin the source")
-        True
-        >>> fix_for("index", "list").startswith("build the index on the device")
         True
         >>> fix_for("collective", "all_reduce (gloo)").startswith("a collective on CPU")
         True
