@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from barrierguard.detect import hub
 from barrierguard.detect.kinds import BARRIER_CALLS, OBJECT_CALLS
 from barrierguard.detect.patch import Patches
 
@@ -80,6 +81,7 @@ def _count_quiet(change: int) -> None:
     global _quiet_threads
     with _quiet_lock:
         _quiet_threads += change
+    hub.invalidate()  # a read inside the call is part of it: no engine's tally counts it
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
