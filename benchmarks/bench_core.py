@@ -70,7 +70,14 @@ Reproduce:
     ``benchmarks/results/h200/core_sync_ab/`` six alternating runs on one host of
     ``--pin 2 --layers 1 --pairs 3 --steps 5 --parts-steps 0 --sync-pairs 30``, ``src/``
     at 828ceb7 and at 2bbbd80 (its ``README.txt``), and
-    ``benchmarks/results/h200/core_sync_ab_a096529/`` the same at 6514e05 and at a096529;
+    ``benchmarks/results/h200/core_sync_ab_a096529/`` the same at 6514e05 and at a096529,
+    and ``benchmarks/results/h200/core_sync_ab_tally/`` the same at cb0b631 and with the
+    wrapper's tally (runs 1-2 at 96e0e21, 3-4 at f12e780);
+    ``benchmarks/results/h200/core_step_f12e780.json`` and ``core_step_f12e780.txt`` are
+    ``--pin 2 --layers 3 --pairs 100 --steps 50 --parts-steps 0 --sync-pairs 0`` at f12e780,
+    and ``benchmarks/results/h200/core_parts_f12e780.json`` and ``core_parts_f12e780.txt``
+    ``--pin 2 --layers 3 --pairs 3 --steps 5 --parts-steps 500 --parts-rounds 6
+    --sync-pairs 0`` at f12e780;
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
