@@ -106,3 +106,37 @@ def test_every_recorder_records_before_any_acts_and_a_fault_stays_with_its_own(
         "a acts",
         "c acts",
     ]
+
+
+class _Tallier(_Recorder):
+    """Counts every sync as a repeat in its own tally."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        super().__init__(name, log)
+        self.tally = hub.Tally()
+
+    def record(  # type: ignore[override]
+        self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
+    ) -> hub.Tally:
+        self.tally.n += 1
+        return self.tally
+
+
+def test_a_tally_is_handed_to_the_engine_only_for_one_recorder(engine: _Engine) -> None:
+    log: list[str] = []
+    first, second = _Tallier("a", log), _Tallier("b", log)
+    epoch = hub.epoch
+    hub.attach(first, engine)
+    try:
+        assert hub.epoch != epoch  # attaching makes the tallies handed out stale
+        assert hub.emit(engine.name, SYNC) is first.tally
+        hub.attach(second, engine)
+        try:
+            # The engine would count one recorder's repeat for both: none handed out.
+            assert hub.emit(engine.name, SYNC) is None
+            assert (first.tally.n, second.tally.n) == (2, 1)
+        finally:
+            hub.detach(second, engine.name)
+    finally:
+        hub.detach(first, engine.name)
+    assert not log  # a tally is no action: nothing ran

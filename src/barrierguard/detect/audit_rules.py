@@ -28,10 +28,12 @@ from barrierguard.detect.audit_provenance import (
     AuditMode,
     Rule,
     Tensor,
+    sync_frame,
 )
 from barrierguard.detect.cuda import _nonblocking
 from barrierguard.detect.frameworks import package_path
 from barrierguard.detect.patch import Patches
+from barrierguard.detect.stack import observe
 
 __all__ = ["build_rules", "install_patches", "tagged_ops"]
 
@@ -92,14 +94,31 @@ def _judged(judge: Judge) -> Rule:
 
 
 def _reader(kind: str) -> Rule:
-    """A rule that records ``kind`` when the call's tensor is a device tensor."""
-    verdict = (kind, "")
+    """A rule that records ``kind`` when the call's tensor is a device tensor.
 
-    def judge(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs, out: Any) -> Verdict:
-        t = args[0] if args else None
-        return verdict if isinstance(t, Tensor) and mode.is_dev(t) else None
+    The read path of every recorded ``.item()``: written out, not a judged rule, so
+    it reads the tensor's mark first and makes no call it can do without."""
 
-    return _judged(judge)
+    def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
+        out = func(*args, **kwargs)
+        try:
+            t = args[0] if args else None
+            if not isinstance(t, Tensor):
+                return out
+            m = mode.marks.get(id(t))
+            if not (m.dev if m is not None else mode.is_dev(t)):
+                return out
+            # The caller of the mode's __torch_function__, which called this rule:
+            # sys._getframe makes no frame object for the frames it skips.
+            sync = observe(sync_frame(sys._getframe(2)), kind, "")
+        except Exception as exc:
+            hub.fault(NAME, exc)
+            return out
+        if sync is not None:
+            hub.emit(NAME, sync)
+        return out
+
+    return rule
 
 
 def _dynamic(kind: str, which: Probe) -> Rule:

@@ -200,22 +200,22 @@ def emit(
     ident = _get_ident()
     actions: list[Callable[[], None]] | None = None
     tally: Tally | None = None
-    deliveries = _deliveries.get(engine_name, ())
-    for recorder, record in deliveries:
+    for recorder, record in _deliveries.get(engine_name, ()):
         try:
             action = record(sync, ident, stall, again)
         except Exception as exc:  # never lose the user's run to our own bug
             recorder.fault(exc)
             continue
-        if action is None:
-            continue
-        if isinstance(action, Tally):
-            tally = action if len(deliveries) == 1 else None
-            continue
-        if actions is None:
-            actions = []
-        actions.append(action)
+        if action is not None:
+            if isinstance(action, Tally):
+                tally = action
+                continue
+            if actions is None:
+                actions = []
+            actions.append(action)
     if actions is not None:
         for action in actions:
             action()
+    if tally is not None and len(_deliveries.get(engine_name, ())) > 1:
+        return None  # an engine's tally stands for one recorder's count
     return tally

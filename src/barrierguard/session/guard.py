@@ -609,7 +609,10 @@ class Guard:
             else:
                 quiet.stall += stall
             return quiet
-        hub.invalidate()  # what follows may change what a repeat means
+        if quiet is not None:
+            # A settled site counted another way (another thread, sync or step):
+            # what a repeat of it means may change, the tallies handed out are stale.
+            hub.invalidate()
         mechanism = sync.mechanism
         # The stack's phase wins but for plain "train", where the adapter's knows better.
         phase = self._phase
