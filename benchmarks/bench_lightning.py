@@ -151,6 +151,12 @@ Reproduce:
             --out benchmarks/results/h200/lightning_cycle_mlp_gc_042e695.json \
             | tee benchmarks/results/h200/lightning_cycle_mlp_gc_042e695.txt
 
+    200 cycles of the MLP fit at 45eb087 (the engines' tallies; about 2 minutes)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --fits 1 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_45eb087.json \\
+            | tee benchmarks/results/h200/lightning_cycle_mlp_45eb087.txt
+
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
