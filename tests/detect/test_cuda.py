@@ -541,6 +541,36 @@ def test_a_violating_sites_tally_goes_stale_when_an_allowed_block_opens(
     assert fast_calls < slow_calls - 90  # the reads past the list, but for a few
 
 
+def test_no_thread_keeps_a_tally_past_the_run(scalar_reads: FakeMode) -> None:
+    from barrierguard.detect import cuda as cuda_engine
+
+    x = torch.ones(1)
+    states: list[Any] = []
+    done = [threading.Event() for _ in range(3)]
+    go = [threading.Event() for _ in range(3)]
+
+    def worker() -> None:
+        for k in range(3):  # a step of its own between the main thread's boundaries
+            go[k].wait(5)
+            for _ in range(4):
+                x.item()  # W-read
+            done[k].set()
+        states.append(cuda_engine._tls.s)
+
+    with barrierguard.watch(engine="cuda", policy="record", allow=["item"]) as guard:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        for k in range(3):
+            guard.step()
+            go[k].set()
+            done[k].wait(5)
+        thread.join(5)
+        assert states and states[0].hot is not None  # the worker's repeats went to a tally
+    assert states[0].hot is None
+    (site,) = [s for s in guard.report.sites if s.kind == "item"]
+    assert site.count == 12
+
+
 def test_scalar_read_under_error_policy_raises_at_the_line_with_the_mode_back_on(
     scalar_reads: FakeMode,
 ) -> None:

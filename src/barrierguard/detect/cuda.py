@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, cast
@@ -45,7 +46,7 @@ _Hot = tuple[Sync, hub.Tally, int, "_Route | None", int, int]
 class _Thread:
     """One thread's state: the outermost timed call's start, the copy in flight, the hot tally."""
 
-    __slots__ = ("hot", "op", "t0")
+    __slots__ = ("__weakref__", "hot", "op", "t0")
 
     def __init__(self) -> None:
         self.t0: float | None = None
@@ -58,8 +59,12 @@ class _State(threading.local):
 
     def __init__(self) -> None:
         self.s = _Thread()
+        _threads.add(self.s)
 
 
+# Every live thread's state: at uninstall no thread keeps a tally (nor the route,
+# and the frame it may hold, that came with it).
+_threads: weakref.WeakSet[_Thread] = weakref.WeakSet()
 _tls = _State()
 _distributed_tls = distributed._tls
 
@@ -287,7 +292,8 @@ class CudaEngine:
         finally:
             self._patches.undo()
             self._index_timed = False
-            _tls.s.hot = None
+            for state in list(_threads):
+                state.hot = None
             stack.forget()
             if self._saved_show is not None and warnings._showwarnmsg == self._show:  # type: ignore[attr-defined]
                 warnings._showwarnmsg = self._saved_show  # type: ignore[attr-defined]
