@@ -119,7 +119,8 @@ class Guard:
     hand with :meth:`start`/:meth:`stop`; starting it again adds to the same report.
 
     Steps: every ``optimizer.step()`` ends a step; with several optimizers the
-    first to step in an iteration leads (``session/steps.py`` has the rule). Loops
+    first to step in an iteration leads, so a GAN's two optimizers make one step
+    and a layer-wise schedule counts every step (docs/guide.md has the rule). Loops
     without an optimizer call :meth:`step`, after which optimizer steps no longer
     count. Everything before the first step, and the first ``warmup_steps`` steps,
     is setup: recorded, never held against the policy. What follows the last step,
@@ -523,7 +524,8 @@ class Guard:
         """Tag the syncs from now on with ``phase`` (a framework adapter's events).
 
         A phase the stack shows (an evaluation loop, a checkpoint save) wins over
-        ``"train"``; syncs in the phases of ``APART_PHASES`` are counted apart.
+        ``"train"``; syncs in ``validate``, ``test``, ``predict``, ``checkpoint``,
+        ``teardown``, ``after-loop``, ``compile`` and ``probe`` are counted apart.
 
         Example:
             >>> import barrierguard
