@@ -179,7 +179,8 @@ def _timed_no_args(
             stall = clock() - t0
             frame = getframe(1)
             # Met again while its tally stands (hub.Tally): counted here, nothing called;
-            # the loop's own frame at its instruction, or the last route's frames in place.
+            # the loop's own frame at its instruction, or the last route's frames in place
+            # (stack._replay's probe test, written out here: a call per read is the cost).
             hot = state.hot
             if hot is not None and hot[2] == hub_module.epoch:
                 last = anchors.last
