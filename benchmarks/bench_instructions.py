@@ -171,6 +171,63 @@ def _reads(args: argparse.Namespace) -> list[str]:
     return labels
 
 
+class _Event:
+    """A CUDA event's stand-in for the step timeline: recorded, reached at once."""
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
+
+
+def _steps(args: argparse.Namespace) -> list[str]:
+    """Steps with nothing to record, bare and watched; returns the labels."""
+    import torch
+
+    import barrierguard
+    from barrierguard.session import guard as guard_module
+    from barrierguard.session.timeline import StepTimeline
+
+    _engine_on_cpu(all_on_device=False)
+    guard_module._make_timeline = lambda: StepTimeline(make_event=_Event)  # type: ignore[assignment]
+    host = torch.ones(4)
+    param = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([param], lr=0.1)  # no gradient: its step is its hooks
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            host.to("cpu", non_blocking=True)
+            torch.tensor(1.0, device="cpu")
+            opt.step()
+
+    labels: list[str] = []
+    # Memory sampled once at the start, then never in the counted steps: what
+    # every step between two samples pays.
+    for name, options in (
+        ("bare", None),
+        ("memory=False", {"memory": False}),
+        ("memory sampling on", {"memory_every": 10**6}),
+    ):
+        guard = None
+        if options is not None:
+            guard = barrierguard.watch(engine="cuda", policy="record", **options)
+            guard.start()
+        steps(300)
+        _mark()
+        steps(args.steps)
+        _mark()
+        labels += ["-", f"steps {name}"]
+        if guard is not None:
+            guard.stop()
+            assert not guard.report.sites, guard.report.sites  # nothing synced
+            assert guard.report.steps == args.steps + 300, guard.report.steps
+    return labels
+
+
 def _lightning(args: argparse.Namespace) -> list[str]:
     """A CPU fit with the callback switched every ``args.block_len`` steps; the labels."""
     import lightning.pytorch as pl
@@ -220,7 +277,8 @@ def _lightning(args: argparse.Namespace) -> list[str]:
 
 
 def _child(args: argparse.Namespace) -> None:
-    labels = _lightning(args) if args.child == "lightning" else _reads(args)
+    part = {"lightning": _lightning, "steps": _steps, "reads": _reads}[args.child]
+    labels = part(args)
     print(_LABELS + " ".join(label.replace(" ", "_") for label in labels), flush=True)
 
 
@@ -268,6 +326,8 @@ def _run_part(part: str, args: argparse.Namespace, *extra: str) -> dict[str, lis
         str(args.block_len),
         "--blocks",
         str(args.blocks),
+        "--steps",
+        str(args.steps),
         *extra,
     ]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -304,7 +364,9 @@ def _per_step(args: argparse.Namespace, fit: dict[str, list[int]]) -> dict[str, 
     return step
 
 
-def _summarise(args: argparse.Namespace, reads: Any, fits: dict[str, Any]) -> dict[str, Any]:
+def _summarise(
+    args: argparse.Namespace, reads: Any, steps: Any, fits: dict[str, Any]
+) -> dict[str, Any]:
     n = args.reads
     per_read = {
         path: {
@@ -324,6 +386,14 @@ def _summarise(args: argparse.Namespace, reads: Any, fits: dict[str, Any]) -> di
         }
         if copies
         else None,
+        "per_step": {
+            name: {
+                "bare": steps["steps bare"][0] / args.steps,
+                "watched": steps[f"steps {name}"][0] / args.steps,
+                "added": (steps[f"steps {name}"][0] - steps["steps bare"][0]) / args.steps,
+            }
+            for name in ("memory=False", "memory sampling on")
+        },
         "lightning_per_step": {name: _per_step(args, fit) for name, fit in fits.items()},
     }
 
@@ -348,6 +418,15 @@ def _print(record: dict[str, Any]) -> None:
             f"a .to() that moves nothing (the copy wrapper): bare {copy['bare']:,.0f} Ir, "
             f"watched {copy['watched']:,.0f} Ir, added {copy['added']:,.0f} Ir a call"
         )
+    print(
+        table(
+            ["a step with nothing to record", "bare (Ir/step)", "watched (Ir/step)", "added"],
+            [
+                [name, f"{v['bare']:,.0f}", f"{v['watched']:,.0f}", f"{v['added']:,.0f}"]
+                for name, v in record["per_step"].items()
+            ],
+        )
+    )
     steps = record["lightning_per_step"]
     print(
         table(
@@ -376,25 +455,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reads", type=int, default=5000, help="reads per part")
     ap.add_argument("--block-len", type=int, default=8, help="Lightning steps per block")
     ap.add_argument("--blocks", type=int, default=9, help="Lightning blocks (on, off, ...)")
+    ap.add_argument("--steps", type=int, default=2048, help="steps with nothing to record")
     ap.add_argument("--no-valgrind", action="store_true", help="run the workload only")
     ap.add_argument("--tiny", action="store_true", help="smoke-test settings")
-    ap.add_argument("--child", choices=("reads", "lightning"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("reads", "steps", "lightning"), help=argparse.SUPPRESS)
     ap.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.tiny:
-        args.reads, args.block_len, args.blocks = 50, 2, 3
+        args.reads, args.block_len, args.blocks, args.steps = 50, 2, 3, 300
     if args.child:
         _child(args)
         return
     reads = _run_part("reads", args)
+    steps = _run_part("steps", args)
     fits = {
         "memory=False": _run_part("lightning", args),
         "memory sampling on": _run_part("lightning", args, "--memory"),
     }
     if reads is None:
         return
-    record = _summarise(args, reads, fits)
+    record = _summarise(args, reads, steps, fits)
     _print(record)
     write(
         args.out,

@@ -167,3 +167,16 @@ def syncing_repr(clock: FakeClock, wait: float, times: int) -> Any:
         return "tensor(1.)"
 
     return repr_
+
+
+def blocking_copy(clock: FakeClock, wait: float, times: int = 1) -> Any:
+    """A stand-in for ``Tensor.to`` that 'waits' ``wait`` seconds, then syncs ``times``
+    times, and returns the tensor itself."""
+
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        clock.advance(wait)
+        for _ in range(times):
+            _sync()
+        return self
+
+    return to

@@ -121,6 +121,7 @@ def test_instructions_workload_runs_both_parts_without_valgrind(
         "LABELS - user_bare - user_watched - framework_bare - framework_watched"
         " - copy_bare - copy_watched" in out
     )
+    assert "LABELS - steps_bare - steps_memory=False - steps_memory_sampling_on" in out
     assert out.count("LABELS - on switch off switch on switch") == 2  # memory off, then on
 
 
@@ -142,7 +143,7 @@ def test_instructions_per_read_and_per_step_leave_the_setup_block_out() -> None:
 
     import bench_instructions
 
-    args = argparse.Namespace(reads=10, block_len=2)
+    args = argparse.Namespace(reads=10, block_len=2, steps=4)
     reads = {
         "user bare": [1000],
         "user watched": [3000],
@@ -153,12 +154,19 @@ def test_instructions_per_read_and_per_step_leave_the_setup_block_out() -> None:
     }
     # The first on-block holds the fit's setup: far larger, left out.
     fit = {"on": [10**6, 240, 260], "off": [200, 200, 220], "switch": [5, 70, 5, 70]}
-    record = bench_instructions._summarise(args, reads, {"memory=False": fit})
+    steps = {
+        "steps bare": [400],
+        "steps memory=False": [480],
+        "steps memory sampling on": [500],
+    }
+    record = bench_instructions._summarise(args, reads, steps, {"memory=False": fit})
     assert record["per_read"]["user"] == {"bare": 100, "watched": 300, "added": 200}
     assert record["per_read"]["framework"]["added"] == 400
     assert record["per_copy"] == {"bare": 20, "watched": 70, "added": 50}
     del reads["copy bare"], reads["copy watched"]  # a result from before the copy part
-    assert bench_instructions._summarise(args, reads, {})["per_copy"] is None
+    assert bench_instructions._summarise(args, reads, steps, {})["per_copy"] is None
+    assert record["per_step"]["memory=False"] == {"bare": 100, "watched": 120, "added": 20}
+    assert record["per_step"]["memory sampling on"]["added"] == 25
     step = record["lightning_per_step"]["memory=False"]
     assert (step["on"], step["off"], step["added"]) == (125, 100, 25)
     assert step["ratio"] == 1.25

@@ -156,3 +156,27 @@ def test_one_call_that_syncs_many_times_is_one_occurrence(
     assert site.stall_count == 2 and site.stall_s == pytest.approx(0.010)
     assert site.to_dict()["events"] == 20
     assert "stalled 10.00 ms in all, 5.000 ms per occurrence" in str(guard.report)
+
+
+@pytest.mark.parametrize("times", [1, 3])
+def test_a_copy_is_named_and_timed_from_its_wrappers_frame(
+    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, times: int
+) -> None:
+    # The copy wrapper sets nothing on the thread: a sync inside the copy finds the
+    # wrapper's frame, the call's direction and its start. Further syncs in the same
+    # copy are the same occurrence; the next copy is timed anew.
+    from _fake_cuda import blocking_copy
+
+    monkeypatch.setattr(torch.Tensor, "to", blocking_copy(clock, 0.005, times))
+    x = torch.ones(2, device="meta")
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        guard.step()
+        for _ in range(2):
+            x.to("cpu")  # C-site
+            clock.advance(1.0)  # host work between copies is not stall
+        guard.step()
+    (site,) = [s for s in guard.report.sites if s.step_count]
+    assert (site.kind, site.detail, site.code) == ("copy", "d2h", 'x.to("cpu")  # C-site')
+    assert site.count == 2 and site.stall_count == 2
+    assert site.stall_s == pytest.approx(0.010)
+    assert cuda_engine._tls.s.t0 is None

@@ -329,3 +329,40 @@ def test_a_settled_sites_tally_keeps_timed_and_untimed_repeats_apart(
     (site,) = settled["sites"]
     assert site["count"] == 4 * len(stalls)
     assert site["stall_count"] == 4 * 5  # the timed ones only
+
+
+def test_a_step_listener_is_called_at_the_step_it_asks_for() -> None:
+    # A listener returns the step it is next needed at (None: the next one); the
+    # steps in between call nothing. A listener that fails is asked again next step,
+    # and a restart asks every listener anew.
+    calls: dict[str, list[int]] = {"every": [], "sparse": [], "broken": []}
+
+    def every(step: int) -> None:
+        calls["every"].append(step)
+
+    def sparse(step: int) -> int:
+        calls["sparse"].append(step)
+        return step + 4
+
+    def broken(step: int) -> int:
+        calls["broken"].append(step)
+        if step == 2:
+            raise RuntimeError("boom")
+        return 2 if step == 1 else step + 100
+
+    guard = barrierguard.watch(policy="record", memory=False)
+    for listener in (every, sparse, broken):
+        guard.add_step_listener(listener)
+    with guard:
+        for _ in range(9):
+            guard.step()
+    assert calls["every"] == list(range(1, 10))
+    assert calls["sparse"] == [1, 5, 9]
+    assert calls["broken"] == [1, 2, 3]
+    with guard:
+        for _ in range(3):
+            guard.step()
+    assert calls["sparse"] == [1, 5, 9, 10]
+    assert calls["broken"] == [1, 2, 3, 10]
+    assert calls["every"] == list(range(1, 13))
+    assert sum("RuntimeError: boom" in n for n in guard.report.notes) == 1

@@ -410,3 +410,17 @@ def test_workers_probe_sums_the_rss_of_child_processes() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_monitor_names_its_next_sample_to_the_guard() -> None:
+    # Between two samples the guard calls nothing: each call names the next sample.
+    def probes(notes: list[str]) -> ProbeSet:
+        return ProbeSet({"h": lambda: {"host_rss": BASE}}, {}, notes, lambda: ("host_rss",))
+
+    monitor = MemoryMonitor(probes, policy="record", threshold=MB, warmup=0, every=4)
+    assert monitor.on_step(1) is None  # not started: asked again next step
+    monitor.start(0)
+    asked = {step: monitor.on_step(step) for step in (1, 2, 6)}
+    assert asked == {1: 5, 2: 5, 6: 10}
+    assert monitor.sampler.steps == [0, 1, 6]
+    monitor.finish(7, act=False)

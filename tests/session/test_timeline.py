@@ -171,3 +171,13 @@ def test_the_first_window_reports_its_steps_past_setup(
     # Boundaries 1 .. WINDOW - 1 end inside the first window; the interval up to
     # boundary 1 was counted as step 0, setup.
     assert timeline is not None and timeline.steps == tuple(range(2, WINDOW))
+
+
+def test_each_step_end_names_the_next_step_the_timeline_needs() -> None:
+    # The guard calls it at no other step: outside a window, one call per period.
+    clock, device = FakeClock(), FakeDevice()
+    tl = StepTimeline(clock=clock, make_event=device.event, window=3, period=10)
+    tl.start(0)
+    asked = [tl.on_step(step) for step in (1, 2, 3, 9, 10, 11, 12, 13)]
+    assert asked == [2, 3, 9, 10, 11, 12, 13, 19]
+    assert tl.steps == [1, 2, 10, 11, 12]

@@ -44,14 +44,15 @@ _Hot = tuple[Sync, hub.Tally, int, "_Route | None", int, int]
 
 
 class _Thread:
-    """One thread's state: the outermost timed call's start, the copy in flight, the hot tally."""
+    """One thread's state: the outermost timed call's start, the hot tally, and the start
+    of the last copy whose sync drained the queue (a further sync in it costs no stall)."""
 
-    __slots__ = ("__weakref__", "hot", "op", "t0")
+    __slots__ = ("__weakref__", "drained", "hot", "t0")
 
     def __init__(self) -> None:
         self.t0: float | None = None
-        self.op: tuple[Any, ...] | None = None
         self.hot: _Hot | None = None
+        self.drained: float | None = None
 
 
 class _State(threading.local):
@@ -224,6 +225,23 @@ def _timed_no_args(
     return timed
 
 
+# The copy wrapper's code (every copy wrapper shares it), and how far out a sync inside a
+# copy may be from the wrapper's frame (a tensor subclass's Python runs in between).
+_COPY_CODE: Any = None
+_COPY_DEPTH = 4
+
+
+def _copy_of(frame: FrameType | None) -> FrameType | None:
+    """The copy wrapper's frame among ``frame`` and the few frames out of it, or ``None``."""
+    for _ in range(_COPY_DEPTH):
+        if frame is None:
+            return None
+        if frame.f_code is _COPY_CODE:
+            return frame
+        frame = frame.f_back
+    return None
+
+
 def _nonblocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a ``to``/``cuda``/``copy_`` call asked for ``non_blocking``."""
     flag = kwargs.get("non_blocking")
@@ -322,26 +340,34 @@ class CudaEngine:
         state = _tls.s
         now = _clock()
         t0 = state.t0
-        # The stall is the time since the timed call began (the wait is over).
-        stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
-        op = state.op
         try:
             kind, detail = None, ""
-            if op is not None:  # inside a copy (the only call that notes one)
-                kind, method, tensor, args, kwargs = op
+            copy = _copy_of(frame)
+            if copy is not None:  # inside a copy: its wrapper's frame holds the call
+                kind = "copy"
+                local = copy.f_locals
+                method, tensor, args = local["method"], local["self"], local["args"]
                 if method == "copy_" and args and isinstance(args[0], torch.Tensor):
                     detail = _direction(args[0].device.type, tensor.device.type)
                 else:
-                    dst = "cuda" if method == "cuda" else _target_type(args, kwargs)
+                    dst = "cuda" if method == "cuda" else _target_type(args, local["kwargs"])
                     detail = _direction(tensor.device.type, dst or tensor.device.type)
+                if t0 is None:  # the copy is the outermost timed call: timed from its t0
+                    t0 = local["t0"]
+                    if state.drained == t0:
+                        t0 = _DRAINED
+                    else:
+                        state.drained = t0
             sync = observe(frame, kind, detail, 2)
         except Exception as exc:  # a fault of ours is reported, never raised
             hub.fault(self.name, exc)
             return
         finally:
-            if t0 is not None:
+            if state.t0 is not None:
                 # The first sync drained the queue: later ones in the call cost no stall.
                 state.t0 = _DRAINED
+        # The stall is the time since the timed call began (the wait is over).
+        stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
         if sync is not None:
             if t0 is None and sync.loc.kind == "index" and not self._index_timed:
                 self._index_timed = True  # from the second indexing sync on, timed
@@ -474,28 +500,17 @@ class CudaEngine:
     def _copy_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
         record = self._record
         compiling = _compiling
-        tls = _tls
         clock = _clock
 
         @functools.wraps(orig)
         def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if compiling():
                 return orig(self, *args, **kwargs)
-            state = tls.s
-            prev = state.op
-            state.op = ("copy", method, self, args, kwargs)
-            outer = state.t0 is None
-            if outer:
-                state.t0 = t0 = clock()
-            try:
-                out = orig(self, *args, **kwargs)
-            finally:
-                state.op = prev
-                if outer:
-                    state.t0 = None
-            if prev is None and (
-                kwargs.get("non_blocking") or (len(args) > 1 and any(a is True for a in args))
-            ):
+            # Nothing is set on the thread: a sync inside the copy finds this frame and
+            # reads method, self, args, kwargs and t0 from it (_copy_of).
+            t0 = clock()
+            out = orig(self, *args, **kwargs)
+            if kwargs.get("non_blocking") or (len(args) > 1 and any(a is True for a in args)):
                 if method == "copy_":
                     src = args[0] if args else kwargs.get("src")
                     dst = self
@@ -507,13 +522,25 @@ class CudaEngine:
                     and src is not dst
                 ):
                     # is_cpu / is_cuda: flags, where .device.type builds a device.
+                    # Only the outermost copy is judged (a subclass's copy runs copies).
                     if src.is_cpu and dst.is_cuda:
-                        if src.nbytes > PAGEABLE_BLOCKING_BYTES and not src.is_pinned():
-                            stall = clock() - t0 if outer else None
+                        if (
+                            src.nbytes > PAGEABLE_BLOCKING_BYTES
+                            and not src.is_pinned()
+                            and _copy_of(sys._getframe(1)) is None
+                        ):
+                            stall = clock() - t0 if _tls.s.t0 is None else None
                             record("copy", "h2d pageable non_blocking", stall)
-                    elif src.is_cuda and dst.is_cpu and method != "copy_":
+                    elif (
+                        src.is_cuda
+                        and dst.is_cpu
+                        and method != "copy_"
+                        and _copy_of(sys._getframe(1)) is None
+                    ):
                         # Not ready yet; copy_ into a pinned buffer is deliberate, left alone.
                         record("async_d2h", "non_blocking")
             return out
 
+        global _COPY_CODE
+        _COPY_CODE = wrapper.__code__  # type: ignore[attr-defined]
         return wrapper

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
@@ -112,6 +113,10 @@ class _Quiet(hub.Tally):
         self.untimed = 0  # of the n, those without a measured stall
 
 
+# A listener's due step when there is none: past any run's last step.
+_NEVER = sys.maxsize
+
+
 class Guard:
     """A watching session: collects syncs between :meth:`start` and :meth:`stop`.
 
@@ -173,7 +178,10 @@ class Guard:
         self._started = 0.0
         self._elapsed = 0.0
         self._env: dict[str, str] = {}
-        self._step_listeners: list[Callable[[int], None]] = []
+        self._step_listeners: list[Callable[[int], int | None]] = []
+        # The step each listener asked to be called at next; the earliest of them.
+        self._listen_due: list[int] = []
+        self._listen_at = 0
         self._memory: MemoryMonitor | None = None
         self._timeline: StepTimeline | None = None
         self._compile = CompileWatch()
@@ -231,6 +239,8 @@ class Guard:
                 raise
             self._running = True
             self._started = time.perf_counter()
+            self._listen_due = [0] * len(self._step_listeners)  # each asks anew
+            self._listen_at = 0
             self._start_memory()
             if name == "cuda":  # step timing reads CUDA events
                 with self._faults_noted():
@@ -377,9 +387,15 @@ class Guard:
         self._alone = None
         self._advance()
 
-    def add_step_listener(self, listener: Callable[[int], None]) -> None:
-        """Call ``listener(step)`` at every step boundary (samplers hook in here)."""
+    def add_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        """Call ``listener(step)`` at step boundaries (samplers hook in here).
+
+        The listener returns the step it is next called at, or ``None`` for the next
+        one: a sampler that looks at one step in many costs the others nothing.
+        """
         self._step_listeners.append(listener)
+        self._listen_due.append(0)
+        self._listen_at = 0
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         key = id(optimizer)
@@ -404,27 +420,43 @@ class Guard:
 
     def _advance(self) -> None:
         # Only the training thread advances steps: no lock, the counters made first.
-        if self._tallied:
-            self._tallied = False
-            self._fold()
         self._step_syncs = 0
         self._steps = step = self._steps + 1
-        hub.invalidate()
+        if self._tallied:
+            # Folded, every tally goes stale; without a tally handed out since the last
+            # fold, none is live (each fold makes them all stale).
+            self._tallied = False
+            self._fold()
         if step == len(self._per_step):
             self._per_step += [0] * _STEPS_AHEAD
             self._step_stall += [0.0] * _STEPS_AHEAD
         # The walk's anchors hold frames: none that finished outlives a step.
         stack.forget(live=True)
         late = self._close_step() if self._open.held or self._due else None
-        for listener in self._step_listeners:
-            try:
-                listener(step)
-            except MemoryGrowthError:
-                raise  # the error policy's verdict, raised from the step boundary
-            except Exception as exc:
-                self.fault(exc)
+        if step >= self._listen_at:
+            self._listen(step)
         if late is not None:
             raise late
+
+    def _listen(self, step: int) -> None:
+        """Call the step listeners due at ``step``; note when the next one is due."""
+        due = self._listen_due
+        try:
+            for i, listener in enumerate(self._step_listeners):
+                if due[i] > step:
+                    continue
+                due[i] = step + 1  # also when it fails: called again next step
+                try:
+                    then = listener(step)
+                except MemoryGrowthError:
+                    raise  # the error policy's verdict, raised from the step boundary
+                except Exception as exc:
+                    self.fault(exc)
+                    continue
+                if then is not None and then > step:
+                    due[i] = then
+        finally:
+            self._listen_at = min(due, default=_NEVER)
 
     def _on_loader_end(self) -> None:
         self._loader_end = self._steps

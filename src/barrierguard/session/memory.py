@@ -301,6 +301,11 @@ class Sampler:
         self._last_t, self._last_step = self._clock(), step
         return True
 
+    @property
+    def next_step(self) -> int:
+        """The step :meth:`on_step` samples next."""
+        return self._next
+
     def open(self, probes: Mapping[str, Probe]) -> None:
         """Read ``probes`` from now on (a restarted guard keeps its samples)."""
         self._probes = dict(probes)
@@ -509,19 +514,25 @@ class MemoryMonitor:
         self.active = True
         self.sampler.sample(step)
 
-    def on_step(self, step: int) -> None:
-        """The guard's step listener: sample, and act once a leak is seen."""
-        if not self.active or not self.sampler.on_step(step):
-            return
-        self._strides.add(self.sampler.stride)
+    def on_step(self, step: int) -> int | None:
+        """The guard's step listener: sample, and act once a leak is seen.
+
+        Returns the step of the next sample (the guard calls no step before it).
+        """
+        if not self.active:
+            return None
+        sampler = self.sampler
+        if not sampler.on_step(step):
+            return sampler.next_step
+        self._strides.add(sampler.stride)
         if self._acted or self._policy == "record":
-            return
+            return sampler.next_step
         # Samples are in step order: count the measured ones without a scan.
-        steps = self.sampler.steps
-        if len(steps) - bisect.bisect_left(steps, self._warmup) < self._checkpoint:
-            return
-        self._checkpoint = math.ceil(self._checkpoint * 1.5)
-        self._act(final=False)
+        steps = sampler.steps
+        if len(steps) - bisect.bisect_left(steps, self._warmup) >= self._checkpoint:
+            self._checkpoint = math.ceil(self._checkpoint * 1.5)
+            self._act(final=False)
+        return sampler.next_step
 
     def finish(self, step: int, *, act: bool) -> None:
         """Last sample, release probes, act on the final verdict (may raise MemoryGrowthError)."""

@@ -112,18 +112,25 @@ class StepTimeline:
                 self._pool.append(done[1])
             self._done = (step, event)
 
-    def on_step(self, step: int) -> None:
-        """At each step end: host time, retire reached events, measure run-ahead (in a
-        window; any other step costs a modulo and a comparison)."""
+    def on_step(self, step: int) -> int:
+        """At a step end: host time, retire reached events, measure run-ahead (in a
+        window). Returns the step it is next needed at (the guard calls no other).
+
+        Example:
+            >>> timeline = StepTimeline(make_event=lambda: None, window=2, period=8)
+            >>> [timeline.on_step(step) for step in (1, 2, 7)]
+            [2, 7, 8]
+        """
         phase = (step - self._origin) % self._period
         if phase >= self._window:
             if phase == self._period - 1:
                 self._t_prev = self._clock()  # the next step opens a window
-            return
+                return step + 1
+            return step + self._period - 1 - phase
         now = self._clock()
         if self._t_prev is None:
             self._t_prev = now
-            return
+            return step + 1
         self._retire()
         ahead = len(self._pending)
         self._ahead_at[step] = ahead
@@ -133,6 +140,7 @@ class StepTimeline:
         self.ahead.append(ahead)
         # Time our own work out of the next step.
         self._t_prev = self._clock()
+        return step + 1
 
     @property
     def sampling(self) -> str:
