@@ -40,6 +40,12 @@
 #         --out benchmarks/results/h200/public_script_cuda.json
 #     PYTHONPATH=src python benchmarks/public_script.py --example WLM --engine audit \
 #         --out benchmarks/results/public_script_audit_cpu.json
+#   and two whose scripts were removed after 79963a1 (git checkout 79963a1):
+#     PYTHONPATH=src python benchmarks/bench_optimizer.py --pin 2 \
+#         --out benchmarks/results/h200/optimizer_ab/optimizer_hostreads_1.json
+#     (benchmarks/results/h200/optimizer_ab/ holds four such runs, two with src/
+#     at ee84b70; its README.txt gives the table)
+#     PYTHONPATH=src python benchmarks/bench_merge.py --out benchmarks/results/merge_cpu.json
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

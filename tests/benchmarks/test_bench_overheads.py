@@ -1,6 +1,5 @@
 """The overhead benchmarks of watch(), memory sampling and the audit run on CPU with tiny
-settings (smoke tests, no timing claims), with the optimizer step's; the GPU-only ones refuse a
-CPU machine.
+settings (smoke tests, no timing claims); the GPU-only ones refuse a CPU machine.
 ``bench_metrics.py`` has its own tests (test_bench_metrics.py)."""
 
 from __future__ import annotations
@@ -95,18 +94,6 @@ def test_core_meters_each_part_of_a_step_in_place(
     named = sum(r["us_per_step"] for name, r in rows.items() if not name.startswith(" "))
     assert pp["named_us_per_step"] == pytest.approx(named)
     assert pp["meter_us"] > 0 and set(pp["thread_us_per_step"]) == {"bare", "watch"}
-
-
-def test_optimizer_rounds_give_what_watch_adds_to_an_adamw_step(tmp_path: Path) -> None:
-    import bench_optimizer
-
-    argv = ["--device", "cpu", "--params", "4", "--size", "8", "--steps", "3", "--pairs", "2"]
-    rec = _run(bench_optimizer.main, argv, tmp_path)["optimizer"]
-    assert set(rec) == {"foreach"}  # fused=True is a GPU row
-    row = rec["foreach"]
-    assert row["bare_us"] > 0 and row["watch_us"] > 0
-    low, high = row["added_us_quartiles"]
-    assert low <= row["added_us_median"] <= high
 
 
 def test_instructions_workload_runs_both_parts_without_valgrind(

@@ -1,5 +1,5 @@
-"""The distributed benchmarks run on CPU (smoke tests, no timing claims): bench_ranks.py
-under torchrun with 2 gloo ranks, bench_merge.py with 2 processes and a few synthetic ranks."""
+"""The distributed benchmark runs on CPU (smoke tests, no timing claims): bench_ranks.py
+under torchrun with 2 gloo ranks."""
 
 from __future__ import annotations
 
@@ -68,21 +68,6 @@ def test_ranks_refuses_to_run_without_torchrun(monkeypatch: pytest.MonkeyPatch) 
 
     with pytest.raises(SystemExit, match="launch it with torchrun"):
         bench_ranks.main(["--out", "x"])
-
-
-def test_merge_times_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bench_merge
-
-    out = tmp_path / "out.json"
-    bench_merge.main(
-        ["--worlds", "2", "--ranks", "1", "3", "--steps", "10", "--repeats", "1", "--out", str(out)]
-    )
-    data = json.loads(out.read_text())
-    (proc,) = data["in_process"]
-    assert proc["world"] == 2 and proc["gather_object_ms"] > 0
-    assert [s["ranks"] for s in data["one_process"]] == [1, 3]
-    assert all(s["offline_peak_mb"] is not None for s in data["one_process"])
 
 
 def test_ranks_compares_the_estimate_with_the_measured_difference(
