@@ -78,6 +78,10 @@ Reproduce:
     and ``benchmarks/results/h200/core_parts_f12e780.json`` and ``core_parts_f12e780.txt``
     ``--pin 2 --layers 3 --pairs 3 --steps 5 --parts-steps 500 --parts-rounds 6
     --sync-pairs 0`` at f12e780;
+    ``benchmarks/results/h200/core_step_2f8e154.json`` and ``core_step_2f8e154.txt`` are
+    ``--pin 2 --layers 3 --pairs 100 --steps 50 --parts-steps 0 --sync-pairs 0`` at
+    2f8e154 (a copy that sets nothing on the thread, step listeners called when due; a
+    noisy host);
     ``benchmarks/results/h200/core_d12bf32.json`` and ``core_d12bf32.txt`` are the
     same command at d12bf32, before routes and tallies;
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and

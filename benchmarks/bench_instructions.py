@@ -1,12 +1,12 @@
-"""How many instructions does barrierguard run per recorded sync and per Lightning step?
+"""How many instructions does barrierguard run per recorded sync, per quiet step, per Lightning step?
 
 Question:
     Host timings of one step drift by 20-40% on a shared machine, so a cost of
     1% or a microsecond per sync takes hundreds of paired rounds to resolve,
     and one host reads differently from the next. What does the instrument
     itself execute, counted without noise: per recorded ``.item()`` (in user
-    code, and inside a framework 20 frames deep), and per step of a Lightning
-    fit with the callback?
+    code, and inside a framework 20 frames deep), per step that records nothing,
+    and per step of a Lightning fit with the callback?
 
 Design:
     The workload runs under valgrind's callgrind, which counts every machine
@@ -31,6 +31,14 @@ Design:
       Then ``--reads`` calls of ``.to("cpu")`` on a host tensor (it moves
       nothing and syncs nothing), bare and watched: what the copy wrapper
       adds to every ``.to()``, ``.cuda()`` and ``copy_()``.
+    * ``steps``: ``--steps`` steps with nothing to record, bare, under
+      ``watch(engine="cuda", memory=False)`` and under ``watch(engine="cuda",
+      memory_every=10**6)``: a non-blocking ``.to()`` of a host tensor,
+      ``torch.tensor(1.0, device="cpu")`` (Adam's, each step) and the step of an
+      SGD optimizer with no gradient (its step is its hooks: the step boundary).
+      The step timeline runs on stand-in events; the memory sampler samples at
+      the start and not in the counted steps (what each step between two samples
+      pays). Added per step = (watched - bare) / steps.
     * ``lightning``: a CPU Lightning fit of a small TinyLM with
       ``BarrierGuard(memory=False)``, then ``BarrierGuard()``, switched off and
       on every ``--block-len`` steps (the switch itself is counted apart); the
@@ -50,6 +58,10 @@ Reproduce:
         PYTHONPATH=src python benchmarks/bench_instructions.py \\
             --out benchmarks/results/instructions_cpu.json \\
             | tee benchmarks/results/instructions_cpu.txt
+
+    The committed run is at 2f8e154. The ``steps`` part of another ``src/``
+    (``79963a1``, before the copy and the listeners changed) is counted with this
+    script and that ``src/`` first on ``PYTHONPATH``.
 
     Smoke run without valgrind (the workload only, no counts)::
 

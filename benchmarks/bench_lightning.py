@@ -157,6 +157,12 @@ Reproduce:
             --out benchmarks/results/h200/lightning_cycle_mlp_45eb087.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_45eb087.txt
 
+    The same at 2f8e154 (step listeners called only when due; a slower, noisier host)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --fits 1 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_2f8e154.json \\
+            | tee benchmarks/results/h200/lightning_cycle_mlp_2f8e154.txt
+
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
