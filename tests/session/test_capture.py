@@ -147,7 +147,7 @@ def test_the_guard_hands_its_cudagraph_skips_to_the_probe(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import barrierguard.session.capture as capture
-    from barrierguard.detect.compiled import CompileEvent
+    from barrierguard.detect.compile_logs import CompileEvent
 
     seen: list[Sequence[str]] = []
 

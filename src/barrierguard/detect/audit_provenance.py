@@ -20,7 +20,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from barrierguard.detect import hub
-from barrierguard.detect.compiled import not_a_dynamo_frame
+from barrierguard.detect.compile_logs import not_a_dynamo_frame
 from barrierguard.detect.cuda import PAGEABLE_BLOCKING_BYTES
 from barrierguard.detect.frames import (
     OWN,

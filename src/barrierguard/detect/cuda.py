@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 
 from barrierguard.detect import distributed, hub, stack
-from barrierguard.detect.compiled import not_a_dynamo_frame
+from barrierguard.detect.compile_logs import not_a_dynamo_frame
 from barrierguard.detect.patch import Patches, drop_filter
 from barrierguard.detect.stack import Sync, _anchors, _replay, _Route, observe
 

@@ -14,7 +14,12 @@ from typing import Any
 
 from barrierguard._errors import BarrierGuardError
 from barrierguard.report.codec import OMIT_EMPTY, OMIT_NONE, Record, from_json, to_json
-from barrierguard.report.compiled import CaptureProbe, CompileReport, CudagraphSkip, GraphBreak
+from barrierguard.report.compile_records import (
+    CaptureProbe,
+    CompileReport,
+    CudagraphSkip,
+    GraphBreak,
+)
 from barrierguard.report.jsonio import check_schema, read_json, write_json, write_text
 from barrierguard.report.site_records import Site, SiteKey, Violation, add_sites
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from barrierguard.detect.frames import OWN, USER, classify_file
 from barrierguard.report.records import CaptureProbe
-from barrierguard.session.compiled import dynamo_count, frames_compiled
+from barrierguard.session.compile_watch import dynamo_count, frames_compiled
 from barrierguard.session.site_stats import code_at
 
 __all__ = ["CallProbe", "blocking_line", "inductor_cuda_graphs", "probe"]

@@ -27,7 +27,7 @@ from barrierguard.detect.stack import Sync
 from barrierguard.report.records import CaptureProbe, MemoryReport, Report, Timeline, Violation
 from barrierguard.session import allowing, lifecycle
 from barrierguard.session import rank_reports as ranks
-from barrierguard.session.compiled import CompileWatch, join
+from barrierguard.session.compile_watch import CompileWatch, join
 from barrierguard.session.loop_end import AFTER_LOOP, OpenStep, unwatch_loaders, watch_loaders
 from barrierguard.session.options import Options
 from barrierguard.session.site_stats import SiteStats, message, site_record

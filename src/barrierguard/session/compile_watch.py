@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-from barrierguard.detect.compiled import CompileEvent, CompileListener
+from barrierguard.detect.compile_logs import CompileEvent, CompileListener
 from barrierguard.report.records import (
     CaptureProbe,
     CompileReport,

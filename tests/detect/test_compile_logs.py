@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from barrierguard.detect.compiled import (
+from barrierguard.detect.compile_logs import (
     CompileListener,
     parse_cudagraph_skip,
     parse_graph_break,
