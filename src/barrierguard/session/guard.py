@@ -393,8 +393,8 @@ class Guard:
         The listener returns the step it is next called at, or ``None`` for the next
         one: a sampler that looks at one step in many costs the others nothing.
         """
+        self._listen_due.append(0)  # first: a boundary meanwhile finds its due step
         self._step_listeners.append(listener)
-        self._listen_due.append(0)
         self._listen_at = 0
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
