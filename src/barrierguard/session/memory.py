@@ -522,16 +522,14 @@ class MemoryMonitor:
         if not self.active:
             return None
         sampler = self.sampler
-        if not sampler.on_step(step):
-            return sampler.next_step
-        self._strides.add(sampler.stride)
-        if self._acted or self._policy == "record":
-            return sampler.next_step
-        # Samples are in step order: count the measured ones without a scan.
-        steps = sampler.steps
-        if len(steps) - bisect.bisect_left(steps, self._warmup) >= self._checkpoint:
-            self._checkpoint = math.ceil(self._checkpoint * 1.5)
-            self._act(final=False)
+        if sampler.on_step(step):
+            self._strides.add(sampler.stride)
+            if not self._acted and self._policy != "record":
+                # Samples are in step order: count the measured ones without a scan.
+                steps = sampler.steps
+                if len(steps) - bisect.bisect_left(steps, self._warmup) >= self._checkpoint:
+                    self._checkpoint = math.ceil(self._checkpoint * 1.5)
+                    self._act(final=False)
         return sampler.next_step
 
     def finish(self, step: int, *, act: bool) -> None:
