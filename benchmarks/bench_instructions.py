@@ -183,19 +183,6 @@ def _reads(args: argparse.Namespace) -> list[str]:
     return labels
 
 
-class _Event:
-    """A CUDA event's stand-in for the step timeline: recorded, reached at once."""
-
-    def record(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, other: Any) -> float:
-        return 0.0
-
-
 def _steps(args: argparse.Namespace) -> list[str]:
     """Steps with nothing to record, bare and watched; returns the labels."""
     import torch
@@ -204,8 +191,11 @@ def _steps(args: argparse.Namespace) -> list[str]:
     from barrierguard.session import guard as guard_module
     from barrierguard.session.timeline import StepTimeline
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from _fake_cuda import InstantEvent
+
     _engine_on_cpu(all_on_device=False)
-    guard_module._make_timeline = lambda: StepTimeline(make_event=_Event)  # type: ignore[assignment]
+    guard_module._make_timeline = lambda: StepTimeline(make_event=InstantEvent)  # type: ignore[assignment]
     host = torch.ones(4)
     param = torch.nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([param], lr=0.1)  # no gradient: its step is its hooks

@@ -120,6 +120,20 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMode]:
         yield mode
 
 
+class InstantEvent:
+    """A CUDA event stand-in for the step timeline: complete at once, so the host never
+    runs ahead."""
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
+
+
 class FakeClock:
     """A clock that only moves when told to."""
 

@@ -35,22 +35,9 @@ def line(marker: str) -> int:
     raise AssertionError(marker)
 
 
-class _Event:
-    """A CUDA event stand-in: complete at once, so the host never runs ahead."""
-
-    def record(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, other: Any) -> float:
-        return 0.0
-
-
 def _fake_cuda() -> Any:
     """Run the CUDA engine on this CPU process (what the ``fake_cuda`` fixture does)."""
-    from _fake_cuda import FakeMode, _registered
+    from _fake_cuda import FakeMode, InstantEvent, _registered
     from barrierguard import _env
     from barrierguard.detect import cuda as cuda_engine
     from barrierguard.session import guard as guard_module
@@ -61,7 +48,7 @@ def _fake_cuda() -> Any:
     cuda_engine._get_mode = mode.get
     cuda_engine._set_mode = mode.set
     cuda_engine._on_device = lambda tensor: True
-    guard_module._make_timeline = lambda: StepTimeline(make_event=_Event)
+    guard_module._make_timeline = lambda: StepTimeline(make_event=InstantEvent)
     return _registered()
 
 
