@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import platform
 import statistics
 import sys
@@ -94,6 +95,26 @@ def quartiles(xs: Sequence[float]) -> list[float]:
     return [s[len(s) // 4], s[(3 * len(s)) // 4]]
 
 
+def median_ci(xs: Sequence[float], z: float = 1.96) -> list[float]:
+    """A distribution-free 95% confidence interval of the median (``z`` sets the level).
+
+    The sorted values at ranks ``floor(n/2 - z*sqrt(n)/2)`` and ``ceil(1 + n/2 +
+    z*sqrt(n)/2)``, counted from 1 (the binomial's normal approximation): the
+    median of the population the rounds are drawn from lies between them in 95%
+    of repeats, whatever the shape of the noise. Needs about 10 values or more.
+
+    Example:
+        >>> median_ci(list(range(1, 101)))
+        [40, 61]
+    """
+    s = sorted(xs)
+    n = len(s)
+    half = z * math.sqrt(n) / 2
+    lo = max(1, math.floor(n / 2 - half))
+    hi = min(n, math.ceil(1 + n / 2 + half))
+    return [s[lo - 1], s[hi - 1]]
+
+
 def paired_rounds(
     names: Sequence[str], run: Callable[[str], float], pairs: int
 ) -> list[dict[str, float]]:
@@ -119,6 +140,7 @@ def paired_summary(
         "step_ms": {n: median([r[n] / steps for r in rounds]) * 1e3 for n in names},
         "ratio_median": {n: median(v) for n, v in ratios.items()},
         "ratio_quartiles": {n: quartiles(v) for n, v in ratios.items()},
+        "ratio_ci95": {n: median_ci(v) for n, v in ratios.items()},
         "ratios": ratios,
     }
 

@@ -12,7 +12,9 @@ Design:
       sync-debug mode alone (its warnings ignored) time blocks of ``--steps``
       steps in ``--pairs`` paired rounds (every variant once per round, the order
       rotating); the figure is the median of the per-round ratios to bare, with
-      its IQR. Each guard is started before its block and stopped after it; its
+      its IQR and a 95% confidence interval of that median (distribution-free,
+      ``_common.median_ci``): a cost is within a target when the interval's upper
+      end is, and not when its lower end is above it. Each guard is started before its block and stopped after it; its
       one-time ``start()+stop()`` is timed apart.
     * Per step, by part (GPU only, ``--parts-steps``): where ``watch(memory=False)``'s
       host time goes on that step, measured in place: each entry point the step
@@ -32,7 +34,8 @@ Design:
       bare and under a started ``watch()``, in ``--sync-pairs`` paired rounds
       (the order rotating), with sync-debug mode and a naive
       ``traceback.extract_stack(limit=12)`` hook for scale; the median over
-      rounds of what ``watch()`` adds per call (target: 2 us for each). Before
+      rounds of what ``watch()`` adds per call, with its 95% confidence interval
+      (target: 2 us for each). Before
       its block, the guard sees one step with one read of the same line: the
       block's reads are those of a training loop past its first step (a site
       the loop confirmed), not of a first step never closed.
@@ -87,6 +90,10 @@ Reproduce:
     ``benchmarks/results/h200/core_f0dd44e.json`` and ``core_f0dd44e.txt``, and
     ``benchmarks/results/h200/core_2c45661.json`` and ``core_2c45661.txt``,
     are the same command at f0dd44e and 2c45661.
+    ``benchmarks/results/h200/core_ci_542a72f.json`` and ``core_ci_542a72f.txt`` are
+    ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 0 --sync-pairs 40`` with
+    ``src/`` at 542a72f: enough rounds for the confidence intervals to decide the 1%
+    and 2 us targets (about 4.5 minutes).
 
     CPU smoke run (the per-step rounds only, audit engine)::
 
@@ -120,6 +127,7 @@ from _common import (
     adam_mlp_layers,
     adam_mlp_step,
     median,
+    median_ci,
     paired_rounds,
     paired_summary,
     quartiles,
@@ -493,6 +501,7 @@ def per_sync(
             "us_watched": median([r[f"{path}:watched"] for r in rounds]) / calls * 1e6,
             "us_added": median(added),
             "us_added_quartiles": quartiles(added),
+            "us_added_ci95": median_ci(added),
         }
     if naive:
         naive_us = [(r["user:naive"] - r["user:bare"]) / calls * 1e6 for r in rounds]
@@ -521,15 +530,19 @@ def print_per_sync(ps: dict[str, Any]) -> None:
     ):
         r = ps[path]
         q = r["us_added_quartiles"]
+        ci = r.get("us_added_ci95")
         rows.append(
             [
                 label,
                 f"{r['us_bare']:.1f}",
                 f"{r['us_watched']:.1f}",
                 f"{r['us_added']:.2f} ({q[0]:.2f}-{q[1]:.2f})",
+                f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-",
             ]
         )
-    print(table(["sync", "bare", "watch()", "added by watch() (IQR)"], rows))
+    print(
+        table(["sync", "bare", "watch()", "added by watch() (IQR)", "95% CI of the median"], rows)
+    )
     if "us_added_naive" in ps["user"]:
         print(f"a naive extract_stack hook adds {ps['user']['us_added_naive']:.1f} us")
 
@@ -583,6 +596,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, ms in ov["step_ms"].items():
         ratio = ov["ratio_median"].get(name)
         q = ov["ratio_quartiles"].get(name)
+        ci = ov["ratio_ci95"].get(name)
         added = ov["added_thread_us_median"].get(name)
         aq = ov["added_thread_us_quartiles"].get(name)
         rows.append(
@@ -591,6 +605,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"{ms:.3f}",
                 f"{ratio:.4f}" if ratio else "1",
                 f"{q[0]:.3f}-{q[1]:.3f}" if q else "-",
+                f"{ci[0]:.4f}-{ci[1]:.4f}" if ci else "-",
                 f"{added:.1f} ({aq[0]:.1f} to {aq[1]:.1f})" if aq else "-",
             ]
         )
@@ -601,6 +616,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "step ms (median)",
                 "ratio to bare (median of paired)",
                 "ratio IQR",
+                "95% CI of the median ratio",
                 "host CPU us added per step (IQR)",
             ],
             rows,

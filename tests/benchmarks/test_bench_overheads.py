@@ -40,6 +40,20 @@ def test_core_times_every_variant_against_bare(tmp_path: Path) -> None:
     assert set(ov["added_thread_us_quartiles"]) == {"watch", "watch_no_memory"}
     for name, (low, high) in ov["added_thread_us_quartiles"].items():
         assert low <= ov["added_thread_us_median"][name] <= high
+    for name, (low, high) in ov["ratio_ci95"].items():
+        assert low <= ov["ratio_median"][name] <= high
+
+
+@pytest.mark.parametrize(
+    ("n", "ranks"),
+    # Conover's ranks, counted from 1: floor(n/2 - 0.98 sqrt(n)), ceil(1 + n/2 + 0.98 sqrt(n)).
+    [(10, (1, 10)), (40, (13, 28)), (100, (40, 61)), (200, (86, 115))],
+)
+def test_median_ci_takes_the_binomial_ranks(n: int, ranks: tuple[int, int]) -> None:
+    from _common import median_ci
+
+    values = [float(v) for v in range(1, n + 1)]
+    assert median_ci(values[::-1]) == [float(r) for r in ranks]  # sorted first
 
 
 def test_memory_times_the_probes_and_the_sampler(tmp_path: Path) -> None:
