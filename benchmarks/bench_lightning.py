@@ -48,8 +48,9 @@ Design:
     cost ``e`` and a switch cost ``s``, and its null ratio reads
     ``1 / sqrt(s)``: their product, **on x null**, reads the callback's own cost
     ``e``. Hundreds of cycles in one fit cost no process start-up each; the
-    figure is the median over cycles, with its IQR, for the step time and the
-    training thread's CPU time. Each step also notes the garbage collector's
+    figure is the median over cycles, with its IQR and a 95% confidence interval
+    of the median (``_common.median_ci``), for the step time and the training
+    thread's CPU time. Each step also notes the garbage collector's
     time and runs by generation inside it (``gc.callbacks``): per label, the
     collections per 100 steps and the mean GC time a step, so a callback that
     made the collector run more often or longer would show there.
@@ -201,6 +202,7 @@ from _common import (
     lightning_model,
     lightning_trainer,
     median,
+    median_ci,
     quiet_lightning,
     sync,
     table,
@@ -455,6 +457,7 @@ def _cycle(args: argparse.Namespace) -> dict[str, Any]:
                 record[f"{clock} {key}{view}"] = {
                     "median": median(rs),
                     "iqr": [q[0], q[2]],
+                    "ci95": median_ci(rs),
                     "n": len(rs),
                 }
         for label in ("off", "on"):
@@ -491,7 +494,11 @@ def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
         cells: list[object] = [name]
         for clock in ("wall", "cpu"):
             r = record[f"{clock} {key}"]
-            cells.append(f"{r['median']:.4f} ({r['iqr'][0]:.4f}-{r['iqr'][1]:.4f})")
+            ci = r.get("ci95")
+            cells.append(
+                f"{r['median']:.4f} ({r['iqr'][0]:.4f}-{r['iqr'][1]:.4f})"
+                + (f" [{ci[0]:.4f}-{ci[1]:.4f}]" if ci else "")
+            )
         rows.append(cells)
     n = record["wall on"]["n"]
     print(
@@ -501,7 +508,8 @@ def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
         f"{record['wall step off (us)']:.0f} us, thread CPU off {record['cpu step off (us)']:.0f} us; "
         f"syncs found {record['syncs_found']}"
     )
-    print(table(["ratio", "step time (IQR)", "training thread's CPU time (IQR)"], rows))
+    header = ["ratio", "step time (IQR) [95% CI]", "training thread's CPU time (IQR) [95% CI]"]
+    print(table(header, rows))
     for label in ("on", "off"):
         gc_rec = record.get(f"gc {label}")
         if gc_rec is not None:

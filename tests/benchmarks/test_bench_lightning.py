@@ -103,6 +103,8 @@ def test_cycle_design_runs_one_long_fit(bench: Any, tmp_path: Path) -> None:
         for key in ("on", "null", "on x null"):
             low, high = rec[f"{clock} {key}"]["iqr"]
             assert 0 < low <= rec[f"{clock} {key}"]["median"] <= high
+            ci_low, ci_high = rec[f"{clock} {key}"]["ci95"]
+            assert ci_low <= rec[f"{clock} {key}"]["median"] <= ci_high
             assert rec[f"{clock} {key}"]["n"] == 2  # 3 cycles, the first left out
     # The callback ran in its on-blocks and found the prog_bar syncs there.
     assert rec["syncs_found"] > 0
