@@ -164,6 +164,12 @@ Reproduce:
             --out benchmarks/results/h200/lightning_cycle_mlp_2f8e154.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_2f8e154.txt
 
+    600 cycles with ``src/`` at 542a72f, with the 95% confidence intervals (about 5 minutes)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 600 --fits 1 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_ci_542a72f.json \\
+            | tee benchmarks/results/h200/lightning_cycle_mlp_ci_542a72f.txt
+
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
