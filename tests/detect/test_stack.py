@@ -158,6 +158,30 @@ def test_anchors_are_dropped_by_forget() -> None:
     assert stack._anchors.last is None
 
 
+def test_holding_says_whether_forget_has_anything_to_do() -> None:
+    # A step boundary calls forget() only while something may be kept: a walk sets
+    # the flag, a forget that drops what it held keeps it for the next one, which
+    # finds nothing and clears it.
+    def probe() -> stack.Sync | None:
+        return stack.observe(sys._getframe(), "item")
+
+    stack.forget()
+    stack.forget()
+    assert not stack.holding
+    _TRAINER["fit"](_FIT["run"], _SYNC, 2)
+    probe()
+    assert stack.holding and stack._anchors.located is not None
+    stack.forget()
+    assert stack._anchors.located is None
+    stack.forget()
+    assert not stack.holding
+    stack._phases_seen = (-1, False)
+    stack._phases_possible()  # a look kept until the next boundary
+    assert stack.holding
+    stack.forget()
+    assert stack._phases_seen == (-1, False)
+
+
 def test_annotate_is_the_walk_without_the_location() -> None:
     got = _FIT["run"](lambda: _METRICS["metrics"](lambda frame, kind: stack.annotate(frame)))
     assert got == ("prog_bar", "train")

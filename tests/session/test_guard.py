@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -329,6 +330,37 @@ def test_a_settled_sites_tally_keeps_timed_and_untimed_repeats_apart(
     (site,) = settled["sites"]
     assert site["count"] == 4 * len(stalls)
     assert site["stall_count"] == 4 * 5  # the timed ones only
+
+
+def test_a_quiet_boundary_is_one_call_and_a_walk_makes_the_next_one_forget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With nothing kept by a walk, nothing folded and no listener due, an optimizer's
+    # boundary does its work in the hook alone; after a walk it drops what was kept.
+    from barrierguard.detect import stack
+
+    forgets: list[bool] = []
+    forget = stack.forget
+    monkeypatch.setattr(stack, "forget", lambda live=False: forgets.append(live) or forget(live))
+    model, opt = _sgd()
+    with barrierguard.watch(policy="record", memory=False) as guard:
+        boundaries: list[int] = []
+        work = guard._boundary
+        monkeypatch.setattr(guard, "_boundary", lambda step: boundaries.append(step) or work(step))
+        stack.forget()
+        forgets.clear()
+        for _ in range(4):
+            _train_step(model, opt)
+        assert guard.report.steps == 4
+        # The first step's boundary learns the optimizer and asks the listeners; then none.
+        assert boundaries == [1]
+        assert forgets == []  # nothing kept: no call
+        stack.observe(sys._getframe(), "item")  # a walk keeps this frame
+        _train_step(model, opt)
+        assert boundaries == [1, 5]
+        assert forgets == [True]
+        assert stack._anchors.last is not None  # this frame is live: kept
+    assert guard.report.steps == 5
 
 
 def test_a_step_listener_is_called_at_the_step_it_asks_for() -> None:

@@ -116,13 +116,19 @@ def _learn(filename: str) -> _File:
 # (len(sys.modules), the answer) of the last look: asked again after an import.
 _phases_seen: tuple[int, bool] = (-1, False)
 
+# Whether forget() has anything to drop or reset: set wherever a frame or the look
+# above is kept, cleared by a forget() that found nothing (a step boundary of a loop
+# that made no walk skips its call).
+holding = False
+
 
 def _phases_possible() -> bool:
     """Whether a framework with phase markers is imported (else none can be on the stack)."""
-    global _phases_seen
+    global _phases_seen, holding
     modules = sys.modules
     seen = _phases_seen
     if seen[0] != len(modules):
+        holding = True
         # isdisjoint runs in C (any() over a generator cost a microsecond a sync).
         seen = _phases_seen = (
             len(modules),
@@ -204,12 +210,15 @@ _kept: tuple[int, int, int, int] | None = None
 
 def forget(live: bool = False) -> None:
     """Drop the frames the walk keeps; with ``live`` (a step boundary), not those on the stack."""
-    global _phases_seen, _depths, _kept
+    global _phases_seen, _depths, _kept, holding
+    # Cleared before the look: a frame another thread keeps meanwhile sets it again.
+    holding = False
     _phases_seen = (-1, False)
     located, searched, last = _anchors.located, _anchors.searched, _anchors.last
     read = _anchors.read
     if not (_held or located or searched or last or (read and read[2].outer)):
-        return
+        return  # a read's route without a frame holds nothing
+    holding = True
     if live and _kept == (
         id(searched),
         id(located and located[0]),
@@ -302,6 +311,8 @@ def _walk(
     The first loop, to the user's frame, reads everything; the second only marks
     of a mechanism, hook caller or phase. Either ends at its anchor (:class:`_Anchors`).
     """
+    global holding
+    holding = True  # it may keep frames (forget)
     get = _files.get
     phases = _phases_possible()
     located = _anchors.located
@@ -592,6 +603,7 @@ def observe(
     Returns:
         The sync, or ``None`` when the stack holds no frame but barrierguard's.
     """
+    global holding
     if frame is None:
         return None
     last = _anchors.last
@@ -603,6 +615,7 @@ def observe(
         and detail == last[3]
     ):
         return last[4]  # the same live frame at the same instruction: the same sync
+    holding = True  # routes and anchors may keep frames (forget)
     code = frame.f_code
     lasti = frame.f_lasti
     sync: Sync | None = None

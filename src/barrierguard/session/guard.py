@@ -45,7 +45,7 @@ log = logging.getLogger("barrierguard")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _MAX_VIOLATIONS = 1000
-# Per-step counters are made this many steps ahead (see Guard._advance).
+# Per-step counters are made this many steps ahead (see Guard._boundary).
 _STEPS_AHEAD = 1024
 # This thread's open allowed() blocks, read on the quiet path (see _Quiet).
 _allowing_tls = allowing._TLS
@@ -400,8 +400,20 @@ class Guard:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         key = id(optimizer)
         if key == self._alone:
-            # The last boundary's optimizer, none other since: one boundary.
-            self._advance()
+            # The last boundary's optimizer, none other since: one boundary. Counted
+            # here, and on most steps nothing else is due (_advance's tests, inline:
+            # a quiet step's boundary is this one call).
+            self._step_syncs = 0
+            self._steps = step = self._steps + 1
+            if (
+                self._tallied
+                or step >= self._listen_at
+                or step == len(self._per_step)
+                or stack.holding
+                or self._open.held
+                or self._due
+            ):
+                self._boundary(step)
             return
         self._alone = None
         if self._probing:
@@ -422,6 +434,10 @@ class Guard:
         # Only the training thread advances steps: no lock, the counters made first.
         self._step_syncs = 0
         self._steps = step = self._steps + 1
+        self._boundary(step)
+
+    def _boundary(self, step: int) -> None:
+        """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners."""
         if self._tallied:
             # Folded, every tally goes stale; without a tally handed out since the last
             # fold, none is live (each fold makes them all stale).
@@ -431,7 +447,8 @@ class Guard:
             self._per_step += [0] * _STEPS_AHEAD
             self._step_stall += [0.0] * _STEPS_AHEAD
         # The walk's anchors hold frames: none that finished outlives a step.
-        stack.forget(live=True)
+        if stack.holding:
+            stack.forget(live=True)
         late = self._close_step() if self._open.held or self._due else None
         if step >= self._listen_at:
             self._listen(step)
