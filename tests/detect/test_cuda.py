@@ -634,3 +634,53 @@ def test_a_scalar_read_that_fails_on_the_device_is_still_a_sync(scalar_reads: Fa
             failing(torch.ones(2))  # several values: no read reached the device
         assert scalar_reads.mode == 1
     assert [(s.line, s.kind) for s in guard.report.sites] == [(_line("# F-read"), "call")]
+
+
+class _OnDevice(torch.Tensor):
+    """A host tensor that says it lives on a CUDA device (for the copy wrapper's checks)."""
+
+    is_cuda = property(lambda self: True)  # type: ignore[assignment]
+    is_cpu = property(lambda self: False)  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    ("method", "call", "returns", "expected"),
+    [
+        ("to", lambda w, h, d: w(h, "cuda", non_blocking=True), "dev", "pageable"),
+        ("to", lambda w, h, d: w(h, "cuda", torch.float32, True), "dev", "pageable"),
+        ("cuda", lambda w, h, d: w(h, 0, True), "dev", "pageable"),
+        ("copy_", lambda w, h, d: w(d, h, True), "dst", "pageable"),
+        ("copy_", lambda w, h, d: w(d, src=h, non_blocking=True), "dst", "pageable"),
+        ("to", lambda w, h, d: w(d, "cpu", non_blocking=True), "host", "async_d2h"),
+        ("copy_", lambda w, h, d: w(h, d, non_blocking=True), "dst", None),  # into a buffer
+        ("to", lambda w, h, d: w(h, "cuda"), "dev", None),  # blocking: the mode's to report
+        ("to", lambda w, h, d: w(h[:4], "cuda", non_blocking=True), "dev", None),  # small
+        ("to", lambda w, h, d: w(h, "cpu", non_blocking=True), "self", None),  # no copy
+    ],
+)
+def test_the_copy_wrapper_judges_a_non_blocking_copy_by_its_arguments(
+    method: str, call: Any, returns: str, expected: str | None
+) -> None:
+    # The tensor comes first in the wrapper's args, non_blocking as a keyword or in
+    # any position; a large pageable host source to the device waits, a copy to the
+    # host is not ready yet, and copy_ into a host buffer is deliberate.
+    from barrierguard.detect import cuda as cuda_engine
+
+    host = torch.zeros(cuda_engine.PAGEABLE_BLOCKING_BYTES // 4 + 1)  # float32: 4 bytes
+    dev = torch.zeros(4).as_subclass(_OnDevice)
+
+    def orig(*args: Any, **kwargs: Any) -> Any:
+        dst = args[0] if args else kwargs["self"]
+        return {"dev": dev, "dst": dst, "host": torch.zeros(4), "self": args[0]}[returns]
+
+    engine = cuda_engine.CudaEngine()
+    records: list[tuple[str, str]] = []
+    engine._record = lambda kind, detail, stall=None: records.append((kind, detail))  # type: ignore[method-assign]
+    wrapper = engine._copy_wrapper(orig, method)
+    call(wrapper, host, dev)
+    kinds = {
+        "pageable": [("copy", "h2d pageable non_blocking")],
+        "async_d2h": [("async_d2h", "non_blocking")],
+        None: [],
+    }
+    assert records == kinds[expected]

@@ -346,7 +346,7 @@ class CudaEngine:
             if copy is not None:  # inside a copy: its wrapper's frame holds the call
                 kind = "copy"
                 local = copy.f_locals
-                method, tensor, args = local["method"], local["self"], local["args"]
+                method, (tensor, *args) = local["method"], local["args"]
                 if method == "copy_" and args and isinstance(args[0], torch.Tensor):
                     detail = _direction(args[0].device.type, tensor.device.type)
                 else:
@@ -501,26 +501,25 @@ class CudaEngine:
         record = self._record
         compiling = _compiling
         clock = _clock
+        tensor_type = torch.Tensor
 
+        # The tensor is args[0]: (*args, **kwargs) passes the call on as it came, where
+        # (self, *args, **kwargs) would build a new tuple for it (a sixth of the wrapper).
         @functools.wraps(orig)
-        def wrapper(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if compiling():
-                return orig(self, *args, **kwargs)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if compiling() or not args:
+                return orig(*args, **kwargs)
             # Nothing is set on the thread: a sync inside the copy finds this frame and
-            # reads method, self, args, kwargs and t0 from it (_copy_of).
+            # reads method, args (the tensor first), kwargs and t0 from it (_copy_of).
             t0 = clock()
-            out = orig(self, *args, **kwargs)
-            if kwargs.get("non_blocking") or (len(args) > 1 and any(a is True for a in args)):
+            out = orig(*args, **kwargs)
+            if kwargs.get("non_blocking") or (len(args) > 2 and any(a is True for a in args)):
                 if method == "copy_":
-                    src = args[0] if args else kwargs.get("src")
-                    dst = self
+                    src = args[1] if len(args) > 1 else kwargs.get("src")
+                    dst = args[0]
                 else:
-                    src, dst = self, out
-                if (
-                    isinstance(src, torch.Tensor)
-                    and isinstance(dst, torch.Tensor)
-                    and src is not dst
-                ):
+                    src, dst = args[0], out
+                if src is not dst and isinstance(src, tensor_type) and isinstance(dst, tensor_type):
                     # is_cpu / is_cuda: flags, where .device.type builds a device.
                     # Only the outermost copy is judged (a subclass's copy runs copies).
                     if src.is_cpu and dst.is_cuda:
