@@ -513,6 +513,8 @@ class CudaEngine:
             # reads method, args (the tensor first), kwargs and t0 from it (_copy_of).
             t0 = clock()
             out = orig(*args, **kwargs)
+            # _nonblocking(args[1:], kwargs), written out (a call per copy saved); a
+            # positional non_blocking never comes first, so it needs two arguments.
             if kwargs.get("non_blocking") or (len(args) > 2 and any(a is True for a in args)):
                 if method == "copy_":
                     src = args[1] if len(args) > 1 else kwargs.get("src")

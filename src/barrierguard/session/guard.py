@@ -437,7 +437,11 @@ class Guard:
         self._boundary(step)
 
     def _boundary(self, step: int) -> None:
-        """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners."""
+        """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners.
+
+        The optimizer hook's quiet path calls it only when one of its tests holds: work
+        added here needs its test there too.
+        """
         if self._tallied:
             # Folded, every tally goes stale; without a tally handed out since the last
             # fold, none is live (each fold makes them all stale).
