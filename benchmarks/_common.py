@@ -220,6 +220,30 @@ def adam_mlp_layers(device: str, width: int, target_ms: float) -> int:
     return best
 
 
+# -- sync-debug mode alone (bench_core, bench_lightning --switch mode) ---------------
+
+
+class ModeOnly:
+    """Sync-debug warn mode with its warnings ignored, and nothing else: the floor
+    under any sync-debug-mode detector."""
+
+    on = False
+
+    def __enter__(self) -> None:
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.filterwarnings("ignore", message="called a synchronizing CUDA operation")
+        warnings.filterwarnings("ignore", message="Synchronization debug mode")
+        torch.cuda.set_sync_debug_mode("warn")
+        self.on = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.on:
+            torch.cuda.set_sync_debug_mode(0)
+            self._w.__exit__(None, None, None)
+            self.on = False
+
+
 # -- sync-debug mode with a naive hook (bench_core, bench_alternatives) -------------
 
 

@@ -96,6 +96,9 @@ Reproduce:
     ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 0 --sync-pairs 40`` with
     ``src/`` at 542a72f: enough rounds for the confidence intervals to decide the 1%
     and 2 us targets (about 4.5 minutes).
+    ``benchmarks/results/h200/core_ci_6cdfab9.json`` and ``core_ci_6cdfab9.txt`` are
+    ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 100 --parts-rounds 30
+    --sync-pairs 40`` with ``src/`` at 6cdfab9, on a faster host (about 5 minutes).
 
     CPU smoke run (the per-step rounds only, audit engine)::
 
@@ -125,6 +128,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    ModeOnly,
     NaiveSyncDebug,
     adam_mlp_layers,
     adam_mlp_step,
@@ -140,21 +144,6 @@ from _common import (
 )
 
 import barrierguard
-
-
-class _ModeOnly:
-    """Sync-debug warn mode with its warnings ignored, and nothing else."""
-
-    def __enter__(self) -> None:
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
-        warnings.filterwarnings("ignore", message="called a synchronizing CUDA operation")
-        warnings.filterwarnings("ignore", message="Synchronization debug mode")
-        torch.cuda.set_sync_debug_mode("warn")
-
-    def __exit__(self, *exc: object) -> None:
-        torch.cuda.set_sync_debug_mode(0)
-        self._w.__exit__(None, None, None)
 
 
 def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> dict[str, Any]:
@@ -197,7 +186,7 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
             guards[name].stop()
             return seconds
         if name == "mode_only":
-            with _ModeOnly():
+            with ModeOnly():
                 return timed(block)
         return timed(block)
 

@@ -65,6 +65,10 @@ Design:
 
     Where the callback's time goes was measured once by ``bench_lightning_costs.py``,
     a study no longer kept here (docs/benchmarks.md, section 7, gives the commit that has it).
+    ``--switch`` splits the callback's cost by what the on-blocks switch on: the
+    callback (the default), the callback with ``memory=False``, or sync-debug mode
+    alone with its warnings ignored (``mode``, GPU only: the floor under any
+    detector built on that mode).
 
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer \\
@@ -170,6 +174,19 @@ Reproduce:
             --out benchmarks/results/h200/lightning_cycle_mlp_ci_542a72f.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_ci_542a72f.txt
 
+    At 6cdfab9: 800 cycles of the callback, then what its cost is made of (the
+    on-blocks switch sync-debug mode alone, or the callback with ``memory=False``)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 800 --fits 1 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_ci_6cdfab9.json \\
+            | tee benchmarks/results/h200/lightning_cycle_mlp_ci_6cdfab9.txt
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 900 --fits 1 --switch mode \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_mode_6cdfab9.json \\
+            | tee benchmarks/results/h200/lightning_cycle_mlp_mode_6cdfab9.txt
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 330 --fits 1 \\
+            --switch memory-off --out benchmarks/results/h200/lightning_cycle_mlp_nomem_6cdfab9.json \\
+            | tee benchmarks/results/h200/lightning_cycle_mlp_nomem_6cdfab9.txt
+
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
@@ -204,6 +221,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     MODEL_DEFAULTS,
+    ModeOnly,
     lightning_loader,
     lightning_model,
     lightning_trainer,
@@ -367,7 +385,12 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
     _warm_up(args)
-    guard_cb = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
+    switch = getattr(args, "switch", "callback")
+    guard_cb = barrierguard.BarrierGuard(
+        policy="record", print_report=False, save_report=False, memory=switch != "memory-off"
+    )
+    # --switch mode: the on-blocks run sync-debug mode alone, and no callback.
+    mode = ModeOnly() if switch == "mode" else None
     # Each step: its label, time, thread CPU time, and the garbage collector's
     # time and collections by generation within it (gc.callbacks).
     steps: list[tuple[str, float, float, float, tuple[int, int, int]]] = []
@@ -383,6 +406,8 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     class Cycle(pl.Callback):
         def on_train_start(self, *a: Any) -> None:
+            if mode is not None:
+                mode.__enter__()  # the first block is an on-block
             sync()
             state["t"], state["c"] = time.perf_counter(), time.thread_time()
             collected["s"], collected["n"] = 0.0, [0, 0, 0]
@@ -398,18 +423,27 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
             if len(steps) % args.block_len == 0:
                 after = CYCLE[len(steps) // args.block_len % len(CYCLE)]
                 if label == "on":
-                    guard_cb.guard._stop(act=False)
+                    if mode is None:
+                        guard_cb.guard._stop(act=False)
+                    else:
+                        mode.__exit__()
                 elif after == "on":
-                    guard_cb._begin("train")
+                    if mode is None:
+                        guard_cb._begin("train")
+                    else:
+                        mode.__enter__()
             state["t"], state["c"] = time.perf_counter(), time.thread_time()
 
-    trainer = lightning_trainer([guard_cb, Cycle()], max_steps=args.cycles * 4 * args.block_len)
+    callbacks = [guard_cb, Cycle()] if mode is None else [Cycle()]
+    trainer = lightning_trainer(callbacks, max_steps=args.cycles * 4 * args.block_len)
     torch.manual_seed(0)
     gc.callbacks.append(on_collect)
     try:
         trainer.fit(lightning_model(args), lightning_loader(epoch))
     finally:
         gc.callbacks.remove(on_collect)
+        if mode is not None:
+            mode.__exit__()
     return {"steps": steps, "syncs": guard_cb.report.total_syncs}
 
 
@@ -512,7 +546,7 @@ def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
         f"{args.block_len} steps ({n} cycles counted); epochs of {args.epoch_batches} "
         f"batches; step off "
         f"{record['wall step off (us)']:.0f} us, thread CPU off {record['cpu step off (us)']:.0f} us; "
-        f"syncs found {record['syncs_found']}"
+        f"syncs found {record['syncs_found']}; on-blocks: {getattr(args, 'switch', 'callback')}"
     )
     header = ["ratio", "step time (IQR) [95% CI]", "training thread's CPU time (IQR) [95% CI]"]
     print(table(header, rows))
@@ -668,6 +702,13 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=0,
         help="--cycles: leave out each block's first steps (the figures after a switch settles)",
+    )
+    ap.add_argument(
+        "--switch",
+        choices=("callback", "memory-off", "mode"),
+        default="callback",
+        help="--cycles: what the on-blocks switch on: the callback, the callback with "
+        "memory=False, or sync-debug mode alone (GPU)",
     )
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
     ap.add_argument("--pool", nargs="+", metavar="JSON", help="pool the rows of these results")

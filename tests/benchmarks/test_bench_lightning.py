@@ -138,6 +138,28 @@ def test_cycle_fit_counts_the_collectors_runs_in_each_step(bench: Any) -> None:
     assert gc.callbacks == hooks  # the collector's hook is gone after the fit
 
 
+def test_cycle_fit_switches_the_callback_without_memory_sampling(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _common import lightning_settings
+
+    made: list[dict[str, Any]] = []
+    real = bench.barrierguard.BarrierGuard
+
+    def spy(**kwargs: Any) -> Any:
+        made.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(bench.barrierguard, "BarrierGuard", spy)
+    args = lightning_settings("mlp", 12)
+    args.cycles, args.block_len, args.epoch_batches = 1, 2, 4
+    args.batch, args.width, args.hidden, args.blocks = 16, 64, 64, 2
+    args.switch = "memory-off"
+    fit = bench._cycle_fit(args)
+    assert [kw["memory"] for kw in made] == [False]
+    assert [s[0] for s in fit["steps"]] == ["on", "on", "off", "off", "null", "null", "off", "off"]
+
+
 def test_cycle_ratios_settle_leaves_out_each_blocks_first_steps(bench: Any) -> None:
     # Blocks of 4 steps: a switch makes the first 2 steps of the block after it
     # slow (the on-block and the off block after it), and the callback slows
