@@ -70,6 +70,14 @@ Design:
     alone with its warnings ignored (``mode``, GPU only: the floor under any
     detector built on that mode).
 
+    **By sample** (``--by-sample STEPS``): one fit with the callback on throughout,
+    nothing switched. Each step notes how many steps have passed since the memory
+    sampler last sampled (0: at this step's boundary); the median step and thread
+    CPU time per group (0, 1, 2, 3, 4-7, 8+), and the groups' excess over the
+    farthest group present, spread over every step: what sampling costs a fit,
+    its own time and its aftermath in the steps after it, with no switch in the
+    way. ``--tiny --by-sample 24`` is its CPU smoke run.
+
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer \\
         --out benchmarks/results/h200/lightning_blocks_transformer_1.json
@@ -516,6 +524,96 @@ def _cycle(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+_SINCE = ("0 (sampled)", "1", "2", "3", "4-7", "8+")
+
+
+def _since_label(k: int) -> str:
+    """A step's group by the steps since the memory sampler's last sample."""
+    return _SINCE[k] if k < 4 else _SINCE[4] if k < 8 else _SINCE[5]
+
+
+def _by_sample_fit(args: argparse.Namespace) -> dict[str, Any]:
+    """One fit of ``args.by_sample`` steps with the callback on throughout (no switch):
+    each step's time, thread CPU time, and how many steps since the memory sampler last
+    sampled (0: at this step's boundary)."""
+    import lightning.pytorch as pl
+
+    epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
+    _warm_up(args)
+    guard_cb = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
+    steps: list[tuple[int, float, float]] = []
+    state = {"t": 0.0, "c": 0.0}
+
+    class Since(pl.Callback):
+        def on_train_start(self, *a: Any) -> None:
+            sync()
+            state["t"], state["c"] = time.perf_counter(), time.thread_time()
+
+        def on_train_batch_end(self, *a: Any) -> None:
+            now, now_cpu = time.perf_counter(), time.thread_time()
+            guard = guard_cb.guard
+            memory = guard._memory
+            sampled = memory.sampler.steps if memory is not None else []
+            since = guard._steps - sampled[-1] if sampled else -1
+            steps.append((since, now - state["t"], now_cpu - state["c"]))
+            state["t"], state["c"] = time.perf_counter(), time.thread_time()
+
+    trainer = lightning_trainer([guard_cb, Since()], max_steps=args.by_sample)
+    torch.manual_seed(0)
+    trainer.fit(lightning_model(args), lightning_loader(epoch))
+    memory = guard_cb.report.memory
+    return {"steps": steps, "sampling": memory.sampling if memory is not None else ""}
+
+
+def _by_sample(args: argparse.Namespace) -> dict[str, Any]:
+    """Per group of steps since the last memory sample: count, median step and CPU time,
+    and the excess over the far steps' (the last group present), spread over all steps."""
+    timeout = _FIT_TIMEOUT_S + args.by_sample
+    fit = _in_fresh_process(_by_sample_fit, (args,), timeout)
+    rows = fit["steps"][args.block_len :]  # the first steps settle
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for since, wall, cpu in rows:
+        if since >= 0:
+            groups.setdefault(_since_label(since), []).append((wall, cpu))
+    present = [g for g in _SINCE if g in groups]
+    record: dict[str, Any] = {"sampling": fit["sampling"], "steps": len(rows), "groups": {}}
+    if not present:
+        return record
+    far = groups[present[-1]]
+    base = (median([w for w, _ in far]), median([c for _, c in far]))
+    excess = [0.0, 0.0]
+    for g in present:
+        walls, cpus = [w for w, _ in groups[g]], [c for _, c in groups[g]]
+        meds = (median(walls), median(cpus))
+        record["groups"][g] = {"n": len(walls), "wall_us": 1e6 * meds[0], "cpu_us": 1e6 * meds[1]}
+        for i in (0, 1):
+            excess[i] += (meds[i] - base[i]) * len(walls)
+    n = sum(len(groups[g]) for g in present)
+    record["excess_per_step"] = {
+        "wall": excess[0] / n / base[0],
+        "cpu": excess[1] / n / base[1],
+        "baseline": present[-1],
+    }
+    return record
+
+
+def _print_by_sample(record: dict[str, Any]) -> None:
+    rows = [
+        [g, r["n"], f"{r['wall_us']:.0f}", f"{r['cpu_us']:.0f}"]
+        for g, r in record["groups"].items()
+    ]
+    print(f"{record['steps']} steps with the callback on; memory {record['sampling']}")
+    print(
+        table(["steps since a sample", "steps", "median step (us)", "median thread CPU (us)"], rows)
+    )
+    ex = record.get("excess_per_step")
+    if ex:
+        print(
+            f"sampling's excess over the '{ex['baseline']}' steps, spread over every step: "
+            f"{ex['wall']:+.2%} of the step time, {ex['cpu']:+.2%} of the thread's CPU time"
+        )
+
+
 def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
     names = [
         ("on", "on / off"),
@@ -710,6 +808,13 @@ def main(argv: list[str] | None = None) -> None:
         help="--cycles: what the on-blocks switch on: the callback, the callback with "
         "memory=False, or sync-debug mode alone (GPU)",
     )
+    ap.add_argument(
+        "--by-sample",
+        type=int,
+        metavar="STEPS",
+        help="one fit of STEPS steps with the callback on throughout: the step times by "
+        "how many steps since the memory sampler last sampled",
+    )
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
     ap.add_argument("--pool", nargs="+", metavar="JSON", help="pool the rows of these results")
     ap.add_argument("--out")
@@ -730,7 +835,22 @@ def main(argv: list[str] | None = None) -> None:
         if args.cycles is not None:
             args.cycles = 3
             args.settle = min(args.settle, 1)
+        if args.by_sample is not None:
+            args.by_sample = 24
     quiet_lightning()
+    if args.by_sample is not None:
+        record = _by_sample(args)
+        _print_by_sample(record)
+        write(
+            args.out,
+            {
+                "benchmark": "lightning_memory_sampling",
+                "settings": vars(args),
+                "model": _model_name(args),
+                "designs": {"by_sample": record},
+            },
+        )
+        return
     if args.cycles is not None:
         record = _cycle(args)
         _print_cycle(args, record)

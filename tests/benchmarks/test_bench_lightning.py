@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -183,3 +185,41 @@ def test_cycle_ratios_settle_leaves_out_each_blocks_first_steps(bench: Any) -> N
 def test_settle_must_be_shorter_than_a_block(bench: Any) -> None:
     with pytest.raises(SystemExit):
         bench.main(["--cycles", "3", "--block-len", "4", "--settle", "4"])
+
+
+def test_by_sample_fit_notes_the_steps_since_each_memory_sample(bench: Any) -> None:
+    from _common import lightning_settings
+
+    args = lightning_settings("mlp", 12)
+    args.by_sample, args.epoch_batches = 10, 4
+    args.batch, args.width, args.hidden, args.blocks = 16, 64, 64, 2
+    fit = bench._by_sample_fit(args)
+    since = [k for k, _, _ in fit["steps"]]
+    assert len(since) == 10
+    assert all(k >= 0 for k in since)
+    # Each step is one further from the last sample, or is sampled itself.
+    assert all(b in (0, a + 1) for a, b in itertools.pairwise(since))
+    assert 0 in since  # a host-only sample costs microseconds: the stride is a few steps
+    assert "samples" in fit["sampling"]
+
+
+def test_by_sample_groups_steps_and_spreads_the_excess(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stride 4: a sampled step of 1.4 ms, one of 1.2 ms after it, then 1.0 ms.
+    times = {0: 1.4e-3, 1: 1.2e-3, 2: 1.0e-3, 3: 1.0e-3}
+    steps = [(k % 4, times[k % 4], times[k % 4] / 2) for k in range(40)]
+    monkeypatch.setattr(
+        bench, "_in_fresh_process", lambda fit, args, timeout: {"steps": steps, "sampling": "x"}
+    )
+    args = argparse.Namespace(by_sample=40, block_len=8)
+    record = bench._by_sample(args)
+    assert record["steps"] == 32
+    assert list(record["groups"]) == ["0 (sampled)", "1", "2", "3"]
+    assert record["groups"]["0 (sampled)"] == {"n": 8, "wall_us": 1400.0, "cpu_us": 700.0}
+    excess = record["excess_per_step"]
+    assert excess["baseline"] == "3"
+    # (0.4 + 0.2) ms over four 1.0 ms steps: 15% of the step.
+    assert excess["wall"] == pytest.approx(0.15)
+    assert excess["cpu"] == pytest.approx(0.15)
+    assert bench._since_label(5) == "4-7" and bench._since_label(9) == "8+"
