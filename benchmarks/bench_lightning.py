@@ -73,10 +73,17 @@ Design:
     **By sample** (``--by-sample STEPS``): one fit with the callback on throughout,
     nothing switched. Each step notes how many steps have passed since the memory
     sampler last sampled (0: at this step's boundary); the median step and thread
-    CPU time per group (0, 1, 2, 3, 4-7, 8+), and the groups' excess over the
-    farthest group present, spread over every step: what sampling costs a fit,
-    its own time and its aftermath in the steps after it, with no switch in the
-    way. ``--tiny --by-sample 24`` is its CPU smoke run.
+    CPU time per group (0, 1, 2, 3, 4-7, 8+). The groups are not compared with
+    each other: the stride grows as steps get faster, so the far groups hold the
+    fast stretches of the fit. Each sample is compared with the step just before
+    it instead (the farthest from the last sample, a few milliseconds away), leaving
+    out the windows that hold an epoch's first step: what the sampled step and the
+    two after it add, their median and mean, and either times the samples spread
+    over every step, the sampler's cost to the fit with its aftermath (the median's
+    spread is the figure; the mean's carries the rare slow steps, garbage
+    collections among them). ``--without nvml`` (or ``allocator``, ``host``) leaves a
+    probe out, to split that cost by probe. ``--tiny --by-sample 24`` is its CPU
+    smoke run.
 
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer \\
@@ -194,6 +201,16 @@ Reproduce:
         PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 330 --fits 1 \\
             --switch memory-off --out benchmarks/results/h200/lightning_cycle_mlp_nomem_6cdfab9.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_nomem_6cdfab9.txt
+
+    By sample, with ``src/`` at 6cdfab9: the sampler with every probe, then without
+    NVML's (about 2.5 minutes each)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 15000 --epoch-batches 64 \
+            --out benchmarks/results/h200/lightning_by_sample.json \
+            | tee benchmarks/results/h200/lightning_by_sample.txt
+        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 15000 --epoch-batches 64 \
+            --without nvml --out benchmarks/results/h200/lightning_by_sample_nonvml.json \
+            | tee benchmarks/results/h200/lightning_by_sample_nonvml.txt
 
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
@@ -540,6 +557,19 @@ def _by_sample_fit(args: argparse.Namespace) -> dict[str, Any]:
 
     epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
     _warm_up(args)
+    without = set(getattr(args, "without", None) or ())
+    if without:
+        from barrierguard.session import memory as memory_module
+
+        real = memory_module.default_probes
+
+        def fewer(notes: list[str], **kw: Any) -> Any:
+            probes = real(notes, **kw)
+            for name in without:
+                probes.probes.pop(name, None)
+            return probes
+
+        memory_module.default_probes = fewer  # type: ignore[assignment]  # this process only
     guard_cb = barrierguard.BarrierGuard(policy="record", print_report=False, save_report=False)
     steps: list[tuple[int, float, float]] = []
     state = {"t": 0.0, "c": 0.0}
@@ -566,8 +596,9 @@ def _by_sample_fit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _by_sample(args: argparse.Namespace) -> dict[str, Any]:
-    """Per group of steps since the last memory sample: count, median step and CPU time,
-    and the excess over the far steps' (the last group present), spread over all steps."""
+    """Per group of steps since the last memory sample: count, median step and CPU time;
+    and each sample against the step before it (``around``): what the sampled step and
+    the two after it add, per sample and spread over every step."""
     timeout = _FIT_TIMEOUT_S + args.by_sample
     fit = _in_fresh_process(_by_sample_fit, (args,), timeout)
     rows = fit["steps"][args.block_len :]  # the first steps settle
@@ -575,25 +606,54 @@ def _by_sample(args: argparse.Namespace) -> dict[str, Any]:
     for since, wall, cpu in rows:
         if since >= 0:
             groups.setdefault(_since_label(since), []).append((wall, cpu))
-    present = [g for g in _SINCE if g in groups]
-    record: dict[str, Any] = {"sampling": fit["sampling"], "steps": len(rows), "groups": {}}
-    if not present:
-        return record
-    far = groups[present[-1]]
-    base = (median([w for w, _ in far]), median([c for _, c in far]))
-    excess = [0.0, 0.0]
-    for g in present:
-        walls, cpus = [w for w, _ in groups[g]], [c for _, c in groups[g]]
-        meds = (median(walls), median(cpus))
-        record["groups"][g] = {"n": len(walls), "wall_us": 1e6 * meds[0], "cpu_us": 1e6 * meds[1]}
-        for i in (0, 1):
-            excess[i] += (meds[i] - base[i]) * len(walls)
-    n = sum(len(groups[g]) for g in present)
-    record["excess_per_step"] = {
-        "wall": excess[0] / n / base[0],
-        "cpu": excess[1] / n / base[1],
-        "baseline": present[-1],
+    record: dict[str, Any] = {
+        "sampling": fit["sampling"],
+        "without": sorted(getattr(args, "without", None) or ()),
+        "steps": len(rows),
+        "groups": {},
     }
+    for g in (g for g in _SINCE if g in groups):
+        walls, cpus = [w for w, _ in groups[g]], [c for _, c in groups[g]]
+        record["groups"][g] = {
+            "n": len(walls),
+            "wall_us": 1e6 * median(walls),
+            "cpu_us": 1e6 * median(cpus),
+        }
+    # The far groups hold the steps of the longest strides, and the stride grows as
+    # the steps get faster: against them a sample would read the host's drift. The
+    # step just before a sample (the farthest from the last one) is its own baseline.
+    around: dict[str, dict[str, list[float]]] = {
+        clock: {str(k): [] for k in range(3)} for clock in ("wall", "cpu")
+    }
+    epoch = getattr(args, "epoch_batches", None) or 0
+    for i in range(1, len(rows) - 2):
+        since = [r[0] for r in rows[i - 1 : i + 3]]
+        if since[0] <= 0 or since[1:] != [0, 1, 2]:
+            continue
+        # An epoch's first step (a new DataLoader iterator, the epoch hooks) is tens of
+        # milliseconds slower: a window holding one would read the epoch, not the sample.
+        first = i - 1 + args.block_len  # the fit's step number of rows[i - 1]
+        if epoch and any((first + j) % epoch == 0 for j in range(4)):
+            continue
+        for c, clock in ((1, "wall"), (2, "cpu")):
+            for k in range(3):
+                around[clock][str(k)].append(rows[i + k][c] - rows[i - 1][c])
+    samples, sampled = len(around["wall"]["0"]), len(groups.get("0 (sampled)", ()))
+    record["around"] = {"samples": samples}
+    if samples:
+        for clock in ("wall", "cpu"):
+            c = 1 if clock == "wall" else 2
+            step = median([r[c] for r in rows])
+            medians = {k: median(v) for k, v in around[clock].items()}
+            means = {k: statistics.fmean(v) for k, v in around[clock].items()}
+            record["around"][clock] = {
+                "step_us": 1e6 * step,
+                "median_us": {k: 1e6 * m for k, m in medians.items()},
+                "mean_us": {k: 1e6 * m for k, m in means.items()},
+                # Every sample in the fit, not only those with a clean neighbourhood.
+                "per_step": sum(medians.values()) * sampled / len(rows) / step,
+                "per_step_mean": sum(means.values()) * sampled / len(rows) / step,
+            }
     return record
 
 
@@ -602,16 +662,41 @@ def _print_by_sample(record: dict[str, Any]) -> None:
         [g, r["n"], f"{r['wall_us']:.0f}", f"{r['cpu_us']:.0f}"]
         for g, r in record["groups"].items()
     ]
-    print(f"{record['steps']} steps with the callback on; memory {record['sampling']}")
+    without = f", without the {'/'.join(record['without'])} probes" if record["without"] else ""
+    print(f"{record['steps']} steps with the callback on{without}; memory {record['sampling']}")
     print(
         table(["steps since a sample", "steps", "median step (us)", "median thread CPU (us)"], rows)
     )
-    ex = record.get("excess_per_step")
-    if ex:
-        print(
-            f"sampling's excess over the '{ex['baseline']}' steps, spread over every step: "
-            f"{ex['wall']:+.2%} of the step time, {ex['cpu']:+.2%} of the thread's CPU time"
+    around = record["around"]
+    if not around["samples"]:
+        return
+    print(f"each sample against the step before it ({around['samples']} samples):")
+    print(
+        table(
+            [
+                "clock",
+                "step (us)",
+                *(f"step +{k}: median / mean (us)" for k in range(3)),
+                "spread: median / mean",
+            ],
+            [
+                [
+                    clock,
+                    f"{a['step_us']:.0f}",
+                    *(
+                        f"{a['median_us'][str(k)]:+.0f} / {a['mean_us'][str(k)]:+.0f}"
+                        for k in range(3)
+                    ),
+                    f"{a['per_step']:+.2%} / {a['per_step_mean']:+.2%}",
+                ]
+                for clock, a in ((c, around[c]) for c in ("wall", "cpu"))
+            ],
         )
+    )
+    print(
+        "spread: the three steps' excess (their medians, or means), times the samples, over "
+        "every step's median time: the sampler's cost to the fit, with what it leaves after it"
+    )
 
 
 def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
@@ -814,6 +899,12 @@ def main(argv: list[str] | None = None) -> None:
         metavar="STEPS",
         help="one fit of STEPS steps with the callback on throughout: the step times by "
         "how many steps since the memory sampler last sampled",
+    )
+    ap.add_argument(
+        "--without",
+        nargs="+",
+        choices=("host", "allocator", "nvml"),
+        help="--by-sample: the memory sampler leaves these probes out",
     )
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
     ap.add_argument("--pool", nargs="+", metavar="JSON", help="pool the rows of these results")

@@ -17,12 +17,23 @@ Design:
       sampler alone).
     * On a GPU, 50 watched steps sampling every step under
       ``torch.cuda.set_sync_debug_mode("error")``: any sync would raise.
+    * **Aftermath** (``--aftermath PAIRS``; on a CPU only the host reads): on the same step, one
+      read (each probe, one whole sample, or ``is_pinned()`` of a pinned 4 MB
+      batch) after every step, in paired rounds against the bare step. The step
+      time it adds, less the read's own time timed around the call, is what the
+      read costs the steps after it (the launches it slows): a cost the
+      adaptive stride, which times only the read, cannot see.
 
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_memory.py --out benchmarks/results/h200/memory.json
 
     (``bash benchmarks/run_all.sh benchmarks/results/h200`` runs it with the rest
     of the suite and keeps the printed tables in ``memory.txt``.)
+
+    The aftermath of each read, with ``src/`` at 6cdfab9 (about a minute)::
+
+        PYTHONPATH=src python benchmarks/bench_memory.py --aftermath 60 --pairs 0 --layers 3 \
+            --out benchmarks/results/h200/memory_aftermath.json
 
     CPU smoke run (the host probes only; its ratios mean nothing)::
 
@@ -33,6 +44,7 @@ Reproduce:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -187,6 +199,97 @@ def sample_cost(calls: int) -> dict[str, Any]:
     return {"us_per_sample": us, "series": sorted(sampler.values), "notes": notes}
 
 
+def _reads(device: str) -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
+    """The reads the aftermath compares, by name, and what closes them."""
+    from barrierguard.session.memory import Sampler, default_probes
+
+    fd = os.open("/proc/self/statm", os.O_RDONLY)
+    reads: dict[str, Callable[[], Any]] = {"pread /proc/self/statm": lambda: os.pread(fd, 128, 0)}
+    closers: list[Callable[[], None]] = [lambda: os.close(fd)]
+    cuda = device == "cuda"
+    if cuda:
+        idx = torch.cuda.current_device()
+        raw = torch._C._cuda_memoryStats
+        pinned = torch.empty(1024 * 1024, dtype=torch.float32).pin_memory()
+        reads["torch._C._cuda_memoryStats"] = lambda: raw(idx)
+        reads["torch.cuda.mem_get_info"] = torch.cuda.mem_get_info
+        reads["is_pinned() of a pinned 4 MB batch"] = pinned.is_pinned
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            reads["nvmlDeviceGetMemoryInfo"] = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle)
+            reads["nvmlDeviceGetComputeRunningProcesses"] = lambda: (
+                pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            )
+            closers.append(pynvml.nvmlShutdown)
+        except Exception as exc:  # a benchmark still reports the rest
+            print(f"NVML not measured: {type(exc).__name__}: {exc}")
+    notes: list[str] = []
+    sampler = Sampler(default_probes(notes, cuda=cuda).probes, notes=notes)
+    count = itertools.count()
+    reads["one whole sample (the sampler's)"] = lambda: sampler.sample(next(count))
+    closers.append(sampler.close)
+
+    def close() -> None:
+        for fn in closers:
+            fn()
+
+    return reads, close
+
+
+def aftermath(device: str, steps: int, pairs: int, layers: int, width: int) -> dict[str, Any]:
+    """Each read after every step, paired against the bare step: its own time and the rest."""
+    step = adam_mlp_step(device, layers, width)
+    reads, close = _reads(device)
+    own: dict[str, list[float]] = {n: [] for n in reads}
+    clock = time.perf_counter
+
+    def run(name: str) -> float:
+        if name == "bare":
+
+            def block() -> None:
+                for _ in range(steps):
+                    step()
+
+            return timed(block)
+        read, inside = reads[name], [0.0]
+
+        def block_with_read() -> None:
+            for _ in range(steps):
+                step()
+                t0 = clock()
+                read()
+                inside[0] += clock() - t0
+
+        seconds = timed(block_with_read)
+        own[name].append(inside[0] / steps)
+        return seconds
+
+    try:
+        for name in reads:
+            run(name)  # each read's first call (NVML's lazy work) out of the rounds
+        for _ in range(3):
+            run("bare")
+        names = ["bare", *reads]
+        rounds = paired_rounds(names, run, pairs)
+    finally:
+        close()
+    added = {n: median([(r[n] - r["bare"]) / steps for r in rounds]) for n in reads}
+    own_us = {n: median(v) * 1e6 for n, v in own.items()}
+    return {
+        "steps_per_block": steps,
+        "pairs": pairs,
+        "layers": layers,
+        "width": width,
+        **paired_summary(rounds, names, steps),
+        "added_us": {n: v * 1e6 for n, v in added.items()},
+        "own_us": own_us,
+        "after_us": {n: added[n] * 1e6 - own_us[n] for n in reads},
+    }
+
+
 def no_sync(device: str, steps: int, layers: int, width: int) -> dict[str, Any]:
     """Run a watched loop with sampling every step under sync-debug "error"."""
     if device != "cuda":
@@ -218,10 +321,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--aftermath", type=int, default=0, metavar="PAIRS", help="each read's aftermath"
+    )
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     results: dict[str, Any] = {"command": " ".join(sys.argv)}
     layers = args.layers or adam_mlp_layers(args.device, args.width, args.target_ms)
+
+    if args.aftermath:
+        am = aftermath(args.device, args.steps, args.aftermath, layers, args.width)
+        results["aftermath"] = am
+        print(f"\n## each read after every step, {layers} layers of {args.width}")
+        print(f"bare step {am['step_ms']['bare']:.3f} ms; {am['pairs']} paired rounds")
+        print(
+            table(
+                ["read", "added us/step", "own us", "aftermath us", "ratio to bare (95% CI)"],
+                [
+                    [
+                        n,
+                        f"{am['added_us'][n]:.1f}",
+                        f"{am['own_us'][n]:.1f}",
+                        f"{am['after_us'][n]:.1f}",
+                        f"{am['ratio_median'][n]:.4f} "
+                        f"({am['ratio_ci95'][n][0]:.4f}-{am['ratio_ci95'][n][1]:.4f})",
+                    ]
+                    for n in am["added_us"]
+                ],
+            )
+        )
+    if not args.pairs:
+        write(args.out, results)
+        return results
 
     costs = probe_costs(args.device, args.calls)
     results["probe_us"] = costs

@@ -203,23 +203,35 @@ def test_by_sample_fit_notes_the_steps_since_each_memory_sample(bench: Any) -> N
     assert "samples" in fit["sampling"]
 
 
-def test_by_sample_groups_steps_and_spreads_the_excess(
+def test_by_sample_compares_each_sample_with_the_step_before_it(
     bench: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Stride 4: a sampled step of 1.4 ms, one of 1.2 ms after it, then 1.0 ms.
+    # Stride 4: a sampled step of 1.4 ms, one of 1.2 ms after it, then 1.0 ms; the host
+    # gets 10% slower half-way (a drift the far group alone would read as the sampler's).
     times = {0: 1.4e-3, 1: 1.2e-3, 2: 1.0e-3, 3: 1.0e-3}
-    steps = [(k % 4, times[k % 4], times[k % 4] / 2) for k in range(40)]
+    steps = [(k % 4, times[k % 4] * (1.1 if k >= 27 else 1.0), 5e-4) for k in range(40)]
     monkeypatch.setattr(
         bench, "_in_fresh_process", lambda fit, args, timeout: {"steps": steps, "sampling": "x"}
     )
     args = argparse.Namespace(by_sample=40, block_len=8)
     record = bench._by_sample(args)
-    assert record["steps"] == 32
+    assert record["steps"] == 32 and record["without"] == []
     assert list(record["groups"]) == ["0 (sampled)", "1", "2", "3"]
-    assert record["groups"]["0 (sampled)"] == {"n": 8, "wall_us": 1400.0, "cpu_us": 700.0}
-    excess = record["excess_per_step"]
-    assert excess["baseline"] == "3"
-    # (0.4 + 0.2) ms over four 1.0 ms steps: 15% of the step.
-    assert excess["wall"] == pytest.approx(0.15)
-    assert excess["cpu"] == pytest.approx(0.15)
+    assert record["groups"]["0 (sampled)"]["n"] == 8
+    around = record["around"]
+    assert around["samples"] == 7  # the last sample has no two steps after it
+    wall = around["wall"]
+    assert wall["median_us"]["0"] == pytest.approx(400.0)
+    assert wall["median_us"]["1"] == pytest.approx(200.0)
+    assert wall["median_us"]["2"] == pytest.approx(0.0)
+    # Slow stretch: 440 / 220 / 0 us; mean excess of the 7 samples (4 fast, 3 slow).
+    assert wall["mean_us"]["0"] == pytest.approx((4 * 400 + 3 * 440) / 7)
+    # 8 samples in 32 steps, each adding the three steps' excess, over the median step.
+    for stat, key in (("median_us", "per_step"), ("mean_us", "per_step_mean")):
+        excess = sum(wall[stat].values())
+        assert wall[key] == pytest.approx(excess * 8 / 32 / wall["step_us"])
+    assert around["cpu"]["mean_us"]["0"] == pytest.approx(0.0)
+    # Epochs of 16 steps: the windows holding step 16, 32 or 48 (samples 16, 32) are left out.
+    args.epoch_batches = 16
+    assert bench._by_sample(args)["around"]["samples"] == 5
     assert bench._since_label(5) == "4-7" and bench._since_label(9) == "8+"

@@ -71,6 +71,21 @@ def test_memory_times_the_probes_and_the_sampler(tmp_path: Path) -> None:
     assert data["no_sync"] == {"checked": False, "why": "needs CUDA"}
 
 
+def test_memory_aftermath_splits_each_reads_added_time(tmp_path: Path) -> None:
+    import bench_memory
+
+    argv = ["--device", "cpu", "--layers", "1", "--width", "32", "--steps", "2", "--pairs", "0"]
+    data = _run(bench_memory.main, [*argv, "--aftermath", "3"], tmp_path)
+    am = data["aftermath"]
+    reads = {"pread /proc/self/statm", "one whole sample (the sampler's)"}  # no CUDA reads here
+    assert set(am["added_us"]) == set(am["own_us"]) == set(am["after_us"]) == reads
+    assert len(am["ratios"]["pread /proc/self/statm"]) == 3
+    for name in reads:
+        assert am["own_us"][name] > 0
+        assert am["after_us"][name] == pytest.approx(am["added_us"][name] - am["own_us"][name])
+    assert "overhead" not in data and "probe_us" not in data  # --pairs 0: the aftermath only
+
+
 def test_audit_times_a_step_with_no_sync(tmp_path: Path) -> None:
     import bench_audit
 
