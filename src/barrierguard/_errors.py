@@ -27,8 +27,7 @@ class BarrierGuardError(Exception):
 class SyncError(BarrierGuardError):
     """A host-device synchronization broke the ``"error"`` policy.
 
-    Raised from the user's own line, at the first synchronization that no allow rule or budget
-    admits.
+    Raised from the user's own line, at the first sync that no allow rule or budget admits.
 
     Attributes:
         site: The site (file, line, kind, ...) that broke the policy, as a dict.
@@ -42,20 +41,18 @@ class SyncError(BarrierGuardError):
 class SyncWarning(UserWarning):
     """One warning per new synchronizing site under the ``"warn"`` policy.
 
-    A ``UserWarning``: a test suite makes it fatal with
-    ``filterwarnings = ["error::barrierguard.SyncWarning"]``.
+    A ``UserWarning``: make it fatal with ``filterwarnings = ["error::barrierguard.SyncWarning"]``.
     """
 
 
 class MemoryGrowthError(BarrierGuardError):
     """Memory kept growing per step beyond ``max_growth_per_step`` (``"error"`` policy).
 
-    Raised at the step boundary where the growth verdict first turns to "leak", or at
-    ``stop()`` when the final verdict over the whole run is a leak.
+    Raised at the step where the growth verdict first turns to "leak", or at ``stop()`` when
+    the verdict over the whole run is a leak.
 
     Attributes:
-        memory: The memory section of the report at that point, as a dict (the ``"memory"``
-            object of the JSON report).
+        memory: The report's memory section at that point, as a dict (the JSON's ``"memory"``).
     """
 
     def __init__(self, message: str, memory: dict[str, object] | None = None) -> None:

@@ -1,16 +1,10 @@
 """The CPU audit engine: which lines would synchronize if the tensors lived on a GPU.
 
-It follows which tensors would live on the training device in a GPU run (docs/audit.md)
-and flags the calls that would read one on the host, need a host-side size, or copy
-between host and device. For cost, one lean function mode (``audit_provenance``) marks
-the outputs of ops on device tensors, keyed by ``id(tensor)`` (nothing is stored on the
-tensor), and only calls that can sync have a rule (``audit_rules``). The mode steps off
-the stack during ``optimizer.step()`` without a closure, ``zero_grad()`` and
-``clip_grad_norm_``: many small calls that only update marked tensors.
-
-A warning that torch raises under the mode is located at a frame of the mode; the
-:class:`WarningRelay` re-issues it at the frame it would name without barrierguard
-(``catch_warnings`` around every call would cost each call and reset every registry).
+A lean function mode (``audit_provenance``) follows which tensors would live on the
+device (docs/audit.md); calls that can sync have a rule (``audit_rules``). The mode steps
+off the stack in ``optimizer.step()`` without a closure, ``zero_grad()`` and
+``clip_grad_norm_``: many small calls that only update marked tensors. :class:`WarningRelay`
+re-issues torch's warnings at the frame they would name without the mode.
 """
 
 from __future__ import annotations
@@ -136,7 +130,7 @@ class AuditEngine:
         cuda_available = torch.cuda.is_available
 
         @contextlib.contextmanager
-        def aside() -> Iterator[None]:  # the mode off the stack meanwhile
+        def aside() -> Iterator[None]:
             off = _step_off(mode, thread)
             try:
                 yield
@@ -145,8 +139,7 @@ class AuditEngine:
                     _stack_push(mode)
 
         def synchronize_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
-            # On a CPU-only build the real call raises: the audit records it and
-            # returns, so device-agnostic scripts that time with it still run.
+            # Without CUDA the real call raises: recorded only, so scripts that time still run.
             @functools.wraps(orig)
             def synchronize(*args: Any, **kwargs: Any) -> Any:
                 out = orig(*args, **kwargs) if cuda_available() else None
@@ -160,8 +153,7 @@ class AuditEngine:
             if hasattr(owner, "synchronize"):
                 self._patches.set(owner, "synchronize", synchronize_wrapper(owner.synchronize))
 
-        # A Parameter the audit sees being made takes its data's side; one it
-        # never saw made (the model was built before the guard) counts as device.
+        # A Parameter seen being made takes its data's side (unseen ones count as device).
         orig_new = Parameter.__dict__["__new__"].__func__
 
         @functools.wraps(orig_new)
@@ -176,8 +168,7 @@ class AuditEngine:
 
         self._patches.set(Parameter, "__new__", staticmethod(parameter_new))
 
-        # The autograd engine runs with the mode off the stack (backward() is a torch
-        # function): a custom Function's Python backward gets it back.
+        # backward() runs with the mode off the stack: a custom Function's backward gets it back.
         BackwardCFunction = torch.autograd.function.BackwardCFunction
         orig_apply: Callable[..., Any] = BackwardCFunction.apply
 
@@ -193,8 +184,7 @@ class AuditEngine:
 
         self._patches.set(BackwardCFunction, "apply", apply)
 
-        # zero_grad() only drops or zeroes gradients (read later, marked through the
-        # parameter): calls the mode need not see.
+        # zero_grad() only drops or zeroes gradients: calls the mode need not see.
         orig_zero = torch.optim.Optimizer.zero_grad
 
         @functools.wraps(orig_zero)
@@ -205,8 +195,7 @@ class AuditEngine:
         self._patches.set(torch.optim.Optimizer, "zero_grad", zero_grad)
         self._patch_clip(mode, thread)
 
-        # An exception inside optimizer.step() skips the post hook that puts the mode
-        # back; the step's profiler range still closes, so it comes back there.
+        # An exception in optimizer.step() skips the post hook; its profiler range still closes.
         record_function = torch.autograd.profiler.record_function
         orig_exit = record_function.__exit__
 
@@ -223,8 +212,7 @@ class AuditEngine:
 
         self._patches.set(record_function, "__exit__", range_exit)
 
-        # A collective on device tensors runs on NCCL's stream: not a barrier. What a
-        # recorded call does inside (all_gather_object's copies) is part of it.
+        # A collective on device tensors runs on NCCL's stream: not a barrier.
         distributed.install(
             self._patches,
             host=lambda tensor: not mode.is_dev(tensor),
@@ -234,8 +222,8 @@ class AuditEngine:
         install_patches(self._patches, mode, aside)
 
     def _patch_clip(self, mode: AuditMode, thread: int) -> None:
-        """``clip_grad_norm_`` steps aside when it cannot sync (every gradient on one side,
-        ``error_if_nonfinite`` off): the total norm takes the gradients' side."""
+        """``clip_grad_norm_`` steps aside when it cannot sync (gradients on one side, no
+        ``error_if_nonfinite``): the total norm takes the gradients' side."""
         utils = torch.nn.utils
         module = sys.modules.get("torch.nn.utils.clip_grad")
         clip: Callable[..., Any] = utils.clip_grad_norm_
@@ -296,12 +284,8 @@ def _remove_from_stack(mode: TorchFunctionMode) -> None:
 
 
 def home_frame(frame: FrameType | None) -> FrameType | None:
-    """The frame a warning located at ``frame`` (the mode's) would name without barrierguard.
-
-    Outward past barrierguard's frames, and past torch's ``handle_torch_function``
-    with the call that entered it (a torch function that dispatched to the mode
-    runs again inside it).
-    """
+    """The frame a warning located at the mode's ``frame`` would name without barrierguard:
+    outward past ours, and past ``handle_torch_function`` with the call that entered it."""
     frame = sync_frame(frame)
     if frame is not None:
         code = frame.f_code
@@ -344,7 +328,6 @@ class WarningRelay:
         name = msg.filename
         try:
             if os.path.basename(name).startswith("audit") and classify_file(name)[0] == OWN:
-                # The live frame the warning was located at, then the one it would name.
                 frame = sys._getframe(1)
                 where = (name, msg.lineno)
                 while frame is not None and (frame.f_code.co_filename, frame.f_lineno) != where:

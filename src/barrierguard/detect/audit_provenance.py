@@ -1,13 +1,12 @@
-"""Provenance for the audit engine: which tensors would live on the training device.
+"""Provenance for the audit: which tensors would live on the training device (docs/audit.md).
 
-:class:`AuditMode` is the one :class:`~torch.overrides.TorchFunctionMode` the
-audit installs: its fast path marks the outputs of an op with a device tensor
-among its inputs, and calls that can synchronize go to a rule of ``audit_rules``,
-which judges them with the helpers here. docs/audit.md says which tensors count.
+:class:`AuditMode`, the audit's function mode, marks the outputs of ops on device tensors
+and hands calls that can synchronize to their rule in ``audit_rules``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import re
 import sys
@@ -66,15 +65,13 @@ _current_node = torch._C._current_autograd_node
 
 Rule = Callable[["AuditMode", Any, tuple[Any, ...], dict[str, Any]], Any]
 
-
-# Dynamo runs the mode's Python while it traces: the mode steps aside there (its
-# stack walks would break the graph) and sees the calls when the compiled code runs.
+# Dynamo runs the mode's Python while it traces: the mode steps aside (its stack walks
+# would break the graph) and sees the calls when the compiled code runs.
 _compiling = torch.compiler.is_compiling
 
 
 def _is_param(t: Tensor) -> bool:
-    # Parameter's metaclass makes isinstance() a Python call: plain tensors
-    # (the hot case) skip it.
+    # Parameter's metaclass makes isinstance() a Python call: plain tensors skip it.
     cls = type(t)
     return cls is Parameter or (cls is not Tensor and isinstance(t, Parameter))
 
@@ -178,8 +175,7 @@ class AuditMode(TorchFunctionMode):
                 break
             if category == TORCH and first:
                 first = False
-                # dynamo's calling convention wraps a Python number as a CPU
-                # scalar tensor for a compiled graph: a host tensor.
+                # dynamo wraps a Python number as a CPU scalar tensor: a host tensor.
                 if f.f_code.co_name == "_as_tensor_fullprec":
                     return True
             f = f.f_back
@@ -202,8 +198,7 @@ class AuditMode(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        # Inert once stopped from another thread (until removed), and while
-        # dynamo traces: the compiled graph's own calls are seen when they run.
+        # Inert once stopped from another thread, and while dynamo traces.
         if not self.active or _compiling():
             return func(*args, **kwargs) if kwargs else func(*args)
         try:
@@ -220,8 +215,8 @@ class AuditMode(TorchFunctionMode):
             except Exception as exc:  # never lose the user's op to our bookkeeping
                 hub.fault(NAME, exc)
             return out
-        # The fast path, propagate() inlined: most ops take no keyword and one or two
-        # marked tensors, and return one tensor (f(*args) builds no dict).
+        # propagate() inlined: most ops take no keyword and one or two marked tensors,
+        # and return one tensor (f(*args) builds no dict).
         out = func(*args)
         if out is None:
             return out
@@ -292,21 +287,13 @@ class AuditMode(TorchFunctionMode):
         return out
 
     def retarget(self, src: Tensor, dev: bool) -> Tensor:
-        """A move that is a no-op on CPU: give the caller a tensor of its own.
-
-        On a GPU ``x.cpu()`` is a new tensor; on CPU it is ``x``. An alias (a
-        view of all of ``x``) keeps both verdicts apart without copying. A
-        parameter or a leaf that requires grad keeps its identity (``module.to()``
-        and optimizers rely on it) and changes sides instead.
-        """
-        if _is_param(src) or (src.requires_grad and src.is_leaf):
-            self.mark(src, dev)
-            return src
-        try:
-            alias = src.view_as(src)
-        except Exception:  # layouts without views (sparse, nested): change sides
-            self.mark(src, dev)
-            return src
+        """For a move that is a no-op on CPU, a tensor of the caller's own: an alias (a view
+        of all of ``src``), or ``src`` itself for a parameter or a leaf that requires grad
+        (``module.to()`` and optimizers rely on their identity) or a layout without views."""
+        alias = src
+        if not (_is_param(src) or (src.requires_grad and src.is_leaf)):
+            with contextlib.suppress(Exception):  # layouts without views (sparse, nested)
+                alias = src.view_as(src)
         self.mark(alias, dev)
         return alias
 

@@ -1,10 +1,7 @@
-"""The audit's rules: one function per kind of call that can synchronize.
+"""The audit's rules: one per kind of call that can synchronize.
 
-A rule runs the op, then judges it with the provenance of its inputs
-(``audit_provenance.AuditMode``) and records a sync where a GPU run would
-make one. :func:`build_rules` maps torch functions to their rules; ops that
-PyTorch itself tags as data-dependent (:func:`tagged_ops`) get a rule without
-a release of barrierguard.
+A rule runs the op, judges it by its inputs' provenance (``AuditMode``) and records a
+sync where a GPU run would make one. Ops torch tags as data-dependent get a rule too.
 """
 
 from __future__ import annotations
@@ -46,19 +43,10 @@ Probe = Callable[[Args, Kwargs], Any]
 
 @functools.cache
 def tagged_ops() -> dict[str, str]:
-    """Names of aten ops tagged ``dynamic_output_shape`` or ``data_dependent_output``.
-
-    Read once per process from torch's own op registry (about 0.4 s), so ops a
-    newer torch tags are audited without a release of barrierguard.
-
-    Returns:
-        ``{aten name: tag name}``; empty when this torch has no such tags.
-    """
-    tags = {
-        getattr(torch.Tag, t)
-        for t in ("dynamic_output_shape", "data_dependent_output")
-        if hasattr(torch.Tag, t)
-    }
+    """``{aten op name: tag}`` of the ops tagged ``dynamic_output_shape`` or
+    ``data_dependent_output`` (read once from torch's registry, about 0.4 s)."""
+    wanted = ("dynamic_output_shape", "data_dependent_output")
+    tags = {getattr(torch.Tag, t) for t in wanted if hasattr(torch.Tag, t)}
     found: dict[str, str] = {}
     names = {s.name[6:] for s in torch._C._jit_get_all_schemas() if s.name.startswith("aten::")}
     for name in sorted(names):
@@ -85,8 +73,7 @@ def _judged(judge: Judge) -> Rule:
             hub.fault(NAME, exc)
             return out
         if verdict is not None:
-            # From the caller of the mode's __torch_function__, which called this rule:
-            # sys._getframe makes no frame object for the frames it skips.
+            # The caller of __torch_function__ (no frame object is made for those skipped).
             mode.record(*verdict, depth=3)
         return out
 
@@ -94,10 +81,8 @@ def _judged(judge: Judge) -> Rule:
 
 
 def _reader(kind: str) -> Rule:
-    """A rule that records ``kind`` when the call's tensor is a device tensor.
-
-    The read path of every recorded ``.item()``: written out, not a judged rule, so
-    it reads the tensor's mark first and makes no call it can do without."""
+    """A rule that records ``kind`` when the call's tensor is a device tensor (every
+    ``.item()``: written out to read the mark first and make no extra call)."""
 
     def rule(mode: AuditMode, func: Any, args: Args, kwargs: Kwargs) -> Any:
         out = func(*args, **kwargs)
@@ -108,8 +93,7 @@ def _reader(kind: str) -> Rule:
             m = mode.marks.get(id(t))
             if not (m.dev if m is not None else mode.is_dev(t)):
                 return out
-            # The caller of the mode's __torch_function__, which called this rule:
-            # sys._getframe makes no frame object for the frames it skips.
+            # The caller of __torch_function__ (no frame object is made for those skipped).
             sync = observe(sync_frame(sys._getframe(2)), kind, "")
         except Exception as exc:
             hub.fault(NAME, exc)
@@ -151,8 +135,7 @@ def _one_hot(args: Args, kwargs: Kwargs) -> Any:
 
 
 def _repeats(args: Args, kwargs: Kwargs) -> Any:
-    # repeat_interleave(input, repeats, ...), input.repeat_interleave(repeats, ...), or
-    # torch.repeat_interleave(repeats); the method always names its repeats.
+    # (input, repeats, ...), or (repeats,) alone; the method always names its repeats.
     if kwargs.get("output_size") is not None:
         return None
     if len(args) >= 2:
@@ -184,7 +167,6 @@ _GPU_NONBLOCKING = {"lightning/fabric/utilities/apply_func.py": frozenset({"batc
 
 @functools.lru_cache(maxsize=4096)
 def _gpu_functions(filename: str) -> frozenset[str]:
-    """The functions of ``_GPU_NONBLOCKING`` in ``filename`` (mostly none)."""
     return _GPU_NONBLOCKING.get(package_path(filename) or "", frozenset())
 
 
@@ -350,17 +332,16 @@ def build_rules() -> dict[Any, Rule]:
     rules[torch.nn.functional.one_hot] = _dynamic("one_hot", _one_hot)
     rules.update(dict.fromkeys((Tensor.to, Tensor.cpu, Tensor.cuda), _move))
     rules[Tensor.copy_] = _judged(_copy)
-    rules.update(
-        dict.fromkeys((torch.tensor, torch.as_tensor, Tensor.new_tensor), _judged(_tensor))
-    )
+    made = (torch.tensor, torch.as_tensor, Tensor.new_tensor)
+    rules.update(dict.fromkeys(made, _judged(_tensor)))
     rules[Tensor.__getitem__] = _judged(_getitem)
     rules[Tensor.__setitem__] = _judged(_setitem)
     return rules
 
 
 class _Checkpoints:
-    """The files ``torch.save`` wrote device tensors to (one blocking copy each on a
-    GPU), which a ``torch.load`` without ``map_location`` puts back on the device."""
+    """The files ``torch.save`` wrote device tensors to (a ``torch.load`` without
+    ``map_location`` puts them back on the device)."""
 
     def __init__(self) -> None:
         self.saving: list[Any] = []  # the files torch.save is writing, innermost last
@@ -425,8 +406,7 @@ def install_patches(
         return ("copy", "d2h")
 
     mode.rules[Tensor.untyped_storage] = _judged(storage)
-    orig_save = torch.save
-    orig_load = torch.load
+    orig_save, orig_load = torch.save, torch.load
 
     @functools.wraps(orig_save)
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:

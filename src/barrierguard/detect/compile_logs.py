@@ -1,9 +1,8 @@
 """What torch.compile says about the watched code: its graph breaks and CUDA-graph skips.
 
-dynamo logs each graph break on its ``graph_breaks`` artifact logger, inductor its
-``skipping cudagraphs due to ...`` on ``cudagraphs``, each with the user's stack. A
-:class:`CompileListener` handles those loggers while a guard runs and turns each record
-into a :class:`CompileEvent` at the user's line; what ``TORCH_LOGS`` would print is printed.
+A :class:`CompileListener` reads dynamo's ``graph_breaks`` and inductor's ``cudagraphs``
+artifact logs while a guard runs, as :class:`CompileEvent` at the user's line; what
+``TORCH_LOGS`` would print is still printed.
 """
 
 from __future__ import annotations
@@ -44,12 +43,11 @@ _FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
 
 @dataclass(frozen=True)
 class CompileEvent:
-    """One graph break or CUDA-graph skip, at the user's line.
+    """One ``"graph_break"`` or ``"cudagraph_skip"`` (``what``), at the user's line.
 
-    ``what`` is ``"graph_break"`` or ``"cudagraph_skip"``; ``reason`` is dynamo's (or
-    inductor's) headline, ``detail`` its explanation and hints, ``gb`` the graph-break page
-    (``"gb0124"``), ``flag`` the dynamo config flag its hint names, ``user`` whether the
-    line is the user's own (else the innermost frame dynamo named).
+    ``reason`` is the headline, ``detail`` its explanation and hints, ``gb`` the graph-break
+    page (``"gb0124"``), ``flag`` the config flag a hint names, ``user`` whether the line is
+    the user's (else the innermost frame dynamo named).
     """
 
     what: str
@@ -144,12 +142,8 @@ _PARTITION_OP = re.compile(r"^\s*op\d+: reason=(?P<reason>.+?)(?:, ir=|$)")
 
 
 def not_a_dynamo_frame(code: CodeType) -> None:
-    """Keep dynamo from compiling ``code`` when it runs as a frame of its own.
-
-    The calls a graph break leaves to eager mode enter barrierguard's hooks as new
-    frames, which dynamo would compile (and the hooks step aside in them): skipped, the
-    hooks see those calls as eager code. A torch without this hook changes nothing.
-    """
+    """Keep dynamo from compiling ``code`` as a frame of its own, so that our hooks see the
+    calls a graph break leaves to eager mode as eager code (no-op on a torch without it)."""
     try:
         from torch._C._dynamo import eval_frame
 
@@ -165,17 +159,8 @@ _patch = Patches()  # torch._logging.getArtifactLogger, while a listener runs
 
 
 class CompileListener(logging.Handler):
-    """Listens to dynamo's graph breaks and inductor's CUDA-graph skips while running.
-
-    It is the handler it puts on torch's loggers (``logging`` calls :meth:`emit` under its
-    lock, one record at a time).
-
-    Example:
-        >>> listener = CompileListener()
-        >>> listener.start(); listener.stop()
-        >>> listener.events
-        []
-    """
+    """Collects graph breaks and CUDA-graph skips between :meth:`start` and :meth:`stop`, as
+    the handler of torch's loggers (``logging`` calls :meth:`emit` under its lock)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -260,7 +245,6 @@ class CompileListener(logging.Handler):
             self.faults.append(f"{type(exc).__name__}: {exc}")
         saved = self._saved.get(record.name)
         parent = logging.getLogger(record.name).parent
-        # Lowered to DEBUG for us with propagation off: pass on what it passed on before.
         if saved is not None and saved[1] and record.levelno >= saved[2] and parent is not None:
             parent.callHandlers(record)
 

@@ -1,11 +1,9 @@
 """The CUDA engine: sync-debug mode in warn mode, plus what that mode misses.
 
-Every sync-debug warning becomes a located record (the user's line, the framework
-line, the kind). Intercepted, since the mode misses them although the host blocks:
-``torch.cuda.synchronize()``, ``Event.synchronize()``, ``non_blocking=True`` copies
-of large pageable host tensors, and ``torch.distributed``'s host barriers
-(``detect/distributed.py``). A ``non_blocking`` copy to pinned host memory is
-reported as ``async_d2h``: no barrier, but a race if read too soon.
+Each sync-debug warning becomes a located record. Intercepted, as the mode misses them:
+``torch.cuda.synchronize()``, ``Event.synchronize()``, ``non_blocking=True`` copies of large
+pageable host tensors, and ``torch.distributed``'s host barriers. A ``non_blocking`` copy to
+pinned host memory is reported as ``async_d2h``: no barrier, but a race if read too soon.
 """
 
 from __future__ import annotations
@@ -37,15 +35,14 @@ _PROTOTYPE_MESSAGE = "Synchronization debug mode is a prototype feature"
 PAGEABLE_BLOCKING_BYTES = 2 * 1024 * 1024
 
 
-# A thread's last read counted in a tally: its sync, the tally, hub.epoch then, the
-# route that found it (None: the loop's own frame), the sync frame's instruction, and
-# len(sys.modules) while no framework with phase markers is imported (else -1).
+# A thread's last read counted in a tally: (sync, tally, hub.epoch then, its route or None for
+# the loop's own frame, the sync frame's f_lasti, len(sys.modules) or -1 once phases can exist).
 _Hot = tuple[Sync, hub.Tally, int, "_Route | None", int, int]
 
 
 class _Thread:
-    """One thread's state: the outermost timed call's start, the hot tally, and the start
-    of the last copy whose sync drained the queue (a further sync in it costs no stall)."""
+    """One thread's state: the outermost timed call's start, the hot tally, and the start of
+    the last copy whose sync drained the queue (a further sync in it costs no stall)."""
 
     __slots__ = ("__weakref__", "drained", "hot", "t0")
 
@@ -63,8 +60,7 @@ class _State(threading.local):
         _threads.add(self.s)
 
 
-# Every live thread's state: at uninstall no thread keeps a tally (nor the route,
-# and the frame it may hold, that came with it).
+# Every live thread's state, so that uninstall drops every tally (and the frames its route holds).
 _threads: weakref.WeakSet[_Thread] = weakref.WeakSet()
 _tls = _State()
 _distributed_tls = distributed._tls
@@ -143,11 +139,8 @@ def _timed_no_args(
     compiling: Callable[[], bool],
     read: Callable[[FrameType, float], None] | None = None,
 ) -> Callable[..., Any]:
-    """Like :func:`_timed`, for a method called as ``tensor.method()``.
-
-    With ``read`` (a scalar read), a plain CUDA tensor's read is recorded here from
-    the caller's frame, with sync-debug mode off for that one call.
-    """
+    """Like :func:`_timed`, for ``tensor.method()``; with ``read`` (a scalar read), a plain CUDA
+    tensor's read is recorded here, with sync-debug mode off for that one call."""
     tls = _tls
     clock = _clock
     on_device = _on_device
@@ -179,9 +172,8 @@ def _timed_no_args(
                 _raw_set(_WARN)
             stall = clock() - t0
             frame = getframe(1)
-            # Met again while its tally stands (hub.Tally): counted here, nothing called;
-            # the loop's own frame at its instruction, or the last route's frames in place
-            # (stack._replay's probe test, written out here: a call per read is the cost).
+            # Met again while its tally stands (hub.Tally): counted here, nothing called.
+            # stack._replay's probe test is written out: a call per read is the cost.
             hot = state.hot
             if hot is not None and hot[2] == hub_module.epoch:
                 last = anchors.last
@@ -225,8 +217,8 @@ def _timed_no_args(
     return timed
 
 
-# The copy wrapper's code (every copy wrapper shares it), and how far out a sync inside a
-# copy may be from the wrapper's frame (a tensor subclass's Python runs in between).
+# The copy wrappers' shared code, and how far out of its frame a sync inside a copy may be
+# (a tensor subclass's Python runs in between).
 _COPY_CODE: Any = None
 _COPY_DEPTH = 4
 
@@ -289,10 +281,9 @@ class CudaEngine:
     def install(self) -> None:
         self._saved_mode = _get_mode()
         try:
-            # Route the mode's warnings to us first, then arm the mode.
             warnings.filterwarnings("always", message=SYNC_MESSAGE, category=UserWarning)
             self._filter = warnings.filters[0]
-            # Its list: a catch_warnings() entered meanwhile puts this one back at exit.
+            # Its list: a catch_warnings() entered meanwhile restores this one at exit.
             self._filter_list = cast("list[Any]", warnings.filters)
             # _showwarnmsg sees warnings even inside catch_warnings(record=True).
             self._saved_show = warnings._showwarnmsg  # type: ignore[attr-defined]
@@ -366,7 +357,6 @@ class CudaEngine:
             if state.t0 is not None:
                 # The first sync drained the queue: later ones in the call cost no stall.
                 state.t0 = _DRAINED
-        # The stall is the time since the timed call began (the wait is over).
         stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
         if sync is not None:
             if t0 is None and sync.loc.kind == "index" and not self._index_timed:
@@ -393,7 +383,6 @@ class CudaEngine:
             sync: Sync | None = last[4]  # the loop's own frame at the same instruction
         else:
             try:
-                # The route of the last read at this code and instruction first.
                 read = _anchors.read
                 sync = None
                 if read is not None and read[0] is frame.f_code and read[1] == frame.f_lasti:
@@ -470,12 +459,8 @@ class CudaEngine:
         )
 
     def _host_reads_unwrapped(self, item: Callable[[Any], Any]) -> None:
-        """Let optimizers read their host step counters with ``item`` itself.
-
-        ``torch.optim``'s ``_get_value`` (``x.item()``, once or twice a step per
-        parameter) is replaced in each optimizer module by one that reads a plain host
-        tensor with the unwrapped ``item`` and hands anything else to the original.
-        """
+        """Let optimizers read host step counters with the unwrapped ``item``: ``torch.optim``'s
+        ``_get_value`` runs ``x.item()`` once or twice a step per parameter."""
         try:
             from torch.optim import optimizer as base
         except ImportError:  # a torch without it: the reads pass the wrapper
@@ -503,18 +488,15 @@ class CudaEngine:
         clock = _clock
         tensor_type = torch.Tensor
 
-        # The tensor is args[0]: (*args, **kwargs) passes the call on as it came, where
-        # (self, *args, **kwargs) would build a new tuple for it (a sixth of the wrapper).
+        # The tensor is args[0]: (self, *args, **kwargs) would build a tuple (1/6 of the cost).
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if compiling() or not args:
                 return orig(*args, **kwargs)
-            # Nothing is set on the thread: a sync inside the copy finds this frame and
-            # reads method, args (the tensor first), kwargs and t0 from it (_copy_of).
+            # A sync inside the copy reads method, args, kwargs and t0 from this frame (_copy_of).
             t0 = clock()
             out = orig(*args, **kwargs)
-            # _nonblocking(args[1:], kwargs), written out (a call per copy saved); a
-            # positional non_blocking never comes first, so it needs two arguments.
+            # _nonblocking(args[1:], kwargs) inline; a positional non_blocking is never first.
             if kwargs.get("non_blocking") or (len(args) > 2 and any(a is True for a in args)):
                 if method == "copy_":
                     src = args[1] if len(args) > 1 else kwargs.get("src")
@@ -522,8 +504,8 @@ class CudaEngine:
                 else:
                     src, dst = args[0], out
                 if src is not dst and isinstance(src, tensor_type) and isinstance(dst, tensor_type):
-                    # is_cpu / is_cuda: flags, where .device.type builds a device.
-                    # Only the outermost copy is judged (a subclass's copy runs copies).
+                    # is_cpu/is_cuda: flags, no device built. Only the outermost copy is
+                    # judged (a subclass's copy runs copies).
                     if src.is_cpu and dst.is_cuda:
                         if (
                             src.nbytes > PAGEABLE_BLOCKING_BYTES

@@ -1,11 +1,8 @@
-"""The calls of ``torch.distributed`` that block the host, recorded at the user's line.
+"""The ``torch.distributed`` calls that block the host, recorded at the user's line.
 
-CUDA sync-debug mode does not see them (they wait in the process group). Both engines
-wrap ``torch.distributed``, ``distributed_c10d`` and ``Work.wait`` alike; a call is
-recorded, as kind ``collective``, when it blocks the host (docs/distributed.md): the
-barriers and ``*_object`` calls always; a collective on host tensors without
-``async_op=True`` (gloo runs it on the host, NCCL on the stream); the ``wait()`` of such a
-call started with ``async_op=True``. Calls and syncs inside a recorded call are part of it.
+CUDA sync-debug mode does not see them. Recorded as ``collective`` (docs/distributed.md):
+barriers and ``*_object`` calls always; a collective on host tensors (gloo) without
+``async_op=True``, else its ``wait()``. Syncs inside a recorded call are part of it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Find the user's line, and the framework line, of a synchronization.
 
-This runs at every synchronization: a file's class, and the kind of the instruction at a
-``(code, offset)``, are each worked out once and cached.
+Runs at every synchronization: a file's class and an instruction's kind are worked out once.
 """
 
 from __future__ import annotations
@@ -33,8 +32,8 @@ KNOWN_FRAMEWORKS: dict[str, str] = {
     **{n: n for n in ("torchmetrics", "accelerate", "transformers", "deepspeed", "ignite")},
 }
 
-# Parts of torch that are frameworks in their own right: a sync inside them is
-# theirs (GradScaler.step reads found_inf), not the user's tensor code.
+# Parts of torch that are frameworks in their own right: a sync inside them is theirs
+# (GradScaler.step reads found_inf), not the user's tensor code.
 TORCH_FRAMEWORKS: tuple[tuple[str, str], ...] = (
     ("amp", "torch.amp"),
     ("cuda/amp", "torch.amp"),
@@ -46,8 +45,8 @@ TORCH_FRAMEWORKS: tuple[tuple[str, str], ...] = (
 )
 
 _OWN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-# barrierguard's own files that are not its machinery: the demo is user code, and
-# MetricBuffer's transfer is a framework's ("framework:barrierguard", allowed by default).
+# Own files that are not machinery: the demo is user code, and MetricBuffer's transfer is a
+# framework's ("framework:barrierguard", allowed by default).
 _OWN_EXCEPTIONS = {_OWN_ROOT + os.path.join("cli", "demo.py"): (USER, "")}
 _OWN_FRAMEWORK_DIR = _OWN_ROOT + "metrics" + os.sep
 
@@ -89,8 +88,8 @@ def _roots() -> list[tuple[str, int, str]]:
 
 def _classify(filename: str) -> tuple[int, str]:
     if filename.startswith("<"):
-        # <frozen runpy> is the standard library, <eval_with_key>.N a torch.fx
-        # graph; <string>, <stdin> and notebook cells are the user's code.
+        # <frozen runpy> is the standard library, <eval_with_key>.N a torch.fx graph;
+        # <string>, <stdin> and notebook cells are the user's code.
         if filename.startswith("<eval_with_key>"):
             return TORCH, "torch"
         return (LIBRARY, "python") if filename.startswith("<frozen") else (USER, "")
@@ -141,11 +140,8 @@ def classify_file(filename: str) -> tuple[int, str]:
 
 @dataclass(eq=False, repr=False, slots=True)
 class Location:
-    """Where a synchronization happened, as seen on the Python stack.
-
-    Interned by :func:`place`. ``key`` (file, line, kind, origin, framework file and line)
-    names the site: two framework syncs behind one user line are two sites.
-    """
+    """Where a synchronization happened, as seen on the Python stack (interned by :func:`place`).
+    ``key`` names the site: two framework syncs behind one user line are two sites."""
 
     file: str
     line: int
@@ -206,11 +202,8 @@ _kind_cache: dict[tuple[CodeType, int], tuple[str, str]] = {}
 
 
 def _instruction(code: CodeType, lasti: int) -> tuple[str, int]:
-    """The name and offset of the instruction at ``lasti`` (``""`` past the end).
-
-    A frame suspended in a call into Python code points at the last inline CACHE
-    entry of its CALL (3.11+): the CALL itself is named.
-    """
+    """The name and offset of the instruction at ``lasti`` (``""`` past the end); a frame in a
+    Python call points at its CALL's last inline CACHE (3.11+), the CALL is named."""
     raw = code.co_code
     try:
         opname = dis.opname[raw[lasti]]
@@ -259,8 +252,7 @@ def _kind_from_call(code: CodeType, lasti: int, lineno: int) -> tuple[str, str]:
         with contextlib.suppress(SyntaxError):
             name = _call_name(ast.parse("(" + segment + "\n)", mode="eval").body)
     if name is None:
-        # No column positions (Python 3.10) or no source: the known synchronizing
-        # calls on the line, the innermost (rightmost) one.
+        # No column positions (3.10) or no source: the line's last known synchronizing call.
         line = linecache.getline(code.co_filename, lineno).strip()
         try:
             module = ast.parse(line.rstrip(":"), mode="exec")
@@ -300,14 +292,13 @@ def kind_at(frame: FrameType) -> tuple[str, str]:
     return result
 
 
-# Keyed by the ids of the code objects (hashing one hashes its constants); each entry
-# keeps its code objects alive, so the ids stay theirs.
+# Keyed by code ids (hashing a code hashes its constants); each entry keeps its codes alive.
 _location_cache: dict[tuple[object, ...], tuple[Location, CodeType, CodeType]] = {}
 
 
 def absolute(filename: str) -> str:
-    """``filename`` as an absolute path (a script run by a relative path has a
-    relative ``co_filename``); ``<stdin>``, ``<string>`` and the like unchanged.
+    """``filename`` (a relative ``co_filename`` of a script) as an absolute path; ``<stdin>``,
+    ``<string>`` and the like unchanged.
 
     Example:
         >>> import os

@@ -1,10 +1,8 @@
 """The syncs that frameworks make, why, and the setting on the user's side that removes each.
 
-:data:`MECHANISMS` is the one table of known framework syncs (where, why, the fix, or
-plainly that none exists); :data:`PHASES` marks the framework functions that tell which
-phase of a run a sync belongs to. The walk of ``detect.stack`` reads both through
-:func:`file_entry`. A new framework sync is one :class:`Mechanism`, its fix proven on a
-GPU (docs/frameworks.md) and a row in ``tests/detect/test_frameworks.py``.
+:data:`MECHANISMS` is the table of known framework syncs; :data:`PHASES` marks the functions
+that tell a sync's phase. ``detect.stack`` reads both through :func:`file_entry`. A new sync is
+one :class:`Mechanism`, its fix proven on a GPU (docs/frameworks.md) and a test row.
 """
 
 from __future__ import annotations
@@ -36,13 +34,12 @@ class Mechanism:
 
     Attributes:
         name: A short stable name, recorded in each site's ``mechanisms``.
-        functions: Where it lives: ``"package/path.py:function"`` (``*`` for any
-            function of the file); the innermost match on the stack wins.
+        functions: Where it lives: ``"package/path.py:function"`` (``*``: any function of the
+            file); the innermost match on the stack wins.
         why: One sentence: what the framework reads on the host, and when.
         fix: The setting on the user's side that removes the sync, or ``""``.
         no_fix: When ``fix`` is empty: why nothing removes it (and what it costs).
-        direct: Only when the sync is made in these functions themselves, not in
-            a function they call.
+        direct: Only a sync made in these functions themselves, not in one they call.
     """
 
     name: str
@@ -321,8 +318,8 @@ def _evaluation_stage(frame: FrameType) -> str | None:
     return {"sanity_check": "sanity", "test": "test"}.get(str(stage), "validate")
 
 
-# "package/path.py:function" -> the phase of a run it marks, or a function of its frame
-# that returns it. The innermost marker on the stack wins; the walk stops there.
+# "package/path.py:function" -> the phase it marks, or a function of its frame returning it.
+# The innermost marker on the stack wins.
 PHASES: dict[str, str | Callable[[FrameType], str | None]] = {
     "lightning/pytorch/loops/fit_loop.py:run": "train",
     "lightning/pytorch/loops/fit_loop.py:advance": "train",
@@ -339,8 +336,8 @@ PHASES: dict[str, str | Callable[[FrameType], str | None]] = {
     "transformers/trainer.py:save_model": "checkpoint",
     "transformers/trainer.py:_finalize_training": "teardown",
     "transformers/trainer.py:_load_best_model": "teardown",
-    # torch.compile at work: dynamo tracing, inductor compiling a graph (the backward
-    # one at the first backward), and autotuning kernels at their first call.
+    # torch.compile at work: dynamo tracing, inductor compiling a graph (the backward one at
+    # the first backward), and autotuning kernels at their first call.
     "torch/_dynamo/convert_frame.py:_compile": "compile",
     "torch/_inductor/compile_fx.py:compile_fx_inner": "compile",
     "torch/_inductor/compile_fx.py:fx_codegen_and_compile": "compile",
@@ -415,10 +412,10 @@ def file_entry(filename: str) -> tuple[bool, dict[str, Function] | None]:
     """What the walk of ``detect.stack`` needs of a source file (asked once per file).
 
     Returns:
-        ``(real, functions)``: real when a frame of the file can be the one that
-        synchronized (not barrierguard's, torch's core nor the standard library's);
-        functions maps each function of the file that the tables name (``"*"``: any
-        other) to ``(mechanism, direct only, phase marker, hook caller)``, or is ``None``.
+        ``(real, functions)``: whether a frame of the file can be the one that synchronized
+        (not barrierguard's, torch's core nor the standard library's); the file's functions
+        the tables name (``"*"``: any other) to ``(mechanism, direct only, phase marker, hook
+        caller)``, or ``None``.
 
     Example:
         >>> file_entry("/sp/lightning/pytorch/loops/fit_loop.py")[1]["run"]

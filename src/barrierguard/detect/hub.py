@@ -1,8 +1,7 @@
 """The running recorders, and the one path every detected sync takes to them.
 
-Engines install global hooks once, however many recorders use them, and hand
-each sync to :func:`emit`, which gives it to every running recorder of that
-engine (anything with the methods of :class:`Recorder`).
+Engines install their global hooks once, however many recorders use them, and hand each
+sync to :func:`emit`, which gives it to every running :class:`Recorder` of that engine.
 """
 
 from __future__ import annotations
@@ -63,8 +62,7 @@ class Recorder(Protocol):
     ) -> Callable[[], None] | Tally | None:
         """Count one sync; return the policy's action, or the site's :class:`Tally`.
 
-        ``again`` marks a further sync inside a call already counted (``print(t)``).
-        """
+        ``again`` marks a further sync inside a call already counted (``print(t)``)."""
 
     def fault(self, exc: BaseException) -> None:
         """Note a fault of barrierguard's own, without raising into training."""
@@ -132,14 +130,12 @@ def detach(recorder: Recorder, engine_name: str) -> None:
             engine = _engines.pop(engine_name, None)
     if engine is None:
         return
-    if current:
-        # This thread's last recorder left: what the engine keeps on it (a function
-        # mode, which aborts the process if its thread ends with it) goes now.
-        release = getattr(engine, "release", None)
-        if release is not None:
-            release(here)
-        return
-    engine.uninstall()
+    if not current:
+        engine.uninstall()
+    elif (release := getattr(engine, "release", None)) is not None:
+        # This thread's last recorder left: what the engine keeps on it goes now (a
+        # function mode aborts the process if its thread ends with it).
+        release(here)
 
 
 def defer(thread_ident: int, cleanup: Callable[[], None]) -> None:
@@ -188,11 +184,10 @@ def note(engine_name: str, text: str) -> None:
 def emit(
     engine_name: str, sync: Sync, stall: float | None = None, again: bool = False
 ) -> Tally | None:
-    """Give one ``sync`` to every recorder of ``engine_name``, then act.
+    """Give one ``sync`` to every recorder of ``engine_name``, then run their actions.
 
-    ``stall`` is the host's blocked time in seconds, when measured; ``again`` marks
-    a further sync inside a call already counted. A recorder's fault is noted, never
-    raised; the policy's actions run after every recorder has recorded.
+    ``stall`` is the host's blocked seconds, when measured; ``again`` as in
+    :meth:`Recorder.record`. A recorder's fault is noted, never raised.
 
     Returns:
         The :class:`Tally` the one recorder counted a repeat in, else ``None``.

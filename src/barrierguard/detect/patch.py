@@ -48,8 +48,7 @@ def drop_filter(entry: Any, home: list[Any] | None = None) -> None:
     """Remove one entry of ``warnings.filters`` (if still there), as a context exit would.
 
     ``home`` is the list it was added to: a ``catch_warnings()`` entered since works on a
-    copy and puts ``home`` back at its exit, so the entry leaves both.
-    """
+    copy and puts ``home`` back at its exit, so the entry leaves both."""
     current = cast("list[Any]", warnings.filters)
     for filters in (current,) if home is None or home is current else (current, home):
         with contextlib.suppress(ValueError):

@@ -1,11 +1,9 @@
 """One walk of the stack per sync: the user's line, the framework mechanism and the phase.
 
-:func:`observe` walks outward from the frame that synchronized, once, and returns
-a :class:`Sync`: the interned :class:`~barrierguard.detect.frames.Location`, the
-innermost mechanism of ``frameworks.MECHANISMS`` (with the Lightning hook in
-flight) and the phase of the innermost marker of ``frameworks.PHASES``. Each
-source file is classified once (:func:`_learn`): a frame costs one lookup by file
-name. A sync met again is found from anchors and routes without a walk.
+:func:`observe` returns a :class:`Sync`: the interned location, the innermost mechanism of
+``frameworks.MECHANISMS`` (with the Lightning hook in flight) and the innermost phase marker's
+phase. Each source file is classified once (a frame costs one lookup by file name); a sync met
+again is found from anchors and routes without a walk.
 
 Example:
     >>> import sys
@@ -33,8 +31,7 @@ class Sync:
 
     Attributes:
         loc: Where it happened (interned: the same object for a hot site).
-        mechanism: The framework table's mechanism, ``"name (hook)"`` while a
-            Lightning hook is in flight, or ``None``.
+        mechanism: The table's mechanism, ``"name (hook)"`` in a Lightning hook, or ``None``.
         phase: The phase the stack shows (the innermost marker's), or ``None``.
     """
 
@@ -73,8 +70,8 @@ _CALLER = 8  # a Lightning hook caller (it holds the hook's name)
 
 # A table function: (its flags, the mechanism's name, the phase marker).
 _Function = tuple[int, "str | None", frameworks.Marker]
-# A file: (flags, framework name, its table functions by name or None, the entry of
-# its other functions), by file name (its hash is cached; an id() would allocate).
+# A file by name (its hash is cached; an id() would allocate): (flags, framework name, its
+# table functions by name or None, the entry of its other functions).
 _File = tuple[int, str, "dict[str, _Function] | None", "_Function | None"]
 _files: dict[str, _File] = {}
 
@@ -116,9 +113,8 @@ def _learn(filename: str) -> _File:
 # (len(sys.modules), the answer) of the last look: asked again after an import.
 _phases_seen: tuple[int, bool] = (-1, False)
 
-# Whether forget() has anything to drop or reset: set wherever a frame or the look
-# above is kept, cleared by a forget() that found nothing (a step boundary of a loop
-# that made no walk skips its call).
+# Whether forget() has anything to drop: set wherever a frame or the look above is kept,
+# cleared by a forget() that found nothing (a boundary after no walk skips the call).
 holding = False
 
 
@@ -143,14 +139,11 @@ _NONE: _Function = (0, None, None)
 
 class _Anchors:
     """Frames that earlier walks passed: a walk that meets one (``is``) knows what lies outward.
+    Dropped at step boundaries and uninstall (:func:`forget`): no finished frame is held long."""
 
-    Each slot is replaced when a walk misses it and dropped at step boundaries and
-    uninstall (:func:`forget`), so no finished frame is held for long.
-    """
-
-    # A frame past which only the location was missing (inside a framework's loop),
-    # the user's frame, the first framework frame and its name, whether the walk
-    # noted it, and the distances to the user's frame and to the framework frame.
+    # A frame past which only the location was missing (inside a framework's loop), the user's
+    # frame, the first framework frame, its name, whether the walk noted it, and the distances
+    # to the user's frame and to the framework frame.
     located: tuple[FrameType, FrameType, FrameType | None, str, bool, int, int] | None = None
     # A frame with no table function between it and the root (a plain loop).
     searched: FrameType | None = None
@@ -158,8 +151,8 @@ class _Anchors:
     last: tuple[FrameType, int, str | None, str, Sync] | None = None
     # The last replayed route's key (code, instruction, kind, detail) and its routes.
     hot: tuple[CodeType, int, str | None, str, list[_Route]] | None = None
-    # The last route replayed for a read whose frame is not the user's, with its code
-    # and instruction: CudaEngine._read tries it first, by _replay alone.
+    # The last route replayed for a read outside the user's frame, with its code and
+    # instruction: CudaEngine._read tries it first.
     read: tuple[CodeType, int, _Route] | None = None
 
 
@@ -168,12 +161,9 @@ _anchors = _Anchors()
 
 @dataclass(slots=True, eq=False)
 class _Route:
-    """What a walk's answer came from, by depth outward of the sync's frame.
-
-    The same code and instruction give the same sync while the probed frames
-    (``sys._getframe(depth)``, no frame object made) are where they were, and
-    ``outer`` (the frame past the user's, when the phase search ran out) lives.
-    """
+    """What a walk's answer came from, by depth outward of the sync's frame: the same code and
+    instruction give the same sync while the probed frames are where they were and ``outer``
+    (the frame past the user's, when the phase search ran out) lives."""
 
     code: CodeType  # the sync's frame's: held, so that its id in the key stays its own
     kept: bool  # whether the sync's frame is the user's own (kept as the last)
@@ -225,7 +215,7 @@ def forget(live: bool = False) -> None:
         id(last and last[0]),
         _held_version,
     ):
-        # Nothing held changed since: the kept frames live if each is where it was.
+        # Nothing held changed: the kept frames live if each is where it was.
         getframe = sys._getframe
         try:
             for held, depth in _depths.items():
@@ -306,11 +296,9 @@ class _Trace:
 def _walk(
     frame: FrameType | None, locate: bool, trace: _Trace | None = None
 ) -> tuple[_Found, str | None, str | None]:
-    """The one walk: ``((innermost, framework, its name, user), mechanism, phase)``.
-
-    The first loop, to the user's frame, reads everything; the second only marks
-    of a mechanism, hook caller or phase. Either ends at its anchor (:class:`_Anchors`).
-    """
+    """The one walk: ``((innermost, framework, its name, user), mechanism, phase)``. The first
+    loop, to the user's frame, reads everything; the second only mechanisms, hook callers and
+    phases. Either ends at its anchor (:class:`_Anchors`)."""
     global holding
     holding = True  # it may keep frames (forget)
     get = _files.get
@@ -561,8 +549,8 @@ def _replay(route: _Route, base: int) -> Sync | None:
         outer = route.outer
         if outer is not None and getframe(base + outer[0]) is not outer[1]:
             return None
-        # A route learnt before a framework with phase markers was imported holds no
-        # marker's probe: walk again once one is (_phases_possible(), read inline).
+        # A route learnt before a framework with phase markers was imported holds no marker's
+        # probe: walk again once one is (_phases_possible(), inline).
         seen = _phases_seen
         if not route.phases and (seen[1] if seen[0] == len(sys.modules) else _phases_possible()):
             return None
@@ -591,14 +579,12 @@ def observe(
     """Walk outward from ``frame`` once: where the sync is, its mechanism, its phase.
 
     Args:
-        frame: The innermost frame of the sync (barrierguard's own frames are
-            skipped).
-        kind: The kind when the caller already knows it (an intercepted call);
-            otherwise it is read from the executing instruction.
+        frame: The innermost frame of the sync (barrierguard's own frames are skipped).
+        kind: The kind when the caller knows it (an intercepted call); else read from the
+            executing instruction.
         detail: Extra detail for a known kind (a copy's direction).
-        depth: ``frame``'s depth as the caller's ``sys._getframe(depth)``,
-            when the caller knows it: a sync met again by the same route is
-            then found by a few probes of the stack instead of a walk.
+        depth: ``frame``'s depth as the caller's ``sys._getframe(depth)``, when known: a sync
+            met again by the same route is then found by a few probes instead of a walk.
 
     Returns:
         The sync, or ``None`` when the stack holds no frame but barrierguard's.
@@ -668,9 +654,8 @@ def annotate(frame: FrameType | None) -> tuple[str | None, str | None]:
     """The framework mechanism and the phase the stack shows, from ``frame`` outward.
 
     Returns:
-        ``(mechanism, phase)``: the innermost table mechanism on the stack as
-        ``"name (hook)"`` when a Lightning hook is in flight, else ``"name"``,
-        or ``None``; and the innermost phase marker's phase, or ``None``.
+        ``(mechanism, phase)``: the innermost table mechanism (``"name (hook)"`` in a Lightning
+        hook) or ``None``, and the innermost phase marker's phase or ``None``.
 
     Example:
         >>> import sys

@@ -24,11 +24,8 @@ _REPORT_DEFAULTS = dict(print_report=True, save_report=True, rank_reports=False,
 
 
 class Adapter:
-    """The guard of one framework callback, and the report at its run's end.
-
-    :meth:`_begin` when the framework's run starts, :meth:`_end` when it ends (stop, print, save,
-    merge the ranks), :meth:`_abort` when it fails.
-    """
+    """A framework callback's guard and report: :meth:`_begin` when its run starts, :meth:`_end`
+    when it ends (stop, print, save, merge the ranks), :meth:`_abort` when it fails."""
 
     _transient: ClassVar[tuple[str, ...]] = ("_guard",)
     _options: Options
@@ -98,11 +95,8 @@ class Adapter:
             self._guard.start()
 
     def _end(self, save_dir: Callable[[], str], rank_dir: Callable[[], str]) -> None:
-        """Stop the guard, then print, save and merge the report (a policy error still raises).
-
-        ``save_dir``/``rank_dir``: the folders of ``save_report=True`` and ``rank_reports=True``,
-        asked only when needed and in that order.
-        """
+        """Stop the guard, then print, save and merge the report (a policy error still raises);
+        ``save_dir``/``rank_dir`` give the folders ``True`` means, asked only when needed."""
         if (guard := self._running()) is None:
             return
         try:

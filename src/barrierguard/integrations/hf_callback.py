@@ -18,34 +18,28 @@ __all__ = ["HFBarrierGuard"]
 class HFBarrierGuard(Adapter, TrainerCallback):
     """A ``transformers.TrainerCallback`` that watches a ``Trainer`` run for host-device syncs.
 
-    ``Trainer(..., callbacks=[HFBarrierGuard()])`` runs the same guard as
-    :func:`~barrierguard.watch` around ``trainer.train()``. Steps are the Trainer's optimizer
-    steps (``on_step_end``; with gradient accumulation one step spans several micro-batches).
-    Evaluation, prediction, checkpoint saving and what runs after the last step are counted
-    apart (each site's ``phases``) and never held against the policy. Syncs inside transformers
-    and accelerate are named by mechanism with the ``TrainingArguments`` setting that removes
-    them, or plainly that none does (docs/huggingface.md).
+    ``Trainer(..., callbacks=[HFBarrierGuard()])`` runs the guard of :func:`~barrierguard.watch`
+    around ``trainer.train()``. Steps are optimizer steps (``on_step_end``: with gradient
+    accumulation one step spans several micro-batches). Evaluation, prediction, checkpointing
+    and what follows the last step are counted apart (each site's ``phases``), never against
+    the policy. Syncs inside transformers and accelerate are named by mechanism with the
+    ``TrainingArguments`` setting that removes them, if any (docs/huggingface.md).
 
-    At the end of training the report is printed on the main process and saved as JSON
-    (``barrierguard_report.json`` in ``args.output_dir``); under DDP rank 0 merges the ranks'
-    reports (one collective, after training). When ``trainer.train()`` raises, the guard stops
-    before the exception reaches the caller, whatever the policy: having no event for a failed
-    run, the callback wraps ``train`` of its Trainer (found at ``on_init_end``, or at the first
-    ``on_train_begin`` when added with ``add_callback``). Subclass it like any
-    ``TrainerCallback`` (call ``super()``); ``barrierguard.HFBarrierGuard`` imports
-    transformers on first use only.
+    At the end of training the main process prints the report and saves it as JSON
+    (``barrierguard_report.json`` in ``args.output_dir``), merged over the DDP ranks (one
+    collective). The Trainer has no event for a failed run, so the callback wraps ``train`` of
+    its Trainer (found at ``on_init_end``, or the first ``on_train_begin`` after
+    ``add_callback``): when it raises, the guard stops first, whatever the policy.
 
     Args:
-        **options: The options of :func:`~barrierguard.watch` (``warmup_steps`` counted in
-            optimizer steps; ``allow=["framework:transformers"]`` accepts all of transformers'
-            own syncs), but not ``out``; and those below.
+        **options: The options of :func:`~barrierguard.watch` but ``out`` (``warmup_steps`` in
+            optimizer steps; ``allow=["framework:transformers"]`` accepts its own syncs).
         print_report: Print the report at the end of training (main process).
         save_report: ``True`` for ``<args.output_dir>/barrierguard_report.json``, a path, or
             ``False``; the merged report.
         rank_reports: Also write each rank's own report: ``True`` for
             ``<args.output_dir>/barrierguard_report.rank{rank}.json``, a path (``{rank}`` is
-            replaced, else ``.rank<N>`` is inserted), or ``False``; ``barrierguard merge`` joins
-            the files offline.
+            replaced, else ``.rank<N>`` is inserted), or ``False``.
         merge_ranks: Merge the ranks' reports on rank 0 at the end (one collective); ``False``
             needs ``rank_reports``.
 

@@ -21,32 +21,27 @@ __all__ = ["RANK_REPORT_NAME", "REPORT_NAME", "BarrierGuard"]
 class BarrierGuard(Adapter, pl.Callback):
     """A Lightning callback that watches a ``Trainer`` run for host-device syncs.
 
-    ``Trainer(callbacks=[BarrierGuard()])`` runs the same guard as :func:`~barrierguard.watch`
-    around ``fit`` (and ``validate``/``test``/``predict``). Training batches are steps;
-    validation, test and predict batches are counted apart (each site's ``phases``) and never
-    held against the policy; setup and the sanity check count as setup. Lightning's own syncs
-    (the batch copy, ``prog_bar`` metrics, logger conversions, ...) are named by mechanism, with
-    the Lightning hook in flight and the fix; syncs in your ``training_step`` and friends stay
-    ``origin: "user"``.
+    ``Trainer(callbacks=[BarrierGuard()])`` runs the guard of :func:`~barrierguard.watch` around
+    ``fit`` (and ``validate``/``test``/``predict``). Training batches are steps; validation, test
+    and predict batches are counted apart (each site's ``phases``), never against the policy;
+    setup and the sanity check are setup. Lightning's own syncs (the batch copy, ``prog_bar``
+    metrics, ...) are named by mechanism, with the hook in flight and the fix; those in your
+    ``training_step`` and friends stay ``origin: "user"``.
 
-    At each training epoch end, syncs per step and memory growth per step go to the trainer's
-    loggers as Python numbers (no sync). At the end of ``fit`` the report is printed on rank 0
-    and saved as JSON (``barrierguard_report.json`` in ``trainer.log_dir``); under DDP rank 0
-    merges the ranks' reports (one collective, after training). The counts travel in
-    checkpoints, so a resumed run keeps them. Subclass it like any Lightning callback (call
-    ``super()``); ``barrierguard.BarrierGuard`` imports Lightning on first use only.
+    Each training epoch end logs syncs and memory growth per step (Python numbers: no sync). At
+    the end of ``fit`` rank 0 prints the report and saves it as JSON (``barrierguard_report.json``
+    in ``trainer.log_dir``), merged over the DDP ranks (one collective). Checkpoints carry the
+    counts, so a resumed run keeps them. Subclass it like any callback (call ``super()``).
 
     Args:
-        **options: The options of :func:`~barrierguard.watch` (``warmup_steps`` counted in
-            training batches; ``allow=["framework:lightning"]`` accepts all of Lightning's own
-            syncs), but not ``out``; and those below.
+        **options: The options of :func:`~barrierguard.watch` but ``out`` (``warmup_steps`` in
+            training batches; ``allow=["framework:lightning"]`` accepts Lightning's own syncs).
         print_report: Print the report at the end of ``fit`` (rank 0).
         save_report: ``True`` for ``<trainer.log_dir>/barrierguard_report.json``, a path, or
             ``False``. Under DDP, rank 0 saves the merged report.
         rank_reports: Every rank also saves its own report (atomically, before any merge):
             ``True`` for ``<trainer.default_root_dir>/barrierguard_report.rank<N>.json``, or a
-            path (``{rank}`` in it is the rank, else ``.rank<N>`` goes before the suffix);
-            ``barrierguard merge`` joins the files offline.
+            path (``{rank}`` in it is the rank, else ``.rank<N>`` goes before the suffix).
         merge_ranks: Merge the ranks' reports on rank 0 at the end of ``fit`` (one
             ``all_gather_object``); ``False`` (a multi-node job) needs ``rank_reports``.
         log_figures: Send syncs per step and memory growth to the loggers at each epoch end.
@@ -126,16 +121,10 @@ class BarrierGuard(Adapter, pl.Callback):
         try:  # Python numbers: logging them adds no sync
             end = guard.steps
             start = min(self._epoch_start, end)
-            steps = end - start
-            metrics = {
-                "barrierguard/syncs_per_step": (
-                    sum(guard.syncs_in_steps(start, end)) / steps if steps else 0.0
-                ),
-                **{
-                    f"barrierguard/memory_growth_per_step/{name}": float(slope)
-                    for name, slope in guard.memory_slopes().items()
-                },
-            }
+            syncs = sum(guard.syncs_in_steps(start, end)) / (end - start) if end > start else 0.0
+            metrics = {"barrierguard/syncs_per_step": syncs}
+            for name, slope in guard.memory_slopes().items():
+                metrics[f"barrierguard/memory_growth_per_step/{name}"] = float(slope)
         except Exception as exc:
             guard.fault(exc)
             return
@@ -154,8 +143,8 @@ class BarrierGuard(Adapter, pl.Callback):
         self._abort()
 
     def _finish(self, trainer: pl.Trainer) -> None:
-        # trainer.log_dir is a collective under DDP: every rank asks for it, and the
-        # per-rank files (asked first) use default_root_dir, which is not one.
+        # trainer.log_dir is a collective under DDP: every rank asks for it; the per-rank files
+        # (asked first) use default_root_dir, which is not one.
         self._end(
             lambda: trainer.log_dir or trainer.default_root_dir, lambda: trainer.default_root_dir
         )
@@ -170,8 +159,7 @@ class BarrierGuard(Adapter, pl.Callback):
         """Go on from the counts of a checkpoint written by :meth:`state_dict`.
 
         Raises:
-            BarrierGuardError: When the state holds no report this release
-                reads.
+            BarrierGuardError: When the state holds no report this release reads.
         """
         if (data := state_dict.get("report")) is None:
             raise BarrierGuardError(

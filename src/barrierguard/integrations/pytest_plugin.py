@@ -1,10 +1,9 @@
 """The pytest plugin (entry point ``pytest11``): watch tests for host-device synchronizations.
 
-Off unless asked: ``--barrierguard=record|warn|error`` (or the ini key ``barrierguard``) watches
-every test, ``@pytest.mark.barrierguard(...)`` one test with its own options, and the
-``barrierguard`` fixture yields a running guard. Under ``error`` a test fails after its body,
-listing every offending line. Under pytest-xdist the workers send their tests' reports to the
-controller (``workeroutput``, as pytest-cov does), which writes the report and the summary.
+Off unless asked: ``--barrierguard=record|warn|error`` (or the ini key) watches every test,
+``@pytest.mark.barrierguard(...)`` one test with its own options, and the ``barrierguard`` fixture
+yields a running guard. Under ``error`` a test fails after its body, listing every offending line.
+pytest-xdist workers send their reports to the controller (``workeroutput``), which sums up.
 """
 
 from __future__ import annotations
@@ -301,14 +300,12 @@ def _merge(outcomes: Sequence[_Outcome]) -> Report:
     reports = [o.report for o in outcomes]
     sites: dict[SiteKey, Site] = {}
     for s in (s for r in reports for s in r.sites):
-        old = sites.get(s.key)
-        sites[s.key] = (
-            replace(s, steps=())
-            if old is None
-            else add_sites(
+        if (old := sites.get(s.key)) is None:
+            sites[s.key] = replace(s, steps=())
+        else:
+            sites[s.key] = add_sites(
                 [old, s], per_step=max(old.per_step, s.per_step), allowed=old.allowed and s.allowed
             )
-        )
     return Report(
         engine=reports[0].engine,
         detection=all(r.detection for r in reports),

@@ -45,29 +45,21 @@ STATE_VERSION: Final = 1
 class MetricBuffer:
     """Running metrics kept on the device, read back with one transfer.
 
-    Follows torchmetrics' ``update``/``compute``/``reset``. Each metric has a reduction fixed at
-    construction (or on first use, see ``default``): ``"mean"``, ``"sum"``, ``"count"`` (weighted
-    by the ``n`` of :meth:`update` as ``("mean", "weighted")`` etc.), ``"min"``, ``"max"``,
-    ``"last"``, and ``"cat"`` (every value, tensors of any shape, concatenated on dim 0).
-
-    Running reductions keep float64 state of constant size. :meth:`update` never synchronizes and
-    keeps nothing of the caller's: it copies a step's tensors into a row of a float64 block on the
-    device with one kernel (folded into the state every
-    :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps and before anything reads it) and Python
-    numbers into host floats.
+    Follows torchmetrics' ``update``/``compute``/``reset``. Reductions: ``"mean"``, ``"sum"``,
+    ``"count"`` (weighted by ``n`` as ``("mean", "weighted")`` etc.), ``"min"``, ``"max"``,
+    ``"last"`` and ``"cat"`` (every value, of any shape, concatenated on dim 0). Running
+    reductions keep float64 state of constant size; :meth:`update` never synchronizes and keeps
+    no reference to the caller's tensors.
 
     Args:
         reductions: Metric name to reduction spec, e.g.
             ``{"loss": ("mean", "weighted"), "grad_norm": "max"}``.
-        metrics: torchmetrics ``Metric`` objects logged alongside; ``update`` forwards to
-            ``metric.update``, ``compute`` calls ``metric.compute()`` (which may transfer or
+        metrics: torchmetrics ``Metric`` objects logged alongside (their ``compute()`` may
             synchronize by itself).
-        nan: NaN and +/-inf values are kept (``"propagate"``), skipped by fixed-shape masking
-            (``"ignore"``) or raised at ``compute()`` (``"error"``).
-        default: Reduction given to metric names first seen in :meth:`update`; ``None`` makes
-            an unknown name an error.
-        device: Device of the state, where every logged tensor must be; by default the first
-            tensor's.
+        nan: NaN and +/-inf values are kept (``"propagate"``), masked out (``"ignore"``) or
+            raised at ``compute()`` (``"error"``).
+        default: Reduction of names first seen in :meth:`update`; ``None`` makes them an error.
+        device: Device of the state and of every logged tensor; by default the first tensor's.
         sync_dist: Reduce across ranks in :meth:`compute` when ``torch.distributed`` is
             initialised.
         process_group: Process group for that reduction (default: the world).
@@ -124,8 +116,7 @@ class MetricBuffer:
                     f"MetricBuffer(metrics={{{name!r}: ...}}) names a metric already in "
                     f"reductions: expected each name in only one of reductions and metrics"
                 )
-            # A Metric means torchmetrics is imported; importing it here would cost
-            # seconds and change the warnings filters.
+            # Not imported here: importing torchmetrics costs seconds and changes warning filters.
             module = sys.modules.get("torchmetrics")
             if module is None or not isinstance(metric, module.Metric):
                 raise BarrierGuardError(
@@ -159,15 +150,13 @@ class MetricBuffer:
     ) -> None:
         """Log one step's values, without synchronizing with the device.
 
-        For the names of the last step, on its devices with its dtypes, this is one copy kernel
-        (and a fold every :data:`~barrierguard.metrics.slots.BLOCK_STEPS` steps). Raising for
-        NaN (``nan="error"``) waits for :meth:`compute`.
+        A step with the last step's names, devices and dtypes is one copy kernel. NaN under
+        ``nan="error"`` is raised by :meth:`compute`.
 
         Args:
             values: Metric values by name, for names that are not identifiers.
             n: Weight of this step for weighted reductions (e.g. the batch size): a Python
-                number or a one-element tensor on the buffer's device. Ignored by unweighted
-                reductions. Defaults to 1.
+                number or a one-element tensor on the buffer's device; defaults to 1.
             **kwargs: Metric values by name: one-element tensors or Python numbers (any tensor
                 for ``cat``); for a torchmetrics metric, a tuple of positional arguments, a
                 dict of keyword arguments or a single tensor for its ``update``.
@@ -188,7 +177,7 @@ class MetricBuffer:
         items = kwargs if values is None else {**values, **kwargs} if kwargs else values
         block = self._hot
         if block is not None and len(items) == block.width:
-            # The hot path: the names, devices and dtypes of the last step, one copy kernel.
+            # The hot path: the last step's names, devices and dtypes, one copy kernel.
             try:
                 step = block.take(items)
             except KeyError:
@@ -200,9 +189,8 @@ class MetricBuffer:
     def compute(self) -> dict[str, Any]:
         """Reduce every metric, with one device-to-host transfer for all of them.
 
-        With ``torch.distributed`` initialised (and ``sync_dist=True``), over all ranks with one
-        collective (``last``: the highest rank that logged one); ``cat`` values stay on the
-        device and their rank.
+        With ``torch.distributed`` initialised and ``sync_dist=True``, over all ranks with one
+        collective (``last``: the highest rank that logged one); ``cat`` values stay local.
 
         Returns:
             Metric name to a Python float (``nan`` for a mean, min, max or last with no values),
@@ -251,8 +239,7 @@ class MetricBuffer:
         """Snapshot of the state; device tensors are cloned on the device, never read.
 
         Returns:
-            A dict for :meth:`load_state_dict` (and ``torch.save``); torchmetrics metrics are
-            saved with their ``state_dict()`` and metric states.
+            A dict for :meth:`load_state_dict` (and ``torch.save``), torchmetrics states included.
 
         Example:
             >>> from barrierguard import MetricBuffer
@@ -295,10 +282,7 @@ class MetricBuffer:
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` snapshot.
-
-        Tensors are moved to this buffer's device when it has one (a host-device copy, outside
-        the training loop); otherwise the buffer takes their device.
+        """Restore a :meth:`state_dict` snapshot, onto this buffer's device if it has one.
 
         Raises:
             BarrierGuardError: The snapshot comes from another version, or declares a different
@@ -375,7 +359,7 @@ class MetricBuffer:
         return tensor.to(self._device)
 
     def _weight(self, n: object) -> tuple[torch.Tensor | None, float]:
-        """The step's weight ``n``, checked: a device tensor, or a Python number."""
+        """The checked weight ``n``: a device tensor, or a Python number."""
         if n is None or is_number(n):
             return None, 1.0 if n is None else float(n)
         if not isinstance(n, torch.Tensor) or n.numel() != 1:

@@ -1,5 +1,5 @@
-"""MetricBuffer's state: its vocabulary, a :class:`Slot` per metric, a :class:`Block` of float64
-device rows per set of names, and the folds. Nothing here reads a device value."""
+"""MetricBuffer's state: a :class:`Slot` per metric, a :class:`Block` of float64 device rows per
+set of names, and the folds. Nothing here reads a device value."""
 
 from __future__ import annotations
 
@@ -76,9 +76,9 @@ Weight = float | torch.Tensor  # a fold's weight: a number, or a device vector o
 class Slot:
     """State of one metric: a float64 device ``row`` ``[a, w, bad]`` and its host twin.
 
-    ``a``: the weighted sum (mean/sum), min/max or last value; ``w``: the total
-    weight; ``bad``: non-finite values seen (``nan="error"``). ``block`` has rows
-    of this metric not folded in yet; ``values`` are a ``cat`` metric's.
+    ``a``: the weighted sum (mean/sum), min/max or last value; ``w``: the total weight; ``bad``:
+    non-finite values seen (``nan="error"``). ``block`` holds rows not folded in yet; ``values``
+    are a ``cat`` metric's.
     """
 
     def __init__(self, reduction: str, weighted: bool) -> None:
@@ -96,7 +96,7 @@ class Slot:
 
     def device_row(self, device: torch.device) -> torch.Tensor:
         """The row ``[a, w, bad]``, made on ``device`` on first use (a fill, not a copy)."""
-        if self.row is None:  # fill kernels with the value as an argument: no copy
+        if self.row is None:
             self.row = torch.zeros(3, dtype=F64, device=device)
             self.row[0].fill_(self.initial_a)
         return self.row
@@ -109,8 +109,8 @@ class Slot:
 class Block:
     """The float64 rows of a set of tensor names (column ``j``: ``tensors[j]``), a row a step.
 
-    A weighted block has a last column for a tensor weight ``n`` (Python weights
-    go to ``weights``). ``devices``, ``dtypes`` and ``groups`` are the last checked step's.
+    A weighted block has a last column for a tensor weight ``n`` (Python weights go to
+    ``weights``). ``devices``, ``dtypes`` and ``groups`` are the last checked step's.
     """
 
     def __init__(
@@ -149,8 +149,8 @@ class Block:
     def put(self, values: tuple[Any, ...], n: object) -> bool:
         """Copy a step that matches the last checked one into the next row; else ``False``.
 
-        A non-tensor fails the device read; a tensor not 0-d, or newly requiring grad, the copy
-        (autograd refuses to write a graph into the rows' ``unbind`` views).
+        A non-tensor fails the device read; a tensor not 0-d, or newly requiring grad, fails the
+        copy (autograd refuses to write a graph into the rows' ``unbind`` views).
         """
         if self.tensor_weights and isinstance(n, torch.Tensor):
             values = (*values, n)

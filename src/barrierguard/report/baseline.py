@@ -218,9 +218,9 @@ def compare(
 ) -> list[Finding]:
     """What ``report`` adds over ``baseline``: new sites, more lines, more syncs per step.
 
-    Only sites in the loop fail; ``"matched"`` (an edited line found by its place)
-    and ``"gone"`` (listed last) never do. ``tolerance``: how much a site's syncs per
-    step may grow; ``root`` as for :func:`make_baseline`.
+    Only sites in the loop fail, never ``"matched"`` (an edited line found by its place)
+    or ``"gone"`` (listed last). ``tolerance``: how much a site's syncs per step may
+    grow; ``root`` as for :func:`make_baseline`.
 
     Raises:
         BarrierGuardError: When ``tolerance`` is negative.
@@ -236,10 +236,8 @@ def compare(
     unmatched = {key: entry for key, entry in old.items() if key not in now}
     for key, entry in sorted(now.items(), key=lambda kv: (kv[1].file, kv[1].line)):
         site = first_site.get(key)
-        before = old.get(key)
-        if before is None:
-            before = _by_place(entry, unmatched)
-            if before is None:
+        if (before := old.get(key)) is None:
+            if (before := _by_place(entry, unmatched)) is None:
                 found.append(Finding("new", entry, None, site))
                 continue
             found.append(Finding("matched", entry, before, site))

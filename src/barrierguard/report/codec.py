@@ -1,12 +1,10 @@
 """One JSON codec for the frozen record dataclasses, driven by their fields and type hints.
 
-:func:`to_json` writes a record's fields in declaration order; :func:`from_json`
-converts each value back to its field's type. Unknown keys are ignored and missing
-ones take the field's default, so files of other releases still read. Field
-metadata: ``OMIT_EMPTY``/``OMIT_NONE`` (or ``{"omit": f}``, ``f(record, value)``)
-leave the key out; ``AS_MAP`` writes pairs ``((key, value), ...)`` as an object;
-``{"key": NAME}`` renames the key. A list element that does not read raises
-``ValueError("[INDEX]: ERROR")``.
+Fields are written in declaration order and read back to their type; unknown keys are
+ignored and missing ones take the default, so other releases' files still read. Field
+metadata: ``OMIT_EMPTY``/``OMIT_NONE`` (or ``{"omit": f}``, ``f(record, value)``) leave
+the key out, ``AS_MAP`` writes pairs ``((key, value), ...)`` as an object, ``{"key": NAME}``
+renames the key. A list element that does not read raises ``ValueError("[INDEX]: ERROR")``.
 """
 
 from __future__ import annotations
@@ -72,16 +70,13 @@ def from_json(cls: type[T], data: Any) -> T:
             if f.init and f.default is f.default_factory is dataclasses.MISSING:
                 raise KeyError(key)
             continue
-        raw = data[key]
-        if f.metadata.get("as_map"):
-            raw = list(dict(raw).items())
+        raw = list(dict(data[key]).items()) if f.metadata.get("as_map") else data[key]
         kwargs[f.name] = _decode(hints[f.name], raw)
     return cls(**kwargs)
 
 
 def _decode(hint: Any, raw: Any) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if raw is None and type(None) in args:
             return None

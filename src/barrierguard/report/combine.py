@@ -11,20 +11,16 @@ __all__ = ["combine"]
 
 
 def combine(before: Report, after: Report) -> Report:
-    """A resumed run's report: ``before`` (from the checkpoint), then ``after``.
-
-    Steps of ``after`` are numbered on from ``before``; counts are summed; the
-    memory section is ``after``'s (this process's samples only).
-    """
+    """A resumed run's report: ``before`` (from the checkpoint), then ``after``, whose steps
+    are numbered on; counts are summed; memory is ``after``'s (this process's samples only)."""
     offset = before.steps
     sites: dict[SiteKey, Site] = {s.key: s for s in before.sites}
     for site in after.sites:
         shifted = tuple((a + offset, b + offset) for a, b in site.steps)
-        old = sites.get(site.key)
-        if old is None:
+        if (old := sites.get(site.key)) is None:
             sites[site.key] = replace(site, steps=shifted)
-            continue
-        sites[site.key] = add_sites([old, site], steps=old.steps + shifted)
+        else:
+            sites[site.key] = add_sites([old, site], steps=old.steps + shifted)
     measured = before.measured_steps + after.measured_steps
     merged = [
         replace(s, per_step=s.step_count / measured if measured else 0.0) for s in sites.values()

@@ -58,9 +58,8 @@ class CudagraphSkip(_Located):
 class CaptureProbe(_Located):
     """What the capture probe found: one call captured with ``torch.cuda.graph``.
 
-    ``status``: ``"capturable"`` (a ``reason`` then says what was taken from
-    inductor's CUDA graphs), ``"blocked"`` (at ``file``/``line``, ``reason`` the
-    error) or ``"not run"`` (``reason`` says why).
+    ``status``: ``"capturable"`` (``reason``: what was taken from inductor's CUDA graphs),
+    ``"blocked"`` (at ``file``/``line``, ``reason`` the error) or ``"not run"`` (and why).
     """
 
     status: str
@@ -74,10 +73,8 @@ class CaptureProbe(_Located):
 
 @dataclass(frozen=True)
 class CompileReport(Record):
-    """What torch.compile and the capture probe said about the watched code.
-
-    ``compile_syncs`` counts the syncs made while compiling, apart from the steps.
-    """
+    """What torch.compile and the capture probe said about the watched code;
+    ``compile_syncs``: the syncs made while compiling, counted apart from the steps."""
 
     graph_breaks: tuple[GraphBreak, ...] = ()
     cudagraph_skips: tuple[CudagraphSkip, ...] = ()
@@ -90,11 +87,8 @@ class CompileReport(Record):
         """One line: graph breaks, CUDA-graph skips, and whether the step is capturable."""
         n = len(self.graph_breaks)
         where = ", ".join(b.location for b in self.graph_breaks[:3]) + (", ..." if n > 3 else "")
-        parts = [
-            f"{n} graph break{'s' if n != 1 else ''} in the watched code ({where})"
-            if n
-            else "no graph break in the watched code"
-        ]
+        breaks = f"{n} graph break{'s' if n != 1 else ''} in the watched code ({where})"
+        parts = [breaks if n else "no graph break in the watched code"]
         if self.cudagraph_skips:
             first = self.cudagraph_skips[0]
             parts.append(f"CUDA graphs skipped ({first.reason} at {first.location})")

@@ -66,10 +66,9 @@ RENDERERS: dict[str, Callable[[Any], str]] = {}
 class MemoryReport(Record):
     """Memory per step, and whether it kept growing: the report's ``memory`` section.
 
-    ``series[name][i]`` is the bytes sampled at the end of step ``steps[i]``
-    (``None``: not readable then), for ``host_rss``, ``workers_rss``,
-    ``device_allocated``, ``device_reserved`` and ``device_used`` (NVML).
-    ``slopes`` are robust growth rates in bytes per measured step; ``leak`` is the verdict.
+    ``series[name][i]``: bytes at the end of step ``steps[i]`` (``None``: unreadable) for
+    ``host_rss``, ``workers_rss``, ``device_allocated``, ``device_reserved``, ``device_used``
+    (NVML); ``slopes``: robust growth in bytes per measured step; ``leak``: the verdict.
 
     Example:
         >>> m = MemoryReport(steps=(1, 2), series={"host_rss": (10, 10)})
@@ -112,8 +111,8 @@ def format_bytes(n: float) -> str:
 class Timeline(Record):
     """Per measured step on a GPU: host time, stall, device time, run-ahead, saving.
 
-    ``device_s[i]`` is ``None`` where it could not be measured without a sync;
-    ``saving_s`` estimates what removing the syncs would save, ``summary`` in words.
+    ``device_s[i]``: ``None`` where only a sync could measure it; ``saving_s``: what
+    removing the syncs would save, ``summary`` in words.
     """
 
     steps: tuple[int, ...] = ()
@@ -133,8 +132,7 @@ class RankSummary(Record):
     """One rank of a merged report: its steps, syncs, stall and step time.
 
     ``host_step_s``/``device_step_s``: medians over its timed steps (``None``: none);
-    ``stall_fraction``: :func:`hidden_fraction`; ``wait_s``: its estimated wait per
-    step for the gating site (0 on the ranks where that site fires).
+    ``wait_s``: its estimated wait per step for the gating site (0 where that site fires).
     """
 
     rank: int
@@ -193,9 +191,9 @@ def job_cost(
 ) -> float | None:
     """Estimated time per step that a rank-asymmetric site costs every other rank.
 
-    The largest, over the ranks where it fires (``rank_stalls``: ``(rank, stall)``),
-    of its stall per measured step times :func:`hidden_fraction`, capped by the
-    shortest step of the ranks that wait for it. ``None`` when no stall was measured.
+    The largest stall per measured step times :func:`hidden_fraction` over the ranks
+    in ``rank_stalls`` (``(rank, stall)``), capped by the shortest step of the ranks
+    waiting for it; ``None`` when no stall was measured.
     """
     costs = [
         stall / s.measured_steps * (1.0 if s.stall_fraction is None else s.stall_fraction)
@@ -238,11 +236,10 @@ def rank_ranges(ranks: Iterable[int]) -> str:
 class Report:
     """What a guard found: the sites, the steps, and what the policy made of them.
 
-    ``syncs_per_step[i]`` counts the blocking syncs of step ``i`` (0: before the
-    first step). ``print(report)`` shows the console table; :meth:`save` writes
-    versioned JSON that :meth:`load` reads back. ``rank`` is the rank that wrote it;
-    a merged report (:meth:`merge`) holds the ranks' in ``ranks``. ``compile`` is
-    what torch.compile said about the watched code (docs/compile.md).
+    ``syncs_per_step[i]``: blocking syncs of step ``i`` (0: before the first step).
+    ``print(report)`` shows the console table; :meth:`save` writes versioned JSON that
+    :meth:`load` reads. ``rank``: the rank that wrote it (a :meth:`merge` holds the
+    ranks' in ``ranks``); ``compile``: what torch.compile said (docs/compile.md).
 
     Example:
         >>> r = Report(engine="none", detection=False, policy="record")
@@ -288,19 +285,11 @@ class Report:
 
     @property
     def gating_site(self) -> Site | None:
-        """The rank-asymmetric site that holds the other ranks back most, if any.
-
-        The largest ``job_cost_s`` wins; where none was measured, the most syncs in steps.
-        """
+        """The rank-asymmetric site that holds the other ranks back most, if any: the
+        largest ``job_cost_s``, or where none was measured, the most syncs in steps."""
         return min(
             (s for s in self.sites if s.asymmetric and s.blocking and s.step_count),
-            key=lambda s: (
-                s.job_cost_s is None,
-                -(s.job_cost_s or 0.0),
-                -s.step_count,
-                s.file,
-                s.line,
-            ),
+            key=lambda s: (s.job_cost_s is None, -(s.job_cost_s or 0.0), -s.step_count, *s.key[:2]),
             default=None,
         )
 
@@ -308,27 +297,17 @@ class Report:
         """Sites by cost: stall time where measured, else syncs in steps, then count."""
         return sorted(
             self.sites,
-            key=lambda s: (
-                s.allowed,
-                -(s.stall_s or 0.0),
-                -s.step_count,
-                -s.count,
-                s.file,
-                s.line,
-                s.kind,
-                s.origin,
-            ),
+            key=lambda s: (s.allowed, -(s.stall_s or 0.0), -s.step_count, -s.count, *s.key[:4]),
         )
 
     @classmethod
     def merge(cls, reports: Sequence[Report]) -> Report:
         """One report for a distributed run: the ranks' reports, in rank order.
 
-        Sites matched by :attr:`Site.key` sum their counts (per rank in
-        ``rank_counts`` and ``rank_stalls``); one that fired on some ranks only is
-        ``asymmetric``, with ``job_cost_s``. Steps, policy, engine and memory are
-        rank 0's; each rank's full report stays in ``ranks``. Ranks are the ones the
-        reports record when all differ, else ``reports[i]`` is rank ``i``'s.
+        Sites matched by :attr:`Site.key` sum their counts (per rank in ``rank_counts``
+        and ``rank_stalls``); one that fired on some ranks only is ``asymmetric``, with
+        ``job_cost_s``. Steps, policy, engine and memory are rank 0's; every report stays
+        in ``ranks``. Ranks are the reports' own when all differ, else their indices.
 
         Args:
             reports: The ranks' reports.
@@ -344,19 +323,18 @@ class Report:
         if not reports:
             raise BarrierGuardError("Report.merge() needs at least one report (rank 0's)")
         # Sites in ranked order, as the JSON holds them: a merge equals its reload.
-        reports = [replace(r, sites=tuple(r.ranked())) for r in reports]
-        recorded = [r.rank for r in reports]
-        if None not in recorded and len(set(recorded)) == len(recorded):
-            reports = sorted(reports, key=lambda r: r.rank or 0)
-            labels = [r.rank or 0 for r in reports]
-        else:
-            labels = list(range(len(reports)))
+        reports = [r.with_sites(r.ranked()) for r in reports]
+        by_rank = {r.rank: r for r in reports if r.rank is not None}
+        if len(by_rank) < len(reports):
+            by_rank = dict(enumerate(reports))
+        by_rank = {rank: by_rank[rank] for rank in sorted(by_rank)}
+        reports = list(by_rank.values())
         merged: dict[SiteKey, list[tuple[int, Site]]] = {}
-        for rank, report in zip(labels, reports, strict=True):
+        for rank, report in by_rank.items():
             for site in report.sites:
                 merged.setdefault(site.key, []).append((rank, site))
         measured = sum(r.measured_steps for r in reports)
-        summaries = {rank: _summary(rank, r) for rank, r in zip(labels, reports, strict=True)}
+        summaries = {rank: _summary(rank, r) for rank, r in by_rank.items()}
         sites = [_merge_sites(group, measured, summaries) for group in merged.values()]
         per_step = zip_longest(*(r.syncs_per_step for r in reports), fillvalue=0)
         note = (
@@ -374,7 +352,7 @@ class Report:
             rank=None,
             rank_summaries=tuple(summaries.values()),
         )
-        result = replace(result, sites=tuple(result.ranked()))
+        result = result.with_sites(result.ranked())
         gate = result.gating_site
         if gate is None or gate.job_cost_s is None:
             return result
@@ -391,7 +369,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-able data (see docs/report-schema.md)."""
-        data = to_json(replace(self, sites=tuple(self.ranked())))
+        data = to_json(self.with_sites(self.ranked()))
         data.update(total_syncs=self.total_syncs, step_syncs=self.step_syncs)
         if (gate := self.gating_site) is not None:
             named = ("file", "line", "kind", "origin", "location")

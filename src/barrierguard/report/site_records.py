@@ -17,20 +17,21 @@ SiteKey = tuple[str, int, str, str, str, int]
 
 # The dynamo settings that keep a sync in the graph (it still syncs at run time).
 _FLAGS = ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
+# Pairs written as a JSON object, left out when empty.
+_PAIRS = {**AS_MAP, **OMIT_EMPTY}
 
 
 @dataclass(frozen=True)
 class Site(Record):
     """One place in the code that synchronizes, with everything known about it.
 
-    ``file``/``line``/``function`` name the user's own frame; inside a framework
-    (``origin`` ``"framework:<name>"``) the ``framework_*`` fields name its line,
-    ``cause`` says why it syncs and ``fix`` what removes it. ``rule`` is the kind's
-    code (``"BG101"``, docs/rules.md). ``count`` counts calls (one ``print(t)`` is
-    one); ``events`` the raw syncs when more. Merged over ranks: ``rank_counts``,
-    ``rank_stalls``, ``asymmetric`` (fired on some ranks only) and ``job_cost_s``.
-    ``graph_break``, ``graph_break_id``, ``compile_flag`` and ``cudagraph_skip``
-    are what torch.compile said about the line (docs/compile.md).
+    ``file``/``line``/``function``: the user's own frame; inside a framework (``origin``
+    ``"framework:<name>"``) ``framework_*`` name its line. ``cause``: why it syncs; ``fix``:
+    what removes it; ``rule``: the kind's code (``"BG101"``, docs/rules.md). ``count``
+    counts calls (one ``print(t)`` is one), ``events`` the raw syncs when more. Merged
+    over ranks: ``rank_counts``, ``rank_stalls``, ``asymmetric`` (fired on some ranks
+    only), ``job_cost_s``. ``graph_break``, ``graph_break_id``, ``compile_flag``,
+    ``cudagraph_skip``: what torch.compile said about the line (docs/compile.md).
 
     Example:
         >>> s = Site(file="/w/train.py", line=12, function="train", code="loss.item()",
@@ -66,12 +67,10 @@ class Site(Record):
     events: int = field(default=0, metadata={"omit": lambda site, n: n <= site.count})
     asymmetric: bool = field(default=False, metadata=OMIT_EMPTY)
     job_cost_s: float | None = field(default=None, metadata=OMIT_NONE)
-    phases: tuple[tuple[str, int], ...] = field(default=(), metadata={**AS_MAP, **OMIT_EMPTY})
-    mechanisms: tuple[tuple[str, int], ...] = field(default=(), metadata={**AS_MAP, **OMIT_EMPTY})
-    rank_counts: tuple[tuple[int, int], ...] = field(default=(), metadata={**AS_MAP, **OMIT_EMPTY})
-    rank_stalls: tuple[tuple[int, float], ...] = field(
-        default=(), metadata={**AS_MAP, **OMIT_EMPTY}
-    )
+    phases: tuple[tuple[str, int], ...] = field(default=(), metadata=_PAIRS)
+    mechanisms: tuple[tuple[str, int], ...] = field(default=(), metadata=_PAIRS)
+    rank_counts: tuple[tuple[int, int], ...] = field(default=(), metadata=_PAIRS)
+    rank_stalls: tuple[tuple[int, float], ...] = field(default=(), metadata=_PAIRS)
     rule: str = field(default="", metadata=OMIT_EMPTY)
     graph_break: str = field(default="", metadata=OMIT_EMPTY)
     graph_break_id: str = field(default="", metadata=OMIT_EMPTY)

@@ -1,8 +1,5 @@
-"""Allow rules where the code is: an inline comment on the line, and a scoped block.
-
-``# barrierguard: allow`` on a line allows its every sync, ``allow[item, BG301]`` those
-kinds or codes (read once, when the guard first sees the site). ``with allowed(...):``
-allows the syncs of the block in this thread, for every guard (:func:`admits`).
+"""Allow rules where the code is: ``# barrierguard: allow`` (or ``allow[item, BG301]``) on
+a line, read when a guard first sees the site, and ``with allowed(...):`` in this thread.
 """
 
 from __future__ import annotations
@@ -47,15 +44,14 @@ class _Local(threading.local):
 
 
 _TLS = _Local()
-# allowed() blocks open in all threads: while none is, a settled site's count reads no
-# thread-local. Counted before a block opens and after it closes.
+# allowed() blocks open in all threads (counted before one opens, after it closes): while
+# none is, a settled site's count reads no thread-local.
 open_blocks = 0
 _open_lock = threading.Lock()
 
 
 def admits(key: Hashable, kind: str) -> bool:
-    """Whether an open ``allowed()`` block of this thread admits this occurrence
-    of the site ``key`` (of ``kind``)."""
+    """Whether an open ``allowed()`` block of this thread admits this sync at site ``key``."""
     for scope in reversed(_TLS.scopes or ()):
         if scope.kinds and kind not in scope.kinds:
             continue
@@ -71,14 +67,13 @@ def admits(key: Hashable, kind: str) -> bool:
 def allowed(*kinds: str, first_only: bool = False) -> Iterator[None]:
     """Allow the syncs made inside the block (in this thread), for every running guard.
 
-    Syncs in the block are still counted and reported; they are not held
-    against the policy or the per-step budget. Blocks nest; an inner block
-    adds to the outer ones.
+    They are still counted and reported, but not held against the policy or the per-step
+    budget. Blocks nest; an inner block adds to the outer ones.
 
     Args:
         *kinds: Kinds (``"item"``) or rule codes (``"BG101"``) to allow; none: every kind.
-        first_only: Admit only the first occurrence of each site in this block;
-            a second one is a violation (a deliberate read, once).
+        first_only: Admit only the first sync of each site in this block; a second one is
+            a violation (a deliberate read, once).
 
     Raises:
         BarrierGuardError: For a name that is neither a kind nor a rule code.

@@ -1,11 +1,9 @@
 """The capture probe: one call of a step captured with ``torch.cuda.graph``, never replayed.
 
-Captured after warm-up on a side stream, which records kernels and runs none; the host
-state it changes (the known parameters' ``.grad``, the RNG states, the current stream) is
-put back. Compiled functions run as plain Python (``force_eager``): inductor's CUDA graphs
-keep the last step's autograd graph alive, which a backward captured on a side stream would
-have to join. Where torch can, those nodes follow the capture's stream; elsewhere the
-backward takes inductor's verdict when it kept no op out of its graphs (docs/compile.md).
+Captured on a side stream, which records kernels and runs none; the host state it changes
+(``.grad``, RNG states, the current stream) is put back. Compiled functions run as plain
+Python (``force_eager``); a backward that must join an earlier step's autograd graph takes
+inductor's verdict where it kept no op out of its graphs (docs/compile.md).
 """
 
 from __future__ import annotations
@@ -66,8 +64,7 @@ def _release_failed_capture(graph: Any, stream: Any) -> None:
 
 
 def _stream_mismatch(exc: BaseException) -> bool:
-    """Whether autograd had to join the capture to the default stream (an AccumulateGrad
-    node of an earlier iteration still alive): the CUDA error, or torch's own."""
+    """Whether autograd had to join the capture to the default stream (an old AccumulateGrad)."""
     text = str(exc)
     return any(
         m in text
@@ -190,8 +187,7 @@ def probe(
 
     name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
     cuda = torch.cuda.is_available()
-    # Compiled code runs as plain Python: no inductor CUDA graph replayed or recorded
-    # in the capture, and no compile under it (that would add to the training's code).
+    # Compiled code runs as plain Python: no inductor CUDA graph and no compile in the capture.
     eager = "torch._dynamo" in sys.modules
     graphs = inductor_cuda_graphs() if cuda else 0
     plain = cuda and eager and (graphs or frames_compiled())
@@ -305,12 +301,9 @@ class CallProbe:
         ready: Callable[[], bool],
         run: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], object],
     ) -> None:
-        self.name = name
-        self.ready = ready
-        self.run = run
-        self.done = False
+        self.name, self.ready, self.run = name, ready, run
+        self.done = self._armed = False
         self.note = ""
-        self._armed = False
 
     def arm(self) -> None:
         if self.done or self._armed:

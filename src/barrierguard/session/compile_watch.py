@@ -19,8 +19,7 @@ from barrierguard.report.records import (
 
 __all__ = ["CompileWatch", "dynamo_count", "frames_compiled", "join"]
 
-# The dynamo flag that keeps a kind of sync in the graph, when dynamo's own
-# message names none.
+# The dynamo flag that keeps a kind of sync in the graph, when dynamo's message names none.
 _KIND_FLAG = {
     **dict.fromkeys(("item", "tolist", "int", "float"), "capture_scalar_outputs"),
     **dict.fromkeys(
@@ -53,8 +52,7 @@ class CompileWatch:
     def __init__(self) -> None:
         self.listener = CompileListener()
         self.probe: CaptureProbe | None = None
-        self._frames_at_start = 0
-        self.frames = 0
+        self._frames_at_start = self.frames = 0
 
     def start(self) -> None:
         self._frames_at_start = frames_compiled()

@@ -1,7 +1,6 @@
 """The guard: one watching session, its steps, its records and its policy.
 
-One module, as :class:`Guard`'s parts share one lock and one hot path. Per-site
-records and messages are in ``site_stats``, ``watch()`` in ``watch``.
+One module, as :class:`Guard`'s parts share one lock and one hot path.
 """
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ _allowing_tls = allowing._TLS
 _get_ident = threading.get_ident
 
 
-# Phases whose syncs are counted apart from the steps' counts and the policy: not
-# training steps (see ``loop_end`` for after-loop; compile is torch.compile at work).
+# Phases whose syncs are counted apart from the steps' counts and the policy (not training).
 APART_PHASES = frozenset(
     {"validate", "test", "predict", "teardown", "checkpoint", AFTER_LOOP, "compile", "probe"}
 )
@@ -70,7 +68,6 @@ def _make_engine(requested: str) -> hub.Engine:
             "False here; use engine='auto' (CUDA when available, else the CPU audit) or "
             "engine='audit'"
         )
-    # "audit", or "auto" without CUDA: the CPU audit.
     from barrierguard.detect.audit import AuditEngine
 
     return AuditEngine()
@@ -84,11 +81,8 @@ def _make_timeline() -> StepTimeline:
 
 
 class _Quiet(hub.Tally):
-    """A settled site (see ``Guard._settle``), and its tally of repeats since its last count.
-
-    A repeat is the site's last sync object again, in the same step, adapter phase
-    and thread, outside an ``allowed()`` block; ``Guard._fold`` counts the tally.
-    """
+    """A settled site (``Guard._settle``) and its tally of repeats since ``Guard._fold``: the
+    same sync object, step, adapter phase and thread, outside ``allowed()``."""
 
     __slots__ = (
         "guard_phase",
@@ -120,16 +114,13 @@ _NEVER = sys.maxsize
 class Guard:
     """A watching session: collects syncs between :meth:`start` and :meth:`stop`.
 
-    Create one with :func:`watch`: a context manager, a decorator, or driven by
-    hand with :meth:`start`/:meth:`stop`; starting it again adds to the same report.
+    Made by :func:`watch`: a context manager, a decorator, or driven with
+    :meth:`start`/:meth:`stop`; starting it again adds to the same report.
 
-    Steps: every ``optimizer.step()`` ends a step; with several optimizers the
-    first to step in an iteration leads, so a GAN's two optimizers make one step
-    and a layer-wise schedule counts every step (docs/guide.md has the rule). Loops
-    without an optimizer call :meth:`step`, after which optimizer steps no longer
-    count. Everything before the first step, and the first ``warmup_steps`` steps,
-    is setup: recorded, never held against the policy. What follows the last step,
-    at sites no closed step saw, is counted apart as ``"after-loop"`` (``loop_end``).
+    Every ``optimizer.step()`` ends a step (several optimizers: see docs/guide.md); loops
+    without one call :meth:`step`, after which optimizer steps no longer count. Syncs before
+    the first step and in the first ``warmup_steps`` steps are setup, never held against the
+    policy; those after the last step, at sites no closed step saw, are ``"after-loop"``.
 
     Example:
         >>> import barrierguard, torch
@@ -145,7 +136,7 @@ class Guard:
         self._options = options
         self._lock = threading.Lock()
         self._sites: dict[tuple[str, int, str, str, str, int], SiteStats] = {}
-        # Settled sites by their interned location (see _settle).
+        # Settled sites by their interned location (_settle).
         self._quiet: dict[Location, _Quiet] = {}
         self._tallied = False  # a tally grew since the last boundary's fold
         self._steps = 0
@@ -161,7 +152,7 @@ class Guard:
         self._violation_count = 0
         self._thread_names: dict[int, str] = {}
         self._deferred: list[SyncError] = []
-        # Syncs of sites no closed step saw yet, and errors not yet raised (``loop_end``).
+        # Syncs of sites no closed step saw yet, and errors not yet raised (loop_end).
         self._open = OpenStep()
         self._due: dict[tuple[str, int, str, str, str, int], SyncError] = {}
         self._loader_end = -1
@@ -206,8 +197,7 @@ class Guard:
         """Install the engine's hooks and start collecting.
 
         Raises:
-            BarrierGuardError: If this guard is already running, or the engine
-                cannot run here (``engine='cuda'`` without CUDA).
+            BarrierGuardError: This guard is already running, or ``engine='cuda'`` without CUDA.
         """
         with self._life:
             if self._running:
@@ -292,13 +282,12 @@ class Guard:
         """Remove every hook, restore every global, and return the report.
 
         With ``watch(out=...)`` the report is also saved to this rank's file
-        (:attr:`report_path`); a write that fails is logged and noted, never raised.
+        (:attr:`report_path`); a failed write is logged and noted, never raised.
 
         Raises:
-            SyncError: Under the ``"error"`` policy, when a sync in another
-                thread broke the policy (raised here, in the guard's thread).
-            MemoryGrowthError: Under the ``"error"`` policy, when memory kept
-                growing beyond ``max_growth_per_step`` and was not raised yet.
+            SyncError: Under the ``"error"`` policy, a sync in another thread broke the policy.
+            MemoryGrowthError: Under the ``"error"`` policy, memory kept growing beyond
+                ``max_growth_per_step`` and was not raised yet.
         """
         return self._stop(act=True)
 
@@ -375,10 +364,7 @@ class Guard:
         lifecycle.leave(self, failed=exc_type is not None)
 
     def __call__(self, func: F) -> F:
-        """Use the guard as a decorator: each call of ``func`` runs watched.
-
-        A generator is watched over its iterations, a coroutine until it returns.
-        """
+        """Watch each call of ``func`` (a generator over its iterations, a coroutine to its end)."""
         return lifecycle.decorate(self, func)
 
     def step(self) -> None:
@@ -390,8 +376,7 @@ class Guard:
     def add_step_listener(self, listener: Callable[[int], int | None]) -> None:
         """Call ``listener(step)`` at step boundaries (samplers hook in here).
 
-        The listener returns the step it is next called at, or ``None`` for the next
-        one: a sampler that looks at one step in many costs the others nothing.
+        It returns the step it is next called at, or ``None`` for the next one.
         """
         self._listen_due.append(0)  # first: a boundary meanwhile finds its due step
         self._step_listeners.append(listener)
@@ -400,9 +385,8 @@ class Guard:
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         key = id(optimizer)
         if key == self._alone:
-            # The last boundary's optimizer, none other since: one boundary. Counted
-            # here, and on most steps nothing else is due (_advance's tests, inline:
-            # a quiet step's boundary is this one call).
+            # The last boundary's optimizer, none other since: one boundary, counted here.
+            # _boundary's tests inline: a quiet step's boundary is this one call.
             self._step_syncs = 0
             self._steps = step = self._steps + 1
             if (
@@ -438,13 +422,10 @@ class Guard:
 
     def _boundary(self, step: int) -> None:
         """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners.
-
-        The optimizer hook's quiet path calls it only when one of its tests holds: work
-        added here needs its test there too.
-        """
+        The optimizer hook's quiet path calls it only when one of its tests holds: work added
+        here needs its test there too."""
         if self._tallied:
-            # Folded, every tally goes stale; without a tally handed out since the last
-            # fold, none is live (each fold makes them all stale).
+            # A fold makes every tally stale: with none handed out since, none is live.
             self._tallied = False
             self._fold()
         if step == len(self._per_step):
@@ -529,14 +510,14 @@ class Guard:
     def probe_capture(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CaptureProbe:
         """Try to capture one call of ``fn(*args, **kwargs)`` with ``torch.cuda.graph``.
 
-        The call is recorded on a side stream and never replayed (docs/compile.md);
-        its syncs are counted apart (phase ``"probe"``). Call it after warm-up. The
-        result is also the report's ``compile.probe``; ``watch(capture_probe=True)``
-        on a decorated step function does this for its first call after warm-up.
+        Recorded on a side stream, never replayed (docs/compile.md); its syncs are counted
+        apart (phase ``"probe"``). Call it after warm-up, or let ``watch(capture_probe=True)``
+        do it for a decorated step's first call after; the result is the report's
+        ``compile.probe``.
 
         Returns:
-            ``status`` ``"capturable"``, ``"blocked"`` (with the first line
-            that stopped the capture), or ``"not run"`` (no CUDA device).
+            ``status`` ``"capturable"``, ``"blocked"`` (with the first line that stopped the
+            capture), or ``"not run"`` (no CUDA device).
 
         Example:
             >>> import barrierguard
@@ -576,9 +557,8 @@ class Guard:
     def set_phase(self, phase: str | None) -> None:
         """Tag the syncs from now on with ``phase`` (a framework adapter's events).
 
-        A phase the stack shows (an evaluation loop, a checkpoint save) wins over
-        ``"train"``; syncs in ``validate``, ``test``, ``predict``, ``checkpoint``,
-        ``teardown``, ``after-loop``, ``compile`` and ``probe`` are counted apart.
+        A phase the stack shows wins over ``"train"``; syncs in :data:`APART_PHASES`
+        are counted apart.
 
         Example:
             >>> import barrierguard
@@ -643,9 +623,7 @@ class Guard:
         self, sync: Sync, ident: int, stall: float | None = None, again: bool = False
     ) -> Callable[[], None] | hub.Tally | None:
         """Count one ``sync`` from thread ``ident``; return the policy's action, or a tally.
-
-        ``again``: a further sync inside a call already counted (``print(t)``).
-        """
+        ``again``: a further sync inside a call already counted (``print(t)``)."""
         loc = sync.loc
         quiet = self._quiet.get(loc)
         if (
@@ -665,8 +643,7 @@ class Guard:
                 quiet.stall += stall
             return quiet
         if quiet is not None:
-            # A settled site counted another way (another thread, sync or step):
-            # what a repeat of it means may change, the tallies handed out are stale.
+            # A settled site counted another way (thread, sync or step): the tallies are stale.
             hub.invalidate()
         mechanism = sync.mechanism
         # The stack's phase wins but for plain "train", where the adapter's knows better.
@@ -772,11 +749,8 @@ class Guard:
             ranges.append([step, step])
 
     def _settle(self, stats: SiteStats) -> None:
-        """Count ``stats``'s further syncs on the quiet path, once nothing is left to decide.
-
-        The loop confirmed the site, and it can no longer warn, raise or fill the
-        violation list. Called with the lock held.
-        """
+        """Count ``stats``'s further syncs on the quiet path once the loop confirmed the site and
+        it can no longer warn, raise or fill the violation list. Called with the lock held."""
         if not stats.in_loop or self._options.max_syncs_per_step is not None:
             return
         if stats.allowed or not stats.blocking or len(self._violations) >= _MAX_VIOLATIONS:

@@ -1,8 +1,7 @@
 """How a guard is entered and left: ``with``, the decorator, re-entry and threads.
 
-The entry that started a guard stops it. Entered again from its own thread (recursion,
-a nested ``with``), the call runs inside the outer watch; from another thread, unwatched,
-and the report notes it (docs/guide.md, "Recursion, threads, generators").
+The entry that started a guard stops it. Entered again from its thread, a call runs inside
+the outer watch; from another thread, unwatched, with a note (docs/guide.md).
 """
 
 from __future__ import annotations

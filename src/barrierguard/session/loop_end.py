@@ -1,10 +1,8 @@
 """After the loop: the syncs that follow the last step, held until a step proves them in it.
 
-The interval after the latest boundary is another step or what follows the loop
-(docs/ci-gate.md). At a *loop site* (one a closed step saw) the policy acts at once; any
-other site's syncs are *held* (:class:`OpenStep`) until the next boundary confirms them.
-Those still held at ``stop()``, and those after a ``DataLoader`` ran out
-(:func:`watch_loaders`) at other sites, are ``"after-loop"``: counted apart, not judged.
+At a *loop site* (one a closed step saw) the policy acts at once; another site's syncs are
+*held* (:class:`OpenStep`) until the next boundary. Those still held at ``stop()``, or after
+a ``DataLoader`` ran out, are ``"after-loop"``: counted apart, not judged (docs/ci-gate.md).
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ from barrierguard.session.site_stats import SiteStats
 
 __all__ = ["AFTER_LOOP", "Held", "OpenStep", "unwatch_loaders", "watch_loaders"]
 
-AFTER_LOOP = "after-loop"
-"""The phase of the syncs after a loop's last step (or after an epoch's data ran out)."""
+AFTER_LOOP = "after-loop"  # the phase of the syncs after a loop's last step
 
 
 @dataclass

@@ -1,11 +1,9 @@
 """Memory per step, host and device: the probes, the sampler, the growth verdict, the monitor.
 
-Sampled at step boundaries; no probe synchronizes with the device. ``host_rss`` is one
-``pread`` of ``/proc/self/statm`` (about 2 us; psutil off Linux), ``workers_rss`` the
-child processes (listed again every 16th read), ``device_allocated``/``device_reserved``
-one ``torch._C._cuda_memoryStats`` call, ``device_used`` NVML (this process's usage, else
-the device's). Adaptive sampling keeps a sample's cost under ``BUDGET`` (0.25 %) of the
-step time; at ``MAX_SAMPLES`` every other sample is dropped and the stride doubles.
+Sampled at step boundaries, never synchronizing with the device: ``host_rss`` from
+``/proc/self/statm`` (about 2 us; psutil off Linux), ``workers_rss`` from psutil, the
+``device_*`` series from torch's allocator and NVML. Adaptive sampling keeps a sample under
+``BUDGET`` of the step time; at ``MAX_SAMPLES`` every other one is dropped, the stride doubled.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ BUDGET = 0.0025
 MAX_SAMPLES = 2048
 MAX_STRIDE = 256
 MIN_SAMPLES = 9  # after warm-up, for a verdict
-_CHILDREN_EVERY = 16
+_CHILDREN_EVERY = 16  # reads between two listings of the child processes
 
 Probe = Callable[[], Mapping[str, int]]
 """Reads some series now: ``{"host_rss": 123456, ...}`` in bytes."""
@@ -118,14 +116,10 @@ class _Nvml:
         import pynvml
         import torch
 
-        self._nvml = pynvml
-        self._cuda = torch.cuda
-        self._notes = notes
-        self._sources = sources
+        self._nvml, self._cuda = pynvml, torch.cuda
+        self._notes, self._sources = notes, sources
         self._handle: Any = None
-        self.per_process = False
-        self._opened = False
-        self._broken = False
+        self.per_process = self._opened = self._broken = False
         self.setup_s = 0.0
 
     def _open(self) -> None:
@@ -143,10 +137,10 @@ class _Nvml:
                 text if text.startswith(("GPU-", "MIG-")) else "GPU-" + text
             )
         self.per_process = self._own_usage() is not None
-        if self.per_process:
-            self._sources["device_used"] = "NVML, this process"
-        else:
-            self._sources["device_used"] = "NVML, whole device (all processes)"
+        self._sources["device_used"] = (
+            "NVML, this process" if self.per_process else "NVML, whole device (all processes)"
+        )
+        if not self.per_process:
             self._notes.append(
                 "device_used is the whole device's used memory: the driver does not report "
                 "this process's own usage here (e.g. a container's PID namespace); it is "
@@ -222,8 +216,7 @@ def default_probes(notes: list[str], *, cuda: bool, children: bool = False) -> P
 
 
 class Sampler:
-    """Reads the probes at step boundaries: every ``every`` steps, or adaptively (``None``).
-    A probe that raises is dropped, with a note, and its series end there."""
+    """Reads the probes every ``every`` steps, or adaptively; drops a probe that raises."""
 
     def __init__(
         self,
@@ -241,12 +234,11 @@ class Sampler:
         self.notes = notes if notes is not None else []
         self.steps: list[int] = []
         self.values: dict[str, list[int | None]] = {}
-        self._next = 0
+        self._next = self._last_step = 0
         self._min_stride = 1
         self._cost: float | None = None
         self._step_s: float | None = None
         self._last_t: float | None = None
-        self._last_step = 0
         self.stride = every or 1
 
     def sample(self, step: int) -> None:
@@ -276,8 +268,7 @@ class Sampler:
 
     def on_step(self, step: int) -> bool:
         """Called at every step boundary; returns whether a sample was taken."""
-        # Steps between samples cost one comparison: the step time is measured
-        # over the whole stride, at the next sample.
+        # Steps between samples cost one comparison; step time is measured over the stride.
         if step < self._next:
             return False
         now = self._clock()
@@ -344,11 +335,8 @@ def analyze_series(
 ) -> SeriesVerdict:
     """Robust growth of one series after warm-up (``threshold``: bytes per step).
 
-    The measured samples are cut into up to 8 windows sharing their end points. The
-    series is *growing* when at least the last 3 windows all grow faster than half the
-    threshold, with a median above it: growth until the end. A one-time allocation
-    raises one window only (a step change). ``slope``: the median rate of that run, else
-    of all.
+    Up to 8 windows: *growing* when at least the last 3 all grow faster than half the
+    threshold, with a median above it; a one-time allocation raises one window only.
     """
     # One sample per step (the last): two at one step would make a zero run.
     pts = list({s: (s, v) for s, v in zip(steps, values, strict=True) if v is not None}.values())
@@ -397,6 +385,7 @@ def _add_chain(fn: Any, limit: int) -> int:
 
 
 def _name_of(obj: object, frame: FrameType | None) -> str | None:
+    """The name of a local bound to ``obj``, from ``frame`` outward."""
     for _ in range(40):
         if frame is None:
             return None
@@ -415,10 +404,9 @@ def _tensor_list(obj: list[Any], tensor: type, parameter: type) -> bool:
 def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str] | None:
     """A known cause of growth among the live objects: ``(pattern, fix, evidence)``, or ``None``.
 
-    Scans ``gc.get_objects()`` (tens of ms, no sync: only after a leak verdict) for an
-    autograd graph chaining additions (``total_loss += loss``) or a list of tensors
-    (``losses.append(loss)``) at least half of ``measured_steps`` long, and names its
-    variable from ``frame`` outward. Alive now is no proof: the evidence says "likely".
+    Scans ``gc.get_objects()`` (tens of ms: only after a leak verdict) for a chain of
+    additions (``total_loss += loss``) or a list of tensors (``losses.append(loss)``) at
+    least half of ``measured_steps`` long. Alive now is no proof: the evidence says "likely".
     """
     import torch
 
@@ -426,6 +414,7 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
     chain: tuple[int, Any] | None = None
     biggest: tuple[int, Any] | None = None
     tensor_type = torch.Tensor
+    seen = "(found among live objects after the growth was seen)"
     for obj in gc.get_objects():
         # type(), not isinstance(): some objects warn when __class__ is read (torch aliases).
         kind = type(obj)
@@ -446,8 +435,7 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
         evidence = (
             f"likely: {what} has an autograd graph that chains {depth} additions "
             f"(about one per step over {measured_steps} steps), so every step's graph and "
-            "the activations it saved stay alive (found among live objects after the "
-            "growth was seen)"
+            f"the activations it saved stay alive {seen}"
         )
         fix = (
             "accumulate a detached value: total_loss += loss.detach() (every step's autograd "
@@ -462,8 +450,7 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
         what = f"list `{name}`" if name else "a list"
         evidence = (
             f"likely: {what} holds {len(items)} {first.device} tensors "
-            f"({format_bytes(size)} of tensor data) after {measured_steps} steps{graph} "
-            "(found among live objects after the growth was seen)"
+            f"({format_bytes(size)} of tensor data) after {measured_steps} steps{graph} {seen}"
         )
         fix = (
             "append detached values (losses.append(loss.detach())), reduce them on the device "
@@ -474,11 +461,8 @@ def explain(measured_steps: int, frame: FrameType | None) -> tuple[str, str, str
 
 
 class MemoryMonitor:
-    """The sampler, the verdict and the policy's action, for one guard.
-
-    ``probes`` makes the probes at each start; ``threshold``: ``max_growth_per_step`` in
-    bytes. A leak found outside the guard's thread (``thread_ident``) raises at :meth:`finish`.
-    """
+    """The sampler, the verdict and the policy's action, for one guard (``probes`` makes the
+    probes at each start). A leak found outside ``thread_ident`` raises at :meth:`finish`."""
 
     def __init__(
         self,
@@ -493,16 +477,12 @@ class MemoryMonitor:
         self._make_probes = probes
         self._probeset = ProbeSet({}, {}, [], tuple)
         self.sampler = Sampler({}, every=every)
-        self.active = False
-        self._policy = policy
-        self._threshold = threshold
-        self._warmup = warmup
+        self._policy, self._threshold, self._warmup = policy, threshold, warmup
         self._every = every
         self._explain = explain_fn
         self._checkpoint = 16
-        self._acted = False
+        self.active = self._acted = self._explained = False
         self._cause: tuple[str, str, str] | None = None
-        self._explained = False
         self._pending: MemoryGrowthError | None = None
         self.thread_ident: int | None = None
         self._strides: set[int] = set()
@@ -515,10 +495,7 @@ class MemoryMonitor:
         self.sampler.sample(step)
 
     def on_step(self, step: int) -> int | None:
-        """The guard's step listener: sample, and act once a leak is seen.
-
-        Returns the step of the next sample (the guard calls no step before it).
-        """
+        """The guard's step listener: sample, act on a leak; returns the next sample's step."""
         if not self.active:
             return None
         sampler = self.sampler

@@ -1,8 +1,5 @@
-"""Reports of a distributed run: one file per rank, and the ranks' reports merged.
-
-Each rank can save its report to :func:`rank_path` of one path (no collective;
-``barrierguard merge`` joins the files), and :func:`merge` gathers them to rank 0 in
-process. A failed collective leaves each rank its own report, with a note.
+"""Reports of a distributed run: each rank's file (:func:`rank_path`, no collective), and
+the reports gathered to rank 0 (:func:`merge`; a failed one leaves each rank its own).
 """
 
 from __future__ import annotations
@@ -70,8 +67,7 @@ def rank_path(
     path: str | os.PathLike[str], *, rank: int | str | None = None, world: int | None = None
 ) -> str:
     """The file this rank (or a pattern such as ``"*"``) writes for ``path``: ``{rank}``
-    replaced by the rank, else ``.rank<N>`` before the suffix in a run of several ranks
-    (``out/bg.json`` -> ``out/bg.rank3.json``)."""
+    replaced, else ``.rank<N>`` before the suffix with several ranks (``bg.rank3.json``)."""
     name = os.fspath(path)
     if rank is None:
         rank = current_rank() or 0
@@ -146,10 +142,9 @@ def publish(
     print_report: bool,
     fault: Callable[[BaseException], None],
 ) -> tuple[Report, str | None, str | None]:
-    """End a framework run's reporting: this rank's file first (a merge that fails or
-    hangs loses nothing), then the merge on rank 0; a failed write goes to ``fault``.
-    Returns the report to keep, the rank file and the merged file written.
-    """
+    """End a framework run's reporting: this rank's file first (a merge that fails or hangs
+    loses nothing), then the merge on rank 0; a failed write goes to ``fault``. Returns the
+    report to keep, the rank file and the merged file written."""
     written = saved = None
     if rank_file is not None:
         try:

@@ -1,9 +1,8 @@
 """Which ``optimizer.step()`` calls end a training step, with several optimizers.
 
-They step either **together** (a GAN: one iteration is one step) or **one after another**
-(layer-wise training: every step counts). The optimizer that steps first after a boundary
-*leads* and makes the boundary; the others *follow* and end nothing. A follower stepping
-again before the lead shows the lead has stopped: it takes the lead, both steps count.
+Together (a GAN: one iteration is one step) or one after another (layer-wise: every step
+counts). The first to step after a boundary *leads* and makes it; the others *follow*. A
+follower stepping again before the lead takes the lead, and both steps count.
 
 Example:
     >>> rule = OptimizerSteps()

@@ -1,10 +1,8 @@
 """Per-step timing on a GPU: host time, device time, run-ahead, and the saving.
 
-Each timed step end reads the host's clock and records a CUDA event (from a pool), polled
-with ``query()``, never waited on. **Run-ahead**: the earlier step-end events the device
-has not reached. **Device time**: between two step-end events, known only when the host
-was ahead. **Saving** if the syncs were removed, per step: ``min(stall, wall - max(host
-busy, device))``, else at most ``min(stall, host busy)``.
+A timed step end records a pooled CUDA event, polled, never waited on. **Run-ahead**: the
+step-end events the device has not reached; **device time**: between two of them, when the
+host was ahead; **saving** without the syncs: ``min(stall, wall - max(host busy, device))``.
 """
 
 from __future__ import annotations
@@ -64,8 +62,7 @@ class StepTimeline:
     ) -> None:
         self._window = max(1, window)
         self._period = max(self._window, period)
-        self._origin = 0
-        self._started = False
+        self._origin, self._started = 0, False
         self._clock = clock
         self._given_event = self._make_event = make_event
         self._pool: list[Any] = []

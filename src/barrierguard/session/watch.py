@@ -11,68 +11,51 @@ from barrierguard.session.options import GUARD_OPTIONS, make_options, unknown_op
 
 __all__ = ["watch"]
 
-
 _WATCH_OPTIONS = (*GUARD_OPTIONS, "out", "capture_probe")
 
 
 def watch(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Watch a block of training code for host-device synchronizations.
 
-    The options are keyword arguments, validated here (and passed on the
-    same way by the callbacks and the pytest marker):
+    The callbacks and the pytest marker take the same keyword options.
 
     Args:
-        func: When given (``@watch`` without brackets), the function to watch.
-            A recursive call runs inside the outer call's watch; a call from a
-            second thread while the guard runs in another runs unwatched (the
-            report notes it); a generator function is watched over its
-            iterations, an ``async def`` until it returns (docs/guide.md).
-        policy: ``"record"`` (silent), ``"warn"`` (one
-            :class:`~barrierguard.SyncWarning` per new site) or ``"error"``
-            (raise :class:`~barrierguard.SyncError` at the first site not
-            allowed). Default: ``$BARRIERGUARD_POLICY``, else ``"warn"``.
-        engine: ``"auto"`` (``"cuda"`` when CUDA is available, else
-            ``"audit"``), ``"cuda"`` or ``"audit"`` (on a CPU, the lines that
-            would sync on a GPU; see docs/audit.md).
+        func: The function to watch (``@watch`` without brackets). A recursive call runs
+            inside the outer watch, a call from a second thread runs unwatched (noted); a
+            generator is watched over its iterations, an ``async def`` until it returns.
+        policy: ``"record"`` (silent), ``"warn"`` (one :class:`~barrierguard.SyncWarning`
+            per new site) or ``"error"`` (raise :class:`~barrierguard.SyncError` at the first
+            site not allowed). Default: ``$BARRIERGUARD_POLICY``, else ``"warn"``.
+        engine: ``"auto"`` (``"cuda"`` when CUDA is available, else ``"audit"``), ``"cuda"``
+            or ``"audit"`` (on a CPU, the lines that would sync on a GPU; docs/audit.md).
         warmup_steps: Steps after the first that also count as setup.
-        allow: Allow rules: a kind (``"item"``), an origin
-            (``"framework:lightning"``), or ``"path/file.py:LINE"`` with LINE
-            ``*``, ``N`` or ``N-M``.
-        max_syncs_per_step: A budget of syncs per step that are not allowed by
-            a rule; ``None`` means none.
-        memory: Sample host and device memory at step boundaries and give a
-            growth verdict (the report's ``memory`` section). Sampling is
-            adaptive, kept under 0.25 % of the step time, and never syncs.
-        max_growth_per_step: Growth per step, sustained until the end, above
-            which memory counts as leaking: bytes as an int, or a string such as
-            ``"512KB"``, ``"1MB"``, ``"1.5MiB"``. The policy applies: ``"warn"``
-            issues one :class:`~barrierguard.MemoryGrowthWarning`, ``"error"``
-            raises :class:`~barrierguard.MemoryGrowthError`.
+        allow: Allow rules: a kind (``"item"``), an origin (``"framework:lightning"``), or
+            ``"path/file.py:LINE"`` with LINE ``*``, ``N`` or ``N-M``.
+        max_syncs_per_step: A budget of syncs per step not allowed by a rule; ``None``: none.
+        memory: Sample host and device memory at step boundaries, adaptively (a sample's own
+            time under 0.25 % of the step time, never syncing), and give a growth verdict.
+        max_growth_per_step: Growth per step, sustained until the end, above which memory
+            leaks: bytes, or a string such as ``"512KB"``, ``"1.5MiB"``. ``"warn"`` issues a
+            :class:`~barrierguard.MemoryGrowthWarning`, ``"error"`` raises
+            :class:`~barrierguard.MemoryGrowthError`.
         memory_every: Sample every N steps instead of adaptively.
-        memory_children: Also sample the RSS of child processes (DataLoader
-            workers).
-        out: Save the report as JSON to this path at every ``stop()``,
-            atomically. In a run of several ranks (a process group, or
-            ``$WORLD_SIZE`` > 1) each rank writes its own file:
-            ``report.json`` becomes ``report.rank<N>.json``, or put ``{rank}``
-            in the path; ``barrierguard merge`` joins them
-            (docs/distributed.md).
-        capture_probe: Try to capture one call of the step with
-            ``torch.cuda.graph`` after warm-up, recorded and never replayed,
-            and report the first line that blocks capture or that the step is
-            capturable (``report.compile.probe``; docs/compile.md). ``True``:
-            the decorated function (``@watch(...)``); a name such as
-            ``"train_step"``: the first call of a function of that name after
-            warm-up. Or call :meth:`Guard.probe_capture` yourself.
+        memory_children: Also sample the RSS of child processes (DataLoader workers).
+        out: Save the report as JSON to this path at every ``stop()``, atomically. With
+            several ranks each writes its own file (``report.rank<N>.json``, or ``{rank}``
+            in the path); ``barrierguard merge`` joins them (docs/distributed.md).
+        capture_probe: After warm-up, capture one call of the step with ``torch.cuda.graph``
+            (never replayed) and report the first line that blocks capture, or that it is
+            capturable (``report.compile.probe``; docs/compile.md). ``True``: the decorated
+            function; a name such as ``"train_step"``: the first call of a function of that
+            name. Or call :meth:`Guard.probe_capture` yourself.
 
     Returns:
-        A :class:`Guard` (use it with ``with``, as a decorator, or with
-        ``start()``/``stop()``), or the wrapped ``func``.
+        A :class:`Guard` (for ``with``, a decorator, or ``start()``/``stop()``), or the
+        wrapped ``func``.
 
     Raises:
-        BarrierGuardError: For an unknown policy or engine, a malformed allow
-            rule, a bad count, a size ``max_growth_per_step`` cannot parse, or
-            an ``out`` that is not a path.
+        BarrierGuardError: For an unknown policy or engine, a malformed allow rule, a bad
+            count, a size ``max_growth_per_step`` cannot parse, or an ``out`` not a path.
         TypeError: For an unknown keyword argument.
 
     Example:

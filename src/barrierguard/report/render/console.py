@@ -172,7 +172,7 @@ def render(report: Report) -> str:
         lines += ["", *render_compile(report.compile)]
     if report.violations:
         grouped = violation_groups(report)
-        rules = {(s.file, s.line, s.kind, s.origin): s.rule for s in report.sites}
+        rules = {s.key[:4]: s.rule for s in report.sites}
         lines += ["", f"{violations_heading(report, len(grouped))}:"]
         for key, vs in list(grouped.items())[:20]:
             file, line, kind, origin = key
@@ -239,14 +239,8 @@ def _asymmetry(site: Site, world: int, gate: Site | None) -> str:
 
 def rank_cells(s: RankSummary) -> list[str]:
     """A rank's row of the ranks table, but its wait: rank, steps, syncs, stall, step times."""
-    return [
-        str(s.rank),
-        str(s.steps),
-        f"{s.syncs_per_step:.2f}",
-        _ms(s.stall_per_step_s),
-        _ms(s.host_step_s),
-        _ms(s.device_step_s),
-    ]
+    times = (s.stall_per_step_s, s.host_step_s, s.device_step_s)
+    return [str(s.rank), str(s.steps), f"{s.syncs_per_step:.2f}", *map(_ms, times)]
 
 
 def wait_share(s: RankSummary) -> str:

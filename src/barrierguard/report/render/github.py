@@ -87,15 +87,9 @@ def render(
 ) -> str:
     """The annotations of ``report``'s sites, one line each, costliest first; paths
     relative to ``root``, ``failing`` and ``messages`` as for :func:`judged`."""
-    return "".join(
-        annotation(
-            level,
-            relative(site.file, root),
-            site.line,
-            f"barrierguard {site.rule or ''} {site.kind}".replace("  ", " "),
-            text,
-        )
-        + "\n"
-        for site, level, text in judged(report, failing, messages)
-        if level != "note"
-    )
+    lines = []
+    for site, level, text in judged(report, failing, messages):
+        title = f"barrierguard {site.rule or ''} {site.kind}".replace("  ", " ")
+        if level != "note":
+            lines.append(annotation(level, relative(site.file, root), site.line, title, text))
+    return "".join(f"{line}\n" for line in lines)

@@ -14,24 +14,8 @@ from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
-from barrierguard.report.records import (
-    MemoryReport,
-    RankSummary,
-    Report,
-    Site,
-    Violation,
-    rank_ranges,
-)
-from barrierguard.report.render.console import (
-    ViolationKey,
-    kind_of,
-    leak_word,
-    rank_cells,
-    series_rows,
-    violation_groups,
-    violations_heading,
-    wait_share,
-)
+from barrierguard.report.records import MemoryReport, RankSummary, Report, Site, rank_ranges
+from barrierguard.report.render import console
 from barrierguard.report.render.memory_chart import render_svg
 
 __all__ = ["render"]
@@ -149,7 +133,7 @@ def _site_row(rank: int, site: Site, gate: Site | None) -> str:
         f'<td class="num" data-sort="{rank}">{rank}</td>'
         f'<td title="{_e(site.file)}" data-sort="{where}">{where}{inside}</td>'
         f"<td>{_e(site.function)}</td>"
-        f'<td>{_e(kind_of(site))} <span class="rule">{_e(site.rule)}</span>{tag}</td>'
+        f'<td>{_e(console.kind_of(site))} <span class="rule">{_e(site.rule)}</span>{tag}</td>'
         f"<td>{_e(site.origin)}</td>"
         f'<td class="num" data-sort="{site.count}">{site.count}</td>'
         f'<td class="num" data-sort="{site.step_count}">{site.step_count}</td>'
@@ -185,9 +169,9 @@ def _sites_table(report: Report) -> str:
 def _rank_row(s: RankSummary) -> str:
     waits = "-"
     if s.wait_s is not None:
-        share = wait_share(s).strip()
+        share = console.wait_share(s).strip()
         waits = f"{s.wait_s * 1e3:.2f}" + (f' <span class="small">{share}</span>' if share else "")
-    cells = "".join(f'<td class="num">{c}</td>' for c in [*rank_cells(s), waits])
+    cells = "".join(f'<td class="num">{c}</td>' for c in [*console.rank_cells(s), waits])
     return f'<tr data-rank="{s.rank}">{cells}</tr>'
 
 
@@ -229,34 +213,34 @@ def _ranks(report: Report) -> str:
     )
 
 
-def _grouped(report: Report) -> list[tuple[ViolationKey, Site | None, list[Violation]]]:
-    # The violations per site, in the order of the sites table.
-    sites = {(x.file, x.line, x.kind, x.origin): x for x in report.sites}
-    order = {(x.file, x.line, x.kind, x.origin): i for i, x in enumerate(report.ranked())}
-    groups = violation_groups(report)
-    keys = sorted(groups, key=lambda k: order.get(k, len(order)))
-    return [(k, sites.get(k), groups[k]) for k in keys]
-
-
-def _verdict_row(key: ViolationKey, site: Site | None, vs: list[Violation]) -> str:
-    file, line, kind, origin = key
-    rule = code = fix = ""
-    if site is not None:
-        kind = kind_of(site)
-        rule = f' <span class="rule">{_e(site.rule)}</span>' if site.rule else ""
-        code = f" <code>{_e(site.code)}</code>" if site.code else ""
-        fix = f'<div class="fix">fix: {_e(site.fix)}</div>' if site.fix else ""
-    return (
-        f'<li class="verdict-site"><b>{_e(os.path.basename(file))}:{line}</b> {_e(kind)}{rule} '
-        f"({_e(origin)}): {len(vs)}x from step {vs[0].step}, {_e(vs[0].reason)}{code}{fix}</li>"
-    )
+def _verdict_rows(report: Report) -> list[str]:
+    """One item per site that broke the policy, in the order of the sites table."""
+    sites = {s.key[:4]: s for s in report.sites}
+    order = {s.key[:4]: i for i, s in enumerate(report.ranked())}
+    groups = console.violation_groups(report)
+    rows = []
+    for key in sorted(groups, key=lambda k: order.get(k, len(order))):
+        file, line, kind, origin = key
+        vs, site = groups[key], sites.get(key)
+        rule = code = fix = ""
+        if site is not None:
+            kind = console.kind_of(site)
+            rule = f' <span class="rule">{_e(site.rule)}</span>' if site.rule else ""
+            code = f" <code>{_e(site.code)}</code>" if site.code else ""
+            fix = f'<div class="fix">fix: {_e(site.fix)}</div>' if site.fix else ""
+        rows.append(
+            f'<li class="verdict-site"><b>{_e(os.path.basename(file))}:{line}</b> {_e(kind)}'
+            f"{rule} ({_e(origin)}): {len(vs)}x from step {vs[0].step}, {_e(vs[0].reason)}"
+            f"{code}{fix}</li>"
+        )
+    return rows
 
 
 def _verdict(report: Report) -> str:
-    groups = _grouped(report)
+    rows = _verdict_rows(report)
     if not report.detection:
         cls, head = "none", "No detection ran: this page says nothing about synchronizations."
-    elif not groups:
+    elif not rows:
         hot = sum(1 for s in report.sites if s.step_count and s.blocking)
         cls = "ok"
         head = "No sync in the measured steps breaks the policy" + (
@@ -264,14 +248,13 @@ def _verdict(report: Report) -> str:
         )
     else:
         cls = "bad" if report.policy == "error" else "warn"
-        head = violations_heading(report, len(groups)).capitalize() + ", one line per site:"
-    items = "".join(_verdict_row(*g) for g in groups[:50])
-    more = f"<li>... and {len(groups) - 50} more sites</li>" if len(groups) > 50 else ""
-    memory = report.memory
-    mem = ""
+        head = console.violations_heading(report, len(rows)).capitalize() + ", one line per site:"
+    more = f"<li>... and {len(rows) - 50} more sites</li>" if len(rows) > 50 else ""
+    listed = f'<ul id="violations">{"".join(rows[:50])}{more}</ul>' if rows else ""
+    mem, memory = "", report.memory
     if memory is not None and memory.reason:
-        mem = f'<p id="memory-verdict">Memory: <b>{leak_word(memory)}</b> - {_e(memory.reason)}</p>'
-    listed = f'<ul id="violations">{items}{more}</ul>' if items else ""
+        word = console.leak_word(memory)
+        mem = f'<p id="memory-verdict">Memory: <b>{word}</b> - {_e(memory.reason)}</p>'
     return (
         f'<div class="verdict {cls}" id="verdict"><p id="verdict-line">{_e(head)}</p>'
         f"{listed}{mem}</div>"
@@ -282,7 +265,7 @@ def _memory_section(memory: MemoryReport | None) -> str:
     if memory is None or not memory.series:
         return ""
     rows = []
-    for name, first, last, peak, slope, _, state in series_rows(memory):
+    for name, first, last, peak, slope, _, state in console.series_rows(memory):
         if first is None:
             rows.append(f"<tr><td>{_e(name)}</td><td colspan=5>never read</td></tr>")
             continue
@@ -302,8 +285,9 @@ def _memory_section(memory: MemoryReport | None) -> str:
             f'<p class="fix">fix: {_e(memory.fix)}</p>'
         )
     notes = "".join(f"<li>{_e(n)}</li>" for n in memory.notes)
+    word = console.leak_word(memory)
     return (
-        f"<h2>Memory</h2><p>verdict: <b>{leak_word(memory)}</b> - {_e(memory.reason)}</p>{cause}"
+        f"<h2>Memory</h2><p>verdict: <b>{word}</b> - {_e(memory.reason)}</p>{cause}"
         f'<table id="memory"><thead><tr>{heads}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
         + (f'<ul class="small">{notes}</ul>' if notes else "")
         + (f'<div class="small">sampling: {_e(memory.sampling)}</div>' if memory.sampling else "")
@@ -315,7 +299,7 @@ def _badge(report: Report) -> str:
         return '<span class="badge none" id="status">no detection</span>'
     if report.ok:
         return '<span class="badge ok" id="status">policy kept</span>'
-    n = len(violation_groups(report))
+    n = len(console.violation_groups(report))
     sites = f"{n} site{'s' if n != 1 else ''}"
     if report.policy == "error":
         return f'<span class="badge bad" id="status">fails at {sites}</span>'
@@ -343,14 +327,11 @@ def _compile(report: Report) -> str:
             f"<li>capture probe: {_e(probe.status)}{where}"
             f"{f' - {_e(probe.reason)}' if probe.reason else ''} ({_e(probe.captured)})</li>"
         )
-    compile_syncs = (
-        f"<li>{section.compile_syncs} syncs while compiling, counted apart</li>"
-        if section.compile_syncs
-        else ""
-    )
+    n = section.compile_syncs
+    syncs = f"<li>{n} syncs while compiling, counted apart</li>" if n else ""
     return (
         f'<h2>Compile</h2><p id="compile-verdict">{_e(section.verdict)}</p>'
-        f"<ul>{skips}{probe_text}{compile_syncs}</ul>{others}"
+        f"<ul>{skips}{probe_text}{syncs}</ul>{others}"
     )
 
 

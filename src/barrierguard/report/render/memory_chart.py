@@ -75,13 +75,10 @@ def _panel(memory: MemoryReport, name: str, top: float) -> list[str]:
 
 
 def render_svg(memory: MemoryReport) -> str:
-    """The picture of memory per step, as SVG text.
+    """The picture of memory per step, as a standalone SVG document.
 
     Args:
         memory: The report's memory section.
-
-    Returns:
-        A standalone SVG document.
 
     Example:
         >>> m = MemoryReport(steps=(0, 1, 2), series={"host_rss": (1, 2, 3)})
