@@ -212,6 +212,12 @@ Reproduce:
             --without nvml --out benchmarks/results/h200/lightning_by_sample_nonvml.json \
             | tee benchmarks/results/h200/lightning_by_sample_nonvml.txt
 
+    Settled blocks of 32 steps at d514a66 (the first 8 of each left out; 4 minutes)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --fits 1 --block-len 32 \
+            --settle 8 --out benchmarks/results/h200/lightning_cycle_mlp_settle_d514a66.json \
+            | tee benchmarks/results/h200/lightning_cycle_mlp_settle_d514a66.txt
+
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
