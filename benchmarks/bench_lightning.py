@@ -81,7 +81,8 @@ Design:
     two after it add, their median and mean, and either times the samples spread
     over every step, the sampler's cost to the fit with its aftermath (the median's
     spread is the figure; the mean's carries the rare slow steps, garbage
-    collections among them). ``--without nvml`` (or ``allocator``, ``host``) leaves a
+    collections among them), beside the sampler's own timing of a sample, which
+    sets its stride. ``--without nvml`` (or ``allocator``, ``host``) leaves a
     probe out, to split that cost by probe. ``--tiny --by-sample 24`` is its CPU
     smoke run.
 
@@ -592,13 +593,20 @@ def _by_sample_fit(args: argparse.Namespace) -> dict[str, Any]:
             sampled = memory.sampler.steps if memory is not None else []
             since = guard._steps - sampled[-1] if sampled else -1
             steps.append((since, now - state["t"], now_cpu - state["c"]))
+            # The sampler's own timing of a sample (a running mean): what sets its stride.
+            own = getattr(memory.sampler, "_cost", None) if memory is not None else None
+            state["own"] = -1.0 if own is None else own
             state["t"], state["c"] = time.perf_counter(), time.thread_time()
 
     trainer = lightning_trainer([guard_cb, Since()], max_steps=args.by_sample)
     torch.manual_seed(0)
     trainer.fit(lightning_model(args), lightning_loader(epoch))
     memory = guard_cb.report.memory
-    return {"steps": steps, "sampling": memory.sampling if memory is not None else ""}
+    return {
+        "steps": steps,
+        "sampling": memory.sampling if memory is not None else "",
+        "sample_own_us": None if state.get("own", -1.0) < 0 else state["own"] * 1e6,
+    }
 
 
 def _by_sample(args: argparse.Namespace) -> dict[str, Any]:
@@ -614,6 +622,7 @@ def _by_sample(args: argparse.Namespace) -> dict[str, Any]:
             groups.setdefault(_since_label(since), []).append((wall, cpu))
     record: dict[str, Any] = {
         "sampling": fit["sampling"],
+        "sample_own_us": fit.get("sample_own_us"),
         "without": sorted(getattr(args, "without", None) or ()),
         "steps": len(rows),
         "groups": {},
@@ -670,6 +679,11 @@ def _print_by_sample(record: dict[str, Any]) -> None:
     ]
     without = f", without the {'/'.join(record['without'])} probes" if record["without"] else ""
     print(f"{record['steps']} steps with the callback on{without}; memory {record['sampling']}")
+    if record.get("sample_own_us") is not None:
+        print(
+            f"a sample as the sampler times it (its running mean at the end): "
+            f"{record['sample_own_us']:.0f} us"
+        )
     print(
         table(["steps since a sample", "steps", "median step (us)", "median thread CPU (us)"], rows)
     )

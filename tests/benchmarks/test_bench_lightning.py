@@ -201,6 +201,7 @@ def test_by_sample_fit_notes_the_steps_since_each_memory_sample(bench: Any) -> N
     assert all(b in (0, a + 1) for a, b in itertools.pairwise(since))
     assert 0 in since  # a host-only sample costs microseconds: the stride is a few steps
     assert "samples" in fit["sampling"]
+    assert fit["sample_own_us"] is not None and fit["sample_own_us"] > 0
 
 
 def test_by_sample_compares_each_sample_with_the_step_before_it(
