@@ -169,3 +169,27 @@ def test_a_read_in_the_loop_of_a_dataloader_still_fails() -> None:
                 loss.backward()
                 opt.step()
                 loss.item()
+
+
+@pytest.mark.parametrize("kept", [loop_end.KEPT, 2])
+def test_every_held_violation_of_a_site_is_counted(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch, kept: int
+) -> None:
+    # A new site syncing three times in its first step is held until the step closes:
+    # all three are violations, listed as far as KEPT allows, counted past it.
+    monkeypatch.setattr(loop_end, "KEPT", kept)
+    t = FakeTensor()
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        for _ in range(3):
+            guard.step()
+            for _ in range(3):
+                t.item()
+        guard.step()
+    report = guard.report
+    (site,) = report.sites
+    assert site.step_count == 9 and report.step_syncs == 9
+    assert [v.step for v in report.violations] == [1] * min(3, kept) + [2] * 3 + [3] * 3
+    extra = [n for n in report.notes if "further policy violations" in n]
+    assert extra == (
+        [] if kept >= 3 else ["1 further policy violations were counted but not listed"]
+    )

@@ -93,7 +93,7 @@ def _probe_costing(clock: Clock, cost_s: float) -> Callable[[], Mapping[str, int
 @pytest.mark.parametrize(
     ("step_s", "cost_s", "stride"),
     [
-        (1e-3, 40e-6, 16),  # 1 ms step, 40 us sample: 0.25 % budget -> every 16th step
+        (1e-3, 39e-6, 16),  # 1 ms step, 39 us sample: 0.25 % budget -> every 16th step
         (1e-3, 2e-6, 1),
         (0.1, 40e-6, 1),
         (1e-5, 40e-6, _memory.MAX_STRIDE),
@@ -103,12 +103,27 @@ def test_adaptive_stride_keeps_the_budget(step_s: float, cost_s: float, stride: 
     clock = Clock()
     sampler = Sampler({"host": _probe_costing(clock, cost_s)}, clock=clock)
     taken = []
-    for step in range(1, 400):
+    for step in range(1, 2000):  # the ramp reaches a stride of 256 by step 1,020
         clock.now += step_s
         if sampler.on_step(step):
             taken.append(step)
     assert sampler.stride == stride
     assert taken[-1] - taken[-2] == stride
+
+
+def test_adaptive_stride_ramps_up_so_a_short_run_gets_a_verdict() -> None:
+    # A 1 ms step and a 40 us sample: the budget's stride is 16, reached by doubling at
+    # most every RAMP samples, so 30 steps hold enough samples for a verdict.
+    clock = Clock()
+    sampler = Sampler({"host": _probe_costing(clock, 40e-6)}, clock=clock)
+    sampler.sample(0)  # the baseline, as MemoryMonitor.start takes it
+    gaps = []
+    for step in range(1, 31):
+        clock.now += 1e-3
+        if sampler.on_step(step):
+            gaps.append(step - sampler.steps[-2])
+    assert gaps == [1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 4]
+    assert len(sampler.steps) - 1 >= _memory.MIN_SAMPLES
 
 
 def test_fixed_stride_and_decimation() -> None:

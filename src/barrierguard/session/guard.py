@@ -473,13 +473,15 @@ class Guard:
             for held in self._open.close():
                 stats = held.stats
                 key = stats.loc.key
-                for step, reason, thread, violation in held.pending:
+                # Every held violation is counted; the policy acts once, on the first.
+                for step, reason, thread in held.violations:
+                    self._violate(stats.loc, step, reason, thread)
+                self._violation_count += held.more_violations
+                for step, reason, _thread, violation in held.pending:
                     if opts.policy == "record" and not violation:
                         continue
                     first_time = key not in self._warned
                     self._warned.add(key)
-                    if violation:
-                        self._violate(stats.loc, step, reason, thread)
                     if opts.policy == "error" and violation:
                         self._due[key] = self._error(stats, step, reason)
                     elif opts.policy != "record" and first_time:

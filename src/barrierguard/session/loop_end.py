@@ -18,6 +18,7 @@ from barrierguard.session.site_stats import SiteStats
 __all__ = ["AFTER_LOOP", "Held", "OpenStep", "unwatch_loaders", "watch_loaders"]
 
 AFTER_LOOP = "after-loop"  # the phase of the syncs after a loop's last step
+KEPT = 1000  # violations a held site keeps in detail per step (the report lists as many)
 
 
 @dataclass
@@ -31,6 +32,9 @@ class Held:
     stall_count: int = 0
     # (step, reason, thread, violation): its first policy event in this step, a violation first.
     pending: list[tuple[int, str, str, bool]] = field(default_factory=list)
+    # Every violation among them, (step, reason, thread), the first KEPT; the rest counted.
+    violations: list[tuple[int, str, str]] = field(default_factory=list)
+    more_violations: int = 0
 
 
 class OpenStep:
@@ -59,6 +63,11 @@ class OpenStep:
             held.pending.append((step, reason, thread, violation))
         elif violation and not held.pending[0][3]:
             held.pending[0] = (step, reason, thread, violation)
+        if violation:
+            if len(held.violations) < KEPT:
+                held.violations.append((step, reason, thread))
+            else:
+                held.more_violations += 1
 
     def close(self) -> list[Held]:
         """A boundary closed the step: its held sites are loop sites. Returns them."""

@@ -3,7 +3,8 @@
 Sampled at step boundaries, never synchronizing with the device: ``host_rss`` from
 ``/proc/self/statm`` (about 2 us; psutil off Linux), ``workers_rss`` from psutil, the
 ``device_*`` series from torch's allocator and NVML. Adaptive sampling keeps a sample under
-``BUDGET`` of the step time; at ``MAX_SAMPLES`` every other one is dropped, the stride doubled.
+``BUDGET`` of the step time, its stride doubling at most every ``RAMP`` samples; at
+``MAX_SAMPLES`` every other one is dropped, the stride doubled.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ BUDGET = 0.0025
 MAX_SAMPLES = 2048
 MAX_STRIDE = 256
 MIN_SAMPLES = 9  # after warm-up, for a verdict
+RAMP = 4  # adaptive: the stride doubles at most every RAMP samples
 _CHILDREN_EVERY = 16  # reads between two listings of the child processes
 
 Probe = Callable[[], Mapping[str, int]]
@@ -286,6 +288,9 @@ class Sampler:
             stride = 1
         else:
             stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (BUDGET * self._step_s))))
+            # A short run still gets its MIN_SAMPLES for a verdict; a long one reaches its
+            # budget's stride within a few dozen samples (256 after 32).
+            stride = min(stride, 1 << min(8, len(self.steps) // RAMP))
         self.stride = max(stride, self._min_stride)
         self._next = step + self.stride
         # Steps are timed from here, so the sample's own cost is not step time.
