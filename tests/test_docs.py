@@ -42,3 +42,31 @@ def test_no_in_house_words(page: Path) -> None:
         r"\b(?:leases?|null rows?|seed experiments?|balanced loops?)\b", prose, flags=re.I
     )
     assert found == []
+
+
+def test_the_readmes_demo_report_is_what_the_demo_prints(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The sample is the CPU report (the audit engine); a GPU machine's has stalls in it.
+    from barrierguard import _env
+    from barrierguard.cli.main import main
+
+    if _env.cuda_available():
+        pytest.skip("the README shows the demo's CPU report")
+    monkeypatch.delenv("BARRIERGUARD_POLICY", raising=False)
+    readme = (ROOT / "README.md").read_text()
+    sample = readme.split("## What you will see", 1)[1].split("```", 2)[1]
+    # The sites, their counts, lines and fixes, and the memory verdict's gist; not the timings.
+    rows = [
+        line
+        for line in sample.splitlines()
+        if re.match(r"\s+(\d+\s+)?demo\.py:\d+ |\s+fix: ", line)
+    ]
+    assert len(rows) >= 14
+    assert main(["demo"]) == 0
+    captured = capsys.readouterr()
+    printed = (captured.out + captured.err).splitlines()
+    missing = [row for row in rows if row not in printed]
+    assert not missing, f"the README's demo report differs from the demo's: {missing}"
+    verdict = "  verdict: no leak - "
+    assert verdict in sample and any(line.startswith(verdict) for line in printed)
