@@ -83,7 +83,10 @@ Design:
     spread is the figure; the mean's carries the rare slow steps, garbage
     collections among them), beside the sampler's own timing of a sample, which
     sets its stride. ``--without nvml`` (or ``allocator``, ``host``) leaves a
-    probe out, to split that cost by probe. ``--tiny --by-sample 24`` is its CPU
+    probe out, to split that cost by probe. ``--cuda-engine-on-cpu`` (``--cycles``,
+    ``--by-sample``) runs the CUDA engine's host side on a CPU machine: its wrappers,
+    hooks, boundary, timeline and sampler, with sync-debug mode a stand-in and the
+    timeline's events complete at once; what the GPU runs add to it is the driver's. ``--tiny --by-sample 24`` is its CPU
     smoke run.
 
 Reproduce:
@@ -219,6 +222,20 @@ Reproduce:
             --settle 8 --out benchmarks/results/h200/lightning_cycle_mlp_settle_d514a66.json \
             | tee benchmarks/results/h200/lightning_cycle_mlp_settle_d514a66.txt
 
+    On the CPU machine, the CUDA engine's host side (``--cuda-engine-on-cpu``) in a small
+    host-bound MLP fit: the callback, the callback without memory sampling, and the
+    sampler by sample (1.5 minutes each)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 300 --fits 1 \
+            --cuda-engine-on-cpu --batch 32 --width 256 --hidden 256 --blocks 2 \
+            --out benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu.json
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 300 --fits 1 \
+            --cuda-engine-on-cpu --switch memory-off --batch 32 --width 256 --hidden 256 \
+            --blocks 2 --out benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_nomem.json
+        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 6000 --epoch-batches 64 \
+            --cuda-engine-on-cpu --batch 32 --width 256 --hidden 256 --blocks 2 \
+            --out benchmarks/results/lightning_by_sample_cuda_engine_cpu.json
+
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
@@ -274,6 +291,35 @@ TARGET = 1.02
 def _quartiles(xs: list[float]) -> list[float]:
     # Inclusive: quartiles of a few ratios stay within them (exclusive ones extrapolate).
     return statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+
+
+class _InstantEvent:
+    """A CUDA event's stand-in on a CPU machine: complete as soon as it is recorded."""
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
+
+
+def _cuda_engine_on_cpu() -> None:
+    """In this process, guards run the CUDA engine on a CPU machine: its host side (the
+    wrappers, hooks, step boundary, timeline and memory sampler); sync-debug mode is a
+    stand-in and the timeline's events complete at once. Nothing syncs on a CPU, so the
+    engine records nothing: what is timed is the work it does on every step."""
+    from barrierguard import _env
+    from barrierguard.detect import cuda as engine
+    from barrierguard.session import guard, timeline
+
+    mode: list[int | str] = [0]
+    _env.cuda_available = lambda: True  # type: ignore[assignment]
+    engine._get_mode = lambda: mode[0]  # type: ignore[assignment]
+    engine._set_mode = lambda m: mode.__setitem__(0, m)  # type: ignore[assignment]
+    guard._make_timeline = lambda: timeline.StepTimeline(make_event=_InstantEvent)  # type: ignore[assignment]
 
 
 def _warm_up(args: argparse.Namespace) -> None:
@@ -416,6 +462,8 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
     import lightning.pytorch as pl
 
     epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
+    if getattr(args, "cuda_engine_on_cpu", False):
+        _cuda_engine_on_cpu()
     _warm_up(args)
     switch = getattr(args, "switch", "callback")
     guard_cb = barrierguard.BarrierGuard(
@@ -476,7 +524,8 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
         gc.callbacks.remove(on_collect)
         if mode is not None:
             mode.__exit__()
-    return {"steps": steps, "syncs": guard_cb.report.total_syncs}
+    report = guard_cb.report
+    return {"steps": steps, "syncs": report.total_syncs, "engine": report.engine}
 
 
 def _cycle_ratios(
@@ -513,7 +562,10 @@ def _cycle(args: argparse.Namespace) -> dict[str, Any]:
     """``args.fits`` cycle fits, each in a fresh process; the rows of their pooled cycles."""
     timeout = _FIT_TIMEOUT_S + args.cycles * 4 * args.block_len
     fits = [_in_fresh_process(_cycle_fit, (args,), timeout) for _ in range(args.fits)]
-    record: dict[str, Any] = {"syncs_found": max(f["syncs"] for f in fits)}
+    record: dict[str, Any] = {
+        "syncs_found": max(f["syncs"] for f in fits),
+        "engine": fits[0].get("engine"),
+    }
     # With --settle, the whole blocks' figures too, from the same steps.
     views = {"": args.settle, " (whole blocks)": 0} if args.settle else {"": 0}
     for clock, col in (("wall", 1), ("cpu", 2)):
@@ -563,6 +615,8 @@ def _by_sample_fit(args: argparse.Namespace) -> dict[str, Any]:
     import lightning.pytorch as pl
 
     epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
+    if getattr(args, "cuda_engine_on_cpu", False):
+        _cuda_engine_on_cpu()
     _warm_up(args)
     without = set(getattr(args, "without", None) or ())
     if without:
@@ -750,6 +804,7 @@ def _print_cycle(args: argparse.Namespace, record: dict[str, Any]) -> None:
         f"batches; step off "
         f"{record['wall step off (us)']:.0f} us, thread CPU off {record['cpu step off (us)']:.0f} us; "
         f"syncs found {record['syncs_found']}; on-blocks: {getattr(args, 'switch', 'callback')}"
+        f" (engine {record.get('engine')})"
     )
     header = ["ratio", "step time (IQR) [95% CI]", "training thread's CPU time (IQR) [95% CI]"]
     print(table(header, rows))
@@ -925,6 +980,12 @@ def main(argv: list[str] | None = None) -> None:
         nargs="+",
         choices=("host", "allocator", "nvml"),
         help="--by-sample: the memory sampler leaves these probes out",
+    )
+    ap.add_argument(
+        "--cuda-engine-on-cpu",
+        action="store_true",
+        help="--cycles, --by-sample on a CPU machine: the callback runs the CUDA engine's host side "
+        "(no sync-debug mode, instant timeline events), to time its Python without a driver",
     )
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
     ap.add_argument("--pool", nargs="+", metavar="JSON", help="pool the rows of these results")

@@ -162,6 +162,29 @@ def test_cycle_fit_switches_the_callback_without_memory_sampling(
     assert [s[0] for s in fit["steps"]] == ["on", "on", "off", "off", "null", "null", "off", "off"]
 
 
+def test_cycle_fit_runs_the_cuda_engine_on_a_cpu(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _common import lightning_settings
+
+    from barrierguard import _env
+    from barrierguard.detect import cuda as engine
+    from barrierguard.session import guard
+
+    # The switch lasts for the process: undo it after this test.
+    for owner, name in ((_env, "cuda_available"), (engine, "_get_mode"), (engine, "_set_mode")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    monkeypatch.setattr(guard, "_make_timeline", guard._make_timeline)
+    args = lightning_settings("mlp", 12)
+    args.cycles, args.block_len, args.epoch_batches = 1, 2, 4
+    args.batch, args.width, args.hidden, args.blocks = 16, 64, 64, 2
+    args.cuda_engine_on_cpu = True
+    fit = bench._cycle_fit(args)
+    assert fit["engine"] == "cuda"
+    assert fit["syncs"] == 0  # CPU tensors: nothing to record, the wrappers only pass through
+    assert len(fit["steps"]) == 8
+
+
 def test_cycle_ratios_settle_leaves_out_each_blocks_first_steps(bench: Any) -> None:
     # Blocks of 4 steps: a switch makes the first 2 steps of the block after it
     # slow (the on-block and the off block after it), and the callback slows
