@@ -111,6 +111,27 @@ def test_adaptive_stride_keeps_the_budget(step_s: float, cost_s: float, stride: 
     assert taken[-1] - taken[-2] == stride
 
 
+def test_adaptive_stride_counts_the_samplers_own_bookkeeping() -> None:
+    # A free probe, but 30 us of the sampler's work before it (here: reading the probes'
+    # setup time): the step pays it, so the stride keeps it under the budget too.
+    clock = Clock()
+
+    class Slow:
+        @property
+        def setup_s(self) -> float:
+            clock.now += 30e-6
+            return 0.0
+
+        def __call__(self) -> Mapping[str, int]:
+            return {"host_rss": BASE}
+
+    sampler = Sampler({"host": Slow()}, clock=clock)
+    for step in range(1, 400):
+        clock.now += 1e-3
+        sampler.on_step(step)
+    assert sampler.stride == 12  # 30 us over 0.25 % of 1 ms
+
+
 def test_adaptive_stride_ramps_up_so_a_short_run_gets_a_verdict() -> None:
     # A 1 ms step and a 40 us sample: the budget's stride is 16, reached by doubling at
     # most every RAMP samples, so 30 steps hold enough samples for a verdict.

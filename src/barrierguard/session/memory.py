@@ -278,9 +278,9 @@ class Sampler:
             dt = (now - self._last_t) / (step - self._last_step)
             self._step_s = dt if self._step_s is None else 0.8 * self._step_s + 0.2 * dt
         setup = self._setup_s()
-        t0 = self._clock()
         self.sample(step)
-        cost = max(0.0, self._clock() - t0 - (self._setup_s() - setup))
+        # The step pays the sample and this bookkeeping; a probe's one-time setup is not counted.
+        cost = max(0.0, self._clock() - now - (self._setup_s() - setup))
         self._cost = cost if self._cost is None else 0.7 * self._cost + 0.3 * cost
         if self._every is not None:
             stride = self._every
