@@ -236,6 +236,10 @@ Reproduce:
             --cuda-engine-on-cpu --batch 32 --width 256 --hidden 256 --blocks 2 \
             --out benchmarks/results/lightning_by_sample_cuda_engine_cpu.json
 
+    The first and the last again once the stride counted the sampler's bookkeeping, as
+    ``benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_stride.json`` and
+    ``benchmarks/results/lightning_by_sample_cuda_engine_cpu_stride.json``.
+
     At fd12fdf, 400 cycles of the TinyLM fit (about 7 minutes)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer --cycles 400 \\
