@@ -134,6 +134,29 @@ def _per_call_us(fn: Callable[[], Any], calls: int) -> float:
     return float(statistics.median(samples))
 
 
+def _nvml_reads(idx: int) -> tuple[dict[str, Callable[[], Any]], Callable[[], None]]:
+    """NVML's two memory reads of device ``idx``, and its shutdown (none where NVML fails)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # a benchmark still reports the rest
+        print(f"NVML not measured: {type(exc).__name__}: {exc}")
+        return {}, lambda: None
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
+    except Exception as exc:
+        pynvml.nvmlShutdown()
+        print(f"NVML not measured: {type(exc).__name__}: {exc}")
+        return {}, lambda: None
+    info, processes = pynvml.nvmlDeviceGetMemoryInfo, pynvml.nvmlDeviceGetComputeRunningProcesses
+    reads: dict[str, Callable[[], Any]] = {
+        "nvmlDeviceGetMemoryInfo": lambda: info(handle),
+        "nvmlDeviceGetComputeRunningProcesses": lambda: processes(handle),
+    }
+    return reads, pynvml.nvmlShutdown
+
+
 def probe_costs(device: str, calls: int) -> dict[str, float]:
     """Microseconds per call of each way to read memory (host-side cost)."""
     import psutil
@@ -159,22 +182,14 @@ def probe_costs(device: str, calls: int) -> dict[str, float]:
     out["torch.cuda.memory_stats"] = _per_call_us(torch.cuda.memory_stats, calls)
     out["torch._C._cuda_memoryStats (used)"] = _per_call_us(lambda: raw(idx), calls)
     out["torch.cuda.mem_get_info"] = _per_call_us(torch.cuda.mem_get_info, calls)
+    reads, close = _nvml_reads(idx)
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
-            out["nvmlDeviceGetMemoryInfo"] = _per_call_us(
-                lambda: pynvml.nvmlDeviceGetMemoryInfo(handle), calls
-            )
-            out["nvmlDeviceGetComputeRunningProcesses"] = _per_call_us(
-                lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle), calls
-            )
-        finally:
-            pynvml.nvmlShutdown()
+        for name, read in reads.items():
+            out[name] = _per_call_us(read, calls)
     except Exception as exc:  # a benchmark still reports the rest
         print(f"NVML not measured: {type(exc).__name__}: {exc}")
+    finally:
+        close()
     return out
 
 
@@ -214,18 +229,9 @@ def _reads(device: str) -> tuple[dict[str, Callable[[], Any]], Callable[[], None
         reads["torch._C._cuda_memoryStats"] = lambda: raw(idx)
         reads["torch.cuda.mem_get_info"] = torch.cuda.mem_get_info
         reads["is_pinned() of a pinned 4 MB batch"] = pinned.is_pinned
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
-            reads["nvmlDeviceGetMemoryInfo"] = lambda: pynvml.nvmlDeviceGetMemoryInfo(handle)
-            reads["nvmlDeviceGetComputeRunningProcesses"] = lambda: (
-                pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            )
-            closers.append(pynvml.nvmlShutdown)
-        except Exception as exc:  # a benchmark still reports the rest
-            print(f"NVML not measured: {type(exc).__name__}: {exc}")
+        nvml, shutdown = _nvml_reads(idx)
+        reads.update(nvml)
+        closers.append(shutdown)
     notes: list[str] = []
     sampler = Sampler(default_probes(notes, cuda=cuda).probes, notes=notes)
     count = itertools.count()
