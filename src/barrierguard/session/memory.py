@@ -289,8 +289,9 @@ class Sampler:
         else:
             stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (BUDGET * self._step_s))))
             # A short run still gets its MIN_SAMPLES for a verdict; a long one reaches its
-            # budget's stride within a few dozen samples (256 after 32).
-            stride = min(stride, 1 << min(8, len(self.steps) // RAMP))
+            # budget's stride within a few dozen samples (MAX_STRIDE 256 after 32).
+            doublings = min(MAX_STRIDE.bit_length(), len(self.steps) // RAMP)
+            stride = min(stride, 1 << doublings)
         self.stride = max(stride, self._min_stride)
         self._next = step + self.stride
         # Steps are timed from here, so the sample's own cost is not step time.

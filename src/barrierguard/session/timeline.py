@@ -2,7 +2,8 @@
 
 A timed step end records a pooled CUDA event, polled, never waited on. **Run-ahead**: the
 step-end events the device has not reached; **device time**: between two of them, when the
-host was ahead; **saving** without the syncs: ``min(stall, wall - max(host busy, device))``.
+host was ahead; **saving** without the syncs: ``min(stall, wall - max(host busy, device))``,
+else at most ``min(stall, host busy)``.
 """
 
 from __future__ import annotations
