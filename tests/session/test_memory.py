@@ -93,8 +93,9 @@ def _probe_costing(clock: Clock, cost_s: float) -> Callable[[], Mapping[str, int
 @pytest.mark.parametrize(
     ("step_s", "cost_s", "stride"),
     [
-        (1e-3, 39e-6, 16),  # 1 ms step, 39 us sample: 0.25 % budget -> every 16th step
-        (1e-3, 2e-6, 1),
+        # 1 ms step, 19 us sample, counted twice (AFTERMATH): 0.25 % budget -> every 16th step
+        (1e-3, 19e-6, 16),
+        (1e-3, 1e-6, 1),
         (0.1, 40e-6, 1),
         (1e-5, 40e-6, _memory.MAX_STRIDE),
     ],
@@ -112,14 +113,14 @@ def test_adaptive_stride_keeps_the_budget(step_s: float, cost_s: float, stride: 
 
 
 def test_adaptive_stride_counts_the_samplers_own_bookkeeping() -> None:
-    # A free probe, but 30 us of the sampler's work before it (here: reading the probes'
+    # A free probe, but 15 us of the sampler's work before it (here: reading the probes'
     # setup time): the step pays it, so the stride keeps it under the budget too.
     clock = Clock()
 
     class Slow:
         @property
         def setup_s(self) -> float:
-            clock.now += 30e-6
+            clock.now += 15e-6
             return 0.0
 
         def __call__(self) -> Mapping[str, int]:
@@ -129,14 +130,14 @@ def test_adaptive_stride_counts_the_samplers_own_bookkeeping() -> None:
     for step in range(1, 400):
         clock.now += 1e-3
         sampler.on_step(step)
-    assert sampler.stride == 12  # 30 us over 0.25 % of 1 ms
+    assert sampler.stride == 12  # 15 us, counted twice, over 0.25 % of 1 ms
 
 
 def test_adaptive_stride_ramps_up_so_a_short_run_gets_a_verdict() -> None:
-    # A 1 ms step and a 40 us sample: the budget's stride is 16, reached by doubling at
+    # A 1 ms step and a 20 us sample: the budget's stride is 16, reached by doubling at
     # most every RAMP samples, so 30 steps hold enough samples for a verdict.
     clock = Clock()
-    sampler = Sampler({"host": _probe_costing(clock, 40e-6)}, clock=clock)
+    sampler = Sampler({"host": _probe_costing(clock, 20e-6)}, clock=clock)
     sampler.sample(0)  # the baseline, as MemoryMonitor.start takes it
     gaps = []
     for step in range(1, 31):

@@ -2,8 +2,9 @@
 
 Sampled at step boundaries, never synchronizing with the device: ``host_rss`` from
 ``/proc/self/statm`` (about 2 us; psutil off Linux), ``workers_rss`` from psutil, the
-``device_*`` series from torch's allocator and NVML. Adaptive sampling keeps a sample under
-``BUDGET`` of the step time, its stride doubling at most every ``RAMP`` samples; at
+``device_*`` series from torch's allocator and NVML. Adaptive sampling keeps a sample, counted
+``AFTERMATH`` times for what it leaves the steps after it, under ``BUDGET`` of the step time,
+its stride doubling at most every ``RAMP`` samples; at
 ``MAX_SAMPLES`` every other one is dropped, the stride doubled.
 """
 
@@ -31,6 +32,7 @@ from barrierguard.report.records import MemoryReport, format_bytes
 __all__ = ["MemoryMonitor", "ProbeSet", "Sampler", "analyze_series", "default_probes", "explain"]
 
 BUDGET = 0.0025
+AFTERMATH = 2.0  # a sample counts twice: the launches after it pay 0.3-0.8x its own time
 MAX_SAMPLES = 2048
 MAX_STRIDE = 256
 MIN_SAMPLES = 9  # after warm-up, for a verdict
@@ -287,7 +289,8 @@ class Sampler:
         elif self._step_s is None or self._step_s <= 0:
             stride = 1
         else:
-            stride = min(MAX_STRIDE, max(1, math.ceil(self._cost / (BUDGET * self._step_s))))
+            spent = AFTERMATH * self._cost
+            stride = min(MAX_STRIDE, max(1, math.ceil(spent / (BUDGET * self._step_s))))
             # A short run still gets its MIN_SAMPLES for a verdict; a long one reaches its
             # budget's stride within a few dozen samples (MAX_STRIDE 256 after 32).
             doublings = min(MAX_STRIDE.bit_length(), len(self.steps) // RAMP)
