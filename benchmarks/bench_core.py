@@ -99,6 +99,9 @@ Reproduce:
     ``benchmarks/results/h200/core_ci_6cdfab9.json`` and ``core_ci_6cdfab9.txt`` are
     ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 100 --parts-rounds 30
     --sync-pairs 40`` with ``src/`` at 6cdfab9, on a faster host (about 5 minutes).
+    ``benchmarks/results/h200/core_ci_471839c.json`` and ``core_ci_471839c.txt`` are
+    ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 0 --sync-pairs 40`` with
+    ``src/`` at 471839c (a memory sample counted twice against its budget; 3.5 minutes).
 
     CPU smoke run (the per-step rounds only, audit engine)::
 

@@ -86,8 +86,21 @@ Design:
     probe out, to split that cost by probe. ``--cuda-engine-on-cpu`` (``--cycles``,
     ``--by-sample``) runs the CUDA engine's host side on a CPU machine: its wrappers,
     hooks, boundary, timeline and sampler, with sync-debug mode a stand-in and the
-    timeline's events complete at once; what the GPU runs add to it is the driver's. ``--tiny --by-sample 24`` is its CPU
-    smoke run.
+    timeline's events complete at once; what the GPU runs add to it is the driver's.
+    ``--tiny --by-sample 24`` is its CPU smoke run.
+
+    **Twin fits** (``--twin STEPS``): a reference that runs beside a fit keeping the
+    callback on throughout, with nothing switched. Two fits of ``STEPS`` steps start
+    their loops together (a barrier), each in a fresh process on half the host's
+    cores and, where there are two GPUs, on its own GPU: one with the callback
+    (``--switch memory-off``: with ``memory=False``), one without. A host's drift
+    that reaches both at once cancels. Over the time both ran (after each one's
+    first ``--twin-skip`` steps), each window of ``--window`` seconds gives the on
+    fit's median step over the off fit's; the figure is the median over windows,
+    with its IQR and 95% confidence interval. ``--fits`` pairs alternate which slot
+    runs the callback (the geometric mean of the two arrangements cancels a slot's
+    own speed), and one null pair runs it in neither: what the design reads with
+    nothing on. ``--tiny --twin 40`` is its CPU smoke run.
 
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer \\
@@ -249,6 +262,29 @@ Reproduce:
     (The committed runs were started as ``--design blocks``, with ``--block-fits``
     for ``--fits``, when the script also had two older designs.) GPU: each
     transformer run takes 6-9 minutes, the MLP run 5.
+
+    Twin fits at 35ba013 on two H200s of one host (16 cores each), the callback and
+    then the callback with ``memory=False`` (3 minutes each)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --twin 6000 --fits 2 \
+            --out benchmarks/results/h200/lightning_twin_mlp_callback.json \
+            | tee benchmarks/results/h200/lightning_twin_mlp_callback.txt
+        PYTHONPATH=src python benchmarks/bench_lightning.py --twin 6000 --fits 2 \
+            --switch memory-off --out benchmarks/results/h200/lightning_twin_mlp_memory-off.json \
+            | tee benchmarks/results/h200/lightning_twin_mlp_memory-off.txt
+
+    With a sample counted twice against the sampler's budget (``AFTERMATH``), at
+    471839c: the sampler by sample, then settled blocks of 32 steps (7 minutes)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 15000 --epoch-batches 64 \
+            --out benchmarks/results/h200/lightning_by_sample_aftermath.json \
+            | tee benchmarks/results/h200/lightning_by_sample_aftermath.txt
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --fits 1 --block-len 32 \
+            --settle 8 --out benchmarks/results/h200/lightning_cycle_mlp_settle_aftermath.json \
+            | tee benchmarks/results/h200/lightning_cycle_mlp_settle_aftermath.txt
+
+    and on the CPU machine, the CUDA engine's host side by sample, as above, into
+    ``benchmarks/results/lightning_by_sample_cuda_engine_cpu_aftermath.json``.
 
     CPU smoke run (tiny settings, audit engine)::
 
