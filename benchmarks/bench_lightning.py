@@ -89,19 +89,6 @@ Design:
     timeline's events complete at once; what the GPU runs add to it is the driver's.
     ``--tiny --by-sample 24`` is its CPU smoke run.
 
-    **Twin fits** (``--twin STEPS``): a reference that runs beside a fit keeping the
-    callback on throughout, with nothing switched. Two fits of ``STEPS`` steps start
-    their loops together (a barrier), each in a fresh process on half the host's
-    cores and, where there are two GPUs, on its own GPU: one with the callback
-    (``--switch memory-off``: with ``memory=False``), one without. A host's drift
-    that reaches both at once cancels. Over the time both ran (after each one's
-    first ``--twin-skip`` steps), each window of ``--window`` seconds gives the on
-    fit's median step over the off fit's; the figure is the median over windows,
-    with its IQR and 95% confidence interval. ``--fits`` pairs alternate which slot
-    runs the callback (the geometric mean of the two arrangements cancels a slot's
-    own speed), and one null pair runs it in neither: what the design reads with
-    nothing on. ``--tiny --twin 40`` is its CPU smoke run.
-
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer \\
         --out benchmarks/results/h200/lightning_blocks_transformer_1.json
@@ -263,24 +250,14 @@ Reproduce:
     for ``--fits``, when the script also had two older designs.) GPU: each
     transformer run takes 6-9 minutes, the MLP run 5.
 
-    Twin fits at 35ba013 on two H200s of one host (16 cores each), the callback and
-    then the callback with ``memory=False`` (3 minutes each)::
-
-        PYTHONPATH=src python benchmarks/bench_lightning.py --twin 6000 --fits 2 \
-            --out benchmarks/results/h200/lightning_twin_mlp_callback.json \
-            | tee benchmarks/results/h200/lightning_twin_mlp_callback.txt
-        PYTHONPATH=src python benchmarks/bench_lightning.py --twin 6000 --fits 2 \
-            --switch memory-off --out benchmarks/results/h200/lightning_twin_mlp_memory-off.json \
-            | tee benchmarks/results/h200/lightning_twin_mlp_memory-off.txt
-
     With a sample counted twice against the sampler's budget (``AFTERMATH``), at
     471839c: the sampler by sample, then settled blocks of 32 steps (7 minutes)::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 15000 --epoch-batches 64 \
-            --out benchmarks/results/h200/lightning_by_sample_aftermath.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 15000 --epoch-batches 64 \\
+            --out benchmarks/results/h200/lightning_by_sample_aftermath.json \\
             | tee benchmarks/results/h200/lightning_by_sample_aftermath.txt
-        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --fits 1 --block-len 32 \
-            --settle 8 --out benchmarks/results/h200/lightning_cycle_mlp_settle_aftermath.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --fits 1 --block-len 32 \\
+            --settle 8 --out benchmarks/results/h200/lightning_cycle_mlp_settle_aftermath.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_settle_aftermath.txt
 
     and on the CPU machine, the CUDA engine's host side by sample, as above, into
@@ -298,7 +275,6 @@ import gc
 import json
 import math
 import multiprocessing as mp
-import os
 import statistics
 import sys
 import time
@@ -961,222 +937,6 @@ def _pool(paths: list[str], out: str | None) -> None:
     )
 
 
-# -- the twin design: two fits at once, one with the callback on throughout ------------
-_TWIN_SKIP = 200  # each twin fit's first steps settle (warm caches, the sampler's ramp)
-
-
-def _twin_fit(args: argparse.Namespace, on: bool, cores: list[int], ready: Any) -> dict[str, Any]:
-    """One fit of ``args.twin`` steps, the callback on throughout or absent, on ``cores``;
-    its loop starts with its twin's (``ready``, a barrier of two). Each step: its end on
-    the host's monotonic clock, its time and its thread CPU time."""
-    import lightning.pytorch as pl
-
-    if cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cores)
-        torch.set_num_threads(len(cores))
-    if getattr(args, "cuda_engine_on_cpu", False):
-        _cuda_engine_on_cpu()
-    epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
-    _warm_up(args)
-    memory = getattr(args, "switch", "callback") != "memory-off"
-    guard_cb = (
-        barrierguard.BarrierGuard(
-            policy="record", print_report=False, save_report=False, memory=memory
-        )
-        if on
-        else None
-    )
-    steps: list[tuple[float, float, float]] = []
-    state = {"t": 0.0, "c": 0.0}
-
-    class Clock(pl.Callback):
-        def on_train_start(self, *a: Any) -> None:
-            sync()
-            ready.wait(timeout=_FIT_TIMEOUT_S)
-            state["t"], state["c"] = time.perf_counter(), time.thread_time()
-
-        def on_train_batch_end(self, *a: Any) -> None:
-            now, now_cpu = time.perf_counter(), time.thread_time()
-            steps.append((now, now - state["t"], now_cpu - state["c"]))
-            state["t"], state["c"] = time.perf_counter(), time.thread_time()
-
-    callbacks: list[Any] = [Clock()] if guard_cb is None else [guard_cb, Clock()]
-    trainer = lightning_trainer(callbacks, max_steps=args.twin)
-    torch.manual_seed(0)
-    trainer.fit(lightning_model(args), lightning_loader(epoch))
-    syncs = guard_cb.report.total_syncs if guard_cb is not None else 0
-    return {"on": on, "steps": steps, "syncs": syncs}
-
-
-def _twin_worker(slot: int, args: tuple[Any, ...], results: Any) -> None:
-    quiet_lightning()
-    try:
-        results.put((slot, _twin_fit(*args)))
-    except BaseException as exc:
-        results.put((slot, repr(exc)))
-        raise
-
-
-def _twin_pair(args: argparse.Namespace, roles: tuple[bool, bool]) -> list[dict[str, Any]]:
-    """Two fits at once, each in a fresh process with half the cores (and its own GPU
-    where there are two): ``roles[k]`` says whether slot ``k`` runs the callback."""
-    ctx = mp.get_context("spawn")
-    results, ready = ctx.Queue(), ctx.Barrier(2)
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    halves = [cores[: len(cores) // 2], cores[len(cores) // 2 :]] if len(cores) >= 4 else [[], []]
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    workers = []
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    try:
-        for slot, on in enumerate(roles):
-            if gpus >= 2:
-                os.environ["CUDA_VISIBLE_DEVICES"] = str(slot)  # read when the child starts CUDA
-            worker = ctx.Process(
-                target=_twin_worker, args=(slot, (args, on, halves[slot], ready), results)
-            )
-            worker.start()
-            workers.append(worker)
-    finally:
-        if visible is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    fits: dict[int, Any] = {}
-    try:
-        for _ in roles:
-            slot, res = results.get(timeout=_FIT_TIMEOUT_S + args.twin)
-            if isinstance(res, str):
-                raise RuntimeError(f"a twin fit failed: {res}")
-            fits[slot] = {**res, "gpu": slot if gpus >= 2 else 0, "cores": len(halves[slot])}
-    finally:
-        for worker in workers:
-            worker.join(timeout=60)
-            if worker.is_alive():
-                worker.terminate()
-    return [fits[0], fits[1]]
-
-
-def _twin_ratios(
-    a: list[tuple[float, float, float]],
-    b: list[tuple[float, float, float]],
-    window_s: float,
-    skip: int = _TWIN_SKIP,
-    least: int = 3,
-) -> dict[str, list[float]]:
-    """Per window of ``window_s`` seconds of the time both fits ran (after each one's first
-    ``skip`` steps): the median step of ``a`` over ``b``'s, by the step time and by the
-    thread CPU time. A window with fewer than ``least`` steps of either is left out."""
-    a, b = a[skip:], b[skip:]
-    out: dict[str, list[float]] = {"wall": [], "cpu": []}
-    if not a or not b:
-        return out
-    start, stop = max(a[0][0], b[0][0]), min(a[-1][0], b[-1][0])
-    count = int((stop - start) // window_s)
-    for k in range(count):
-        lo, hi = start + k * window_s, start + (k + 1) * window_s
-        in_a = [s for s in a if lo <= s[0] < hi]
-        in_b = [s for s in b if lo <= s[0] < hi]
-        if len(in_a) < least or len(in_b) < least:
-            continue
-        for c, clock in ((1, "wall"), (2, "cpu")):
-            out[clock].append(median([s[c] for s in in_a]) / median([s[c] for s in in_b]))
-    return out
-
-
-def _twin(args: argparse.Namespace) -> dict[str, Any]:
-    """``args.fits`` pairs with the callback in one fit (its slot alternating), and one
-    null pair with it in neither; each pair's windows, pooled."""
-    arrangements = [(True, False) if i % 2 == 0 else (False, True) for i in range(args.fits)]
-    record: dict[str, Any] = {"pairs": [], "syncs_found": 0}
-    pooled: dict[str, dict[str, list[float]]] = {
-        key: {"wall": [], "cpu": []} for key in ("on / off", "null")
-    }
-    for roles in [*arrangements, (False, False)]:
-        fits = _twin_pair(args, roles)
-        on = next((f for f in fits if f["on"]), None)
-        first, second = (on, next(f for f in fits if not f["on"])) if on else fits
-        key = "on / off" if on else "null"
-        ratios = _twin_ratios(first["steps"], second["steps"], args.window, args.twin_skip)
-        for clock in ("wall", "cpu"):
-            pooled[key][clock].extend(ratios[clock])
-        record["syncs_found"] = max(record["syncs_found"], *(f["syncs"] for f in fits))
-        record["pairs"].append(
-            {
-                "kind": key,
-                "slot_on": roles.index(True) if on else None,
-                "windows": len(ratios["wall"]),
-                "ratios": ratios,
-                "median": {c: median(r) if r else None for c, r in ratios.items()},
-                "steps_us": [
-                    1e6 * median([s[1] for s in f["steps"][args.twin_skip :]] or [0.0])
-                    for f in fits
-                ],
-                "gpus": [f["gpu"] for f in fits],
-                "cores": [f["cores"] for f in fits],
-            }
-        )
-    for key, clocks in pooled.items():
-        for clock, rs in clocks.items():
-            if rs:
-                q = _quartiles(rs)
-                record[f"{clock} {key}"] = {
-                    "median": median(rs),
-                    "iqr": [q[0], q[2]],
-                    "ci95": median_ci(rs),
-                    "n": len(rs),
-                }
-    # A slot's own speed cancels between the two arrangements: their geometric mean.
-    for clock in ("wall", "cpu"):
-        by_slot = [
-            median([r for p in record["pairs"] if p["slot_on"] == s for r in p["ratios"][clock]])
-            for s in (0, 1)
-            if any(p["slot_on"] == s and p["ratios"][clock] for p in record["pairs"])
-        ]
-        if len(by_slot) == 2:
-            record[f"{clock} slots balanced"] = math.sqrt(by_slot[0] * by_slot[1])
-    return record
-
-
-def _print_twin(args: argparse.Namespace, record: dict[str, Any]) -> None:
-    rows: list[list[object]] = []
-    for pair in record["pairs"]:
-        med = pair["median"]
-        rows.append(
-            [
-                pair["kind"]
-                + (f", on in slot {pair['slot_on']}" if pair["slot_on"] is not None else ""),
-                pair["windows"],
-                " / ".join(f"{s:.0f}" for s in pair["steps_us"]),
-                "-" if med["wall"] is None else f"{med['wall']:.4f}",
-                "-" if med["cpu"] is None else f"{med['cpu']:.4f}",
-            ]
-        )
-    for key in ("on / off", "null"):
-        cells: list[object] = [f"**{key}, pooled**", record.get(f"wall {key}", {}).get("n", 0), ""]
-        for clock in ("wall", "cpu"):
-            r = record.get(f"{clock} {key}")
-            cells.append(
-                "-"
-                if r is None
-                else f"{r['median']:.4f} ({r['iqr'][0]:.4f}-{r['iqr'][1]:.4f}) "
-                f"[{r['ci95'][0]:.4f}-{r['ci95'][1]:.4f}]"
-            )
-        rows.append(cells)
-    on = getattr(args, "switch", "callback")
-    print(
-        f"twin fits of {args.twin} steps (the first {args.twin_skip} left out), windows of "
-        f"{args.window} s; the on fit runs: {on}; syncs found {record['syncs_found']}"
-    )
-    header = ["pair", "windows", "step (us), slot 0 / 1", "step time, median", "thread CPU"]
-    print(table(header, rows))
-    balanced = [record.get(f"{c} slots balanced") for c in ("wall", "cpu")]
-    if None not in balanced:
-        print(
-            f"slots balanced (geometric mean of the two arrangements): step time "
-            f"{balanced[0]:.4f}, thread CPU {balanced[1]:.4f}"
-        )
-
-
 def _model_name(args: argparse.Namespace) -> str:
     if args.model == "transformer":
         return (
@@ -1244,19 +1004,6 @@ def main(argv: list[str] | None = None) -> None:
         help="--cycles, --by-sample on a CPU machine: the callback runs the CUDA engine's host side "
         "(no sync-debug mode, instant timeline events), to time its Python without a driver",
     )
-    ap.add_argument(
-        "--twin",
-        type=int,
-        metavar="STEPS",
-        help="two fits of STEPS steps at once, one with the callback on throughout, the "
-        "other without (each slot's role alternating over --fits pairs), and one null pair",
-    )
-    ap.add_argument(
-        "--window", type=float, default=1.0, help="--twin: seconds per window of compared steps"
-    )
-    ap.add_argument(
-        "--twin-skip", type=int, default=_TWIN_SKIP, help="--twin: each fit's first steps left out"
-    )
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test settings")
     ap.add_argument("--pool", nargs="+", metavar="JSON", help="pool the rows of these results")
     ap.add_argument("--out")
@@ -1279,25 +1026,7 @@ def main(argv: list[str] | None = None) -> None:
             args.settle = min(args.settle, 1)
         if args.by_sample is not None:
             args.by_sample = 24
-        if args.twin is not None:
-            args.twin, args.twin_skip, args.window = 40, 4, 0.4
-    if args.twin is not None and args.switch == "mode":
-        ap.error("--twin runs the callback (--switch callback or memory-off), not --switch mode")
     quiet_lightning()
-    if args.twin is not None:
-        record = _twin(args)
-        _print_twin(args, record)
-        write(
-            args.out,
-            {
-                "benchmark": "lightning_callback_overhead",
-                "settings": vars(args),
-                "model": _model_name(args),
-                "designs": {"twin": record},
-                "target": TARGET,
-            },
-        )
-        return
     if args.by_sample is not None:
         record = _by_sample(args)
         _print_by_sample(record)

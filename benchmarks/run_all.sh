@@ -46,6 +46,12 @@
 #     (benchmarks/results/h200/optimizer_ab/ holds four such runs, two with src/
 #     at ee84b70; its README.txt gives the table)
 #     PYTHONPATH=src python benchmarks/bench_merge.py --out benchmarks/results/merge_cpu.json
+#   and the twin fits of bench_lightning.py, removed after 40de130 (git checkout
+#   40de130; two H200s of one host):
+#     PYTHONPATH=src python benchmarks/bench_lightning.py --twin 6000 --fits 2 \
+#         --out benchmarks/results/h200/lightning_twin_mlp_callback.json
+#     PYTHONPATH=src python benchmarks/bench_lightning.py --twin 6000 --fits 2 \
+#         --switch memory-off --out benchmarks/results/h200/lightning_twin_mlp_memory-off.json
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

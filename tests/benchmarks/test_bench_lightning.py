@@ -259,35 +259,3 @@ def test_by_sample_compares_each_sample_with_the_step_before_it(
     args.epoch_batches = 16
     assert bench._by_sample(args)["around"]["samples"] == 5
     assert bench._since_label(5) == "4-7" and bench._since_label(9) == "8+"
-
-
-def test_twin_ratios_compare_the_two_fits_in_the_same_windows(bench: Any) -> None:
-    # Fit a: steps of 0.011 s, ending at 0.011, 0.022, ...; fit b: steps of 0.010 s, from 0.005.
-    a = [(0.011 * (k + 1), 0.011, 0.0055) for k in range(100)]
-    b = [(0.005 + 0.010 * (k + 1), 0.010, 0.005) for k in range(120)]
-    ratios = bench._twin_ratios(a, b, window_s=0.1, skip=10)
-    # Both ran (after their first 10 steps) from 0.121 s to 1.1 s: 9 whole windows.
-    assert len(ratios["wall"]) == len(ratios["cpu"]) == 9
-    assert ratios["wall"] == pytest.approx([1.1] * 9)
-    assert ratios["cpu"] == pytest.approx([1.1] * 9)
-    # A window with too few steps of either fit is left out.
-    assert bench._twin_ratios(a, b, window_s=0.1, skip=10, least=11)["wall"] == []
-
-
-def test_twin_design_runs_two_fits_at_once(bench: Any, tmp_path: Path) -> None:
-    out = tmp_path / "twin.json"
-    bench.main(["--tiny", "--twin", "40", "--cuda-engine-on-cpu", "--out", str(out)])
-    record = json.loads(out.read_text())["designs"]["twin"]
-    on_off, null = record["pairs"]
-    assert on_off["kind"] == "on / off" and on_off["slot_on"] == 0
-    assert null["kind"] == "null" and null["slot_on"] is None
-    # Both fits of each pair ran their steps, and each window gave both clocks' ratio.
-    assert all(us > 0 for pair in record["pairs"] for us in pair["steps_us"])
-    assert all(
-        len(r) == pair["windows"] for pair in record["pairs"] for r in pair["ratios"].values()
-    )
-
-
-def test_twin_refuses_the_mode_switch(bench: Any) -> None:
-    with pytest.raises(SystemExit):
-        bench.main(["--tiny", "--twin", "40", "--switch", "mode"])
