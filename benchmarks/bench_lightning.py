@@ -61,7 +61,10 @@ Design:
     are printed beside them, from the same steps, and so is what the first
     ``K`` steps after a switch on cost against the rest of their block. A
     one-time cost of each start (installing, the first walks of the stack) is
-    then out of the headline and in that last row.
+    then out of the headline and in that last row. ``--collect`` runs a full
+    garbage collection (untimed) before every block, whatever its label, so that
+    what a switch allocates is not collected inside the block after it: a fit that
+    keeps the callback on never pays that collection.
 
     Where the callback's time goes was measured once by ``bench_lightning_costs.py``,
     a study no longer kept here (docs/benchmarks.md, section 7, gives the commit that has it).
@@ -261,7 +264,14 @@ Reproduce:
             | tee benchmarks/results/h200/lightning_cycle_mlp_settle_aftermath.txt
 
     and on the CPU machine, the CUDA engine's host side by sample, as above, into
-    ``benchmarks/results/lightning_by_sample_cuda_engine_cpu_aftermath.json``.
+    ``benchmarks/results/lightning_by_sample_cuda_engine_cpu_aftermath.json``; its cycle
+    design as above, into
+    ``benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_aftermath.json``, and with
+    a garbage collection before every block::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 300 --fits 1 --collect \\
+            --cuda-engine-on-cpu --batch 32 --width 256 --hidden 256 --blocks 2 \\
+            --out benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_collect.json
 
     CPU smoke run (tiny settings, audit engine)::
 
@@ -488,6 +498,7 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
     )
     # --switch mode: the on-blocks run sync-debug mode alone, and no callback.
     mode = ModeOnly() if switch == "mode" else None
+    collect = getattr(args, "collect", False)
     # Each step: its label, time, thread CPU time, and the garbage collector's
     # time and collections by generation within it (gc.callbacks).
     steps: list[tuple[str, float, float, float, tuple[int, int, int]]] = []
@@ -529,6 +540,11 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
                         guard_cb._begin("train")
                     else:
                         mode.__enter__()
+                if collect:
+                    # Every block, whatever its label, starts with the collector's counts at
+                    # zero: what a switch allocated is not collected inside the next block.
+                    gc.collect()
+                    collected["s"], collected["n"] = 0.0, [0, 0, 0]
             state["t"], state["c"] = time.perf_counter(), time.thread_time()
 
     callbacks = [guard_cb, Cycle()] if mode is None else [Cycle()]
@@ -977,6 +993,12 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=0,
         help="--cycles: leave out each block's first steps (the figures after a switch settles)",
+    )
+    ap.add_argument(
+        "--collect",
+        action="store_true",
+        help="--cycles: a full garbage collection (untimed) before every block, so that what "
+        "a switch allocated is not collected inside the block after it",
     )
     ap.add_argument(
         "--switch",

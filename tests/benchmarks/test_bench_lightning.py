@@ -140,6 +140,31 @@ def test_cycle_fit_counts_the_collectors_runs_in_each_step(bench: Any) -> None:
     assert gc.callbacks == hooks  # the collector's hook is gone after the fit
 
 
+def test_cycle_fit_collect_runs_the_collector_before_every_block(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from _common import lightning_settings
+
+    collections: list[int] = []
+    real = bench.gc.collect
+
+    def spy(*a: Any) -> int:
+        collections.append(len(a))
+        return real(*a)
+
+    args = lightning_settings("mlp", 12)
+    args.cycles, args.block_len, args.epoch_batches = 2, 2, 4
+    args.batch, args.width, args.hidden, args.blocks = 16, 64, 64, 2
+    args.collect = True
+    monkeypatch.setattr(bench.gc, "collect", spy)
+    fit = bench._cycle_fit(args)
+    steps = fit["steps"]
+    # The warm-up's two, then one at the end of each of the 8 blocks.
+    assert len(collections) == 2 + len(steps) // args.block_len
+    # The explicit collections are not counted in the steps after them.
+    assert all(gens[2] == 0 for *_, gens in steps)
+
+
 def test_cycle_fit_switches_the_callback_without_memory_sampling(
     bench: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
