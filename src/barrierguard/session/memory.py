@@ -4,8 +4,8 @@ Sampled at step boundaries, never synchronizing with the device: ``host_rss`` fr
 ``/proc/self/statm`` (about 2 us; psutil off Linux), ``workers_rss`` from psutil, the
 ``device_*`` series from torch's allocator and NVML. Adaptive sampling keeps a sample, counted
 ``AFTERMATH`` times for what it leaves the steps after it, under ``BUDGET`` of the step time,
-its stride doubling at most every ``RAMP`` samples; at
-``MAX_SAMPLES`` every other one is dropped, the stride doubled.
+its stride doubling at most every ``RAMP`` samples; at ``MAX_SAMPLES`` every other one is
+dropped, the stride doubled.
 """
 
 from __future__ import annotations
