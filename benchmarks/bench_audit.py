@@ -31,7 +31,7 @@ Design:
     added microseconds per read.
 
 Reproduce:
-    PYTHONPATH=src python benchmarks/bench_audit.py --clock thread --pairs 40 --gpt-pairs 30 \
+    PYTHONPATH=src python benchmarks/bench_audit.py --clock thread --pairs 40 --gpt-pairs 30 \\
         --read-pairs 15 --out benchmarks/results/audit_cpu.json
 
     On the 2-core CPU machine of the CPU results (see ``docs/benchmarks.md``), shared with

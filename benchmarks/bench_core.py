@@ -111,7 +111,7 @@ Reproduce:
     whole path but the GPU's wait), timed in the thread's CPU time on the shared
     2-core machine::
 
-        PYTHONPATH=src python benchmarks/bench_core.py --device cpu --layers 1 --pairs 4 \
+        PYTHONPATH=src python benchmarks/bench_core.py --device cpu --layers 1 --pairs 4 \\
             --sync-stand-in --clock thread --out benchmarks/results/core_sync_cpu.json
 """
 

@@ -44,7 +44,7 @@ Reproduce:
     The Lightning fit alone, with six rounds of fresh-process fits (its step time
     moves by a third from one process to the next)::
 
-        PYTHONPATH=src python benchmarks/bench_frameworks.py --cases lightning --rounds 6 \
+        PYTHONPATH=src python benchmarks/bench_frameworks.py --cases lightning --rounds 6 \\
             --out benchmarks/results/h200/frameworks_lightning_6_rounds.json
 
     ``benchmarks/results/h200/frameworks_b11a520.json`` (and ``.txt``) is the

@@ -108,7 +108,7 @@ Reproduce:
 
     The committed ``lightning_blocks_mlp.json`` was run shorter, at 5e9cb33::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \\
             --out benchmarks/results/h200/lightning_blocks_mlp.json
 
     ``benchmarks/results/h200/lightning_blocks_mlp_5122280.json`` (and ``.txt``)
@@ -116,33 +116,33 @@ Reproduce:
     ``benchmarks/results/h200/lightning_blocks_mlp_84500c4.json`` at ``84500c4``,
     each on another machine. With twice the fits, at 63ea4cb::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 8 --steps 480 \
-            --out benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 8 --steps 480 \\
+            --out benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.json \\
             | tee benchmarks/results/h200/lightning_blocks_mlp_63ea4cb.txt
 
     At 2ea2f9b, with the training thread's CPU time beside the step times::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
-            --out benchmarks/results/h200/lightning_blocks_mlp_2ea2f9b.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \\
+            --out benchmarks/results/h200/lightning_blocks_mlp_2ea2f9b.json \\
             | tee benchmarks/results/h200/lightning_blocks_mlp_2ea2f9b.txt
 
     At 21e0111 (a step boundary that probes only what it kept), on a noisy host::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
-            --out benchmarks/results/h200/lightning_blocks_mlp_21e0111.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \\
+            --out benchmarks/results/h200/lightning_blocks_mlp_21e0111.json \\
             | tee benchmarks/results/h200/lightning_blocks_mlp_21e0111.txt
 
     With routes and tallies on the per-sync path, at 1b55493::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
-            --out benchmarks/results/h200/lightning_blocks_mlp_1b55493.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \\
+            --out benchmarks/results/h200/lightning_blocks_mlp_1b55493.json \\
             | tee benchmarks/results/h200/lightning_blocks_mlp_1b55493.txt
 
     With a step boundary that probes where it last found the loop's frames, at
     ea4926a::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \
-            --out benchmarks/results/h200/lightning_blocks_mlp_ea4926a.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --fits 4 --steps 480 \\
+            --out benchmarks/results/h200/lightning_blocks_mlp_ea4926a.json \\
             | tee benchmarks/results/h200/lightning_blocks_mlp_ea4926a.txt
 
     The cycle design at fd12fdf, 800 cycles of the MLP fit (about 6 minutes)::
@@ -161,21 +161,21 @@ Reproduce:
     Settled blocks at 10a7106, 200 cycles of blocks of 64 steps of the MLP fit, the
     first 16 of each left out (about 7 minutes)::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --block-len 64 \
-            --settle 16 --epoch-batches 100 --fits 1 \
-            --out benchmarks/results/h200/lightning_cycle_mlp_settle_10a7106.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --block-len 64 \\
+            --settle 16 --epoch-batches 100 --fits 1 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_settle_10a7106.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_settle_10a7106.txt
 
     The same at b6bc7d7, and at 042e695 with the garbage collector's lines, each on
     another host::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --block-len 64 \
-            --settle 16 --epoch-batches 100 --fits 1 \
-            --out benchmarks/results/h200/lightning_cycle_mlp_settle_b6bc7d7.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --block-len 64 \\
+            --settle 16 --epoch-batches 100 --fits 1 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_settle_b6bc7d7.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_settle_b6bc7d7.txt
-        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --block-len 64 \
-            --settle 16 --epoch-batches 100 --fits 1 \
-            --out benchmarks/results/h200/lightning_cycle_mlp_gc_042e695.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --block-len 64 \\
+            --settle 16 --epoch-batches 100 --fits 1 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_gc_042e695.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_gc_042e695.txt
 
     200 cycles of the MLP fit at 45eb087 (the engines' tallies; about 2 minutes)::
@@ -212,31 +212,31 @@ Reproduce:
     By sample, with ``src/`` at 6cdfab9: the sampler with every probe, then without
     NVML's (about 2.5 minutes each)::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 15000 --epoch-batches 64 \
-            --out benchmarks/results/h200/lightning_by_sample.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 15000 --epoch-batches 64 \\
+            --out benchmarks/results/h200/lightning_by_sample.json \\
             | tee benchmarks/results/h200/lightning_by_sample.txt
-        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 15000 --epoch-batches 64 \
-            --without nvml --out benchmarks/results/h200/lightning_by_sample_nonvml.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 15000 --epoch-batches 64 \\
+            --without nvml --out benchmarks/results/h200/lightning_by_sample_nonvml.json \\
             | tee benchmarks/results/h200/lightning_by_sample_nonvml.txt
 
     Settled blocks of 32 steps at d514a66 (the first 8 of each left out; 4 minutes)::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --fits 1 --block-len 32 \
-            --settle 8 --out benchmarks/results/h200/lightning_cycle_mlp_settle_d514a66.json \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 200 --fits 1 --block-len 32 \\
+            --settle 8 --out benchmarks/results/h200/lightning_cycle_mlp_settle_d514a66.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_settle_d514a66.txt
 
     On the CPU machine, the CUDA engine's host side (``--cuda-engine-on-cpu``) in a small
     host-bound MLP fit: the callback, the callback without memory sampling, and the
     sampler by sample (1.5 minutes each)::
 
-        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 300 --fits 1 \
-            --cuda-engine-on-cpu --batch 32 --width 256 --hidden 256 --blocks 2 \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 300 --fits 1 \\
+            --cuda-engine-on-cpu --batch 32 --width 256 --hidden 256 --blocks 2 \\
             --out benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu.json
-        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 300 --fits 1 \
-            --cuda-engine-on-cpu --switch memory-off --batch 32 --width 256 --hidden 256 \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 300 --fits 1 \\
+            --cuda-engine-on-cpu --switch memory-off --batch 32 --width 256 --hidden 256 \\
             --blocks 2 --out benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_nomem.json
-        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 6000 --epoch-batches 64 \
-            --cuda-engine-on-cpu --batch 32 --width 256 --hidden 256 --blocks 2 \
+        PYTHONPATH=src python benchmarks/bench_lightning.py --by-sample 6000 --epoch-batches 64 \\
+            --cuda-engine-on-cpu --batch 32 --width 256 --hidden 256 --blocks 2 \\
             --out benchmarks/results/lightning_by_sample_cuda_engine_cpu.json
 
     The first and the last again once the stride counted the sampler's bookkeeping, as

@@ -32,12 +32,12 @@ Reproduce:
 
     The aftermath of each read, with ``src/`` at 6cdfab9 (about a minute)::
 
-        PYTHONPATH=src python benchmarks/bench_memory.py --aftermath 60 --pairs 0 --layers 3 \
+        PYTHONPATH=src python benchmarks/bench_memory.py --aftermath 60 --pairs 0 --layers 3 \\
             --out benchmarks/results/h200/memory_aftermath.json
 
     CPU smoke run (the host probes only; its ratios mean nothing)::
 
-        PYTHONPATH=src python benchmarks/bench_memory.py --device cpu --pairs 20 --layers 2 \
+        PYTHONPATH=src python benchmarks/bench_memory.py --device cpu --pairs 20 --layers 2 \\
             --calls 500 --out benchmarks/results/memory_cpu_smoke.json
 """
 

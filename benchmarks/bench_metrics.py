@@ -117,7 +117,7 @@ Reproduce:
     take 4-5 minutes on the H200 at the defaults; the script prints its elapsed
     time. A shorter run (about 3 minutes)::
 
-        PYTHONPATH=src python benchmarks/bench_metrics.py --repeats 8 --fits 3 \
+        PYTHONPATH=src python benchmarks/bench_metrics.py --repeats 8 --fits 3 \\
             --out benchmarks/results/h200/metrics.json | tee benchmarks/results/h200/metrics.txt
 
     With ``$OUT`` set, everything printed also goes to ``$OUT/bench_metrics.log``
