@@ -273,6 +273,13 @@ Reproduce:
             --cuda-engine-on-cpu --batch 32 --width 256 --hidden 256 --blocks 2 \\
             --out benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_collect.json
 
+    and the same in settled blocks of 32 steps, the first 8 of each left out (6.5 minutes)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 300 --fits 1 --collect \\
+            --block-len 32 --settle 8 --cuda-engine-on-cpu --batch 32 --width 256 \\
+            --hidden 256 --blocks 2 \\
+            --out benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_collect_settle.json
+
     CPU smoke run (tiny settings, audit engine)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --tiny
