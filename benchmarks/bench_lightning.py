@@ -280,6 +280,9 @@ Reproduce:
             --hidden 256 --blocks 2 \\
             --out benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_collect_settle.json
 
+    and that command with ``--switch memory-off``, into
+    ``benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_collect_settle_nomem.json``.
+
     CPU smoke run (tiny settings, audit engine)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --tiny
