@@ -330,33 +330,23 @@ def _quartiles(xs: list[float]) -> list[float]:
     return statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
 
 
-class _InstantEvent:
-    """A CUDA event's stand-in on a CPU machine: complete as soon as it is recorded."""
-
-    def record(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, other: Any) -> float:
-        return 0.0
-
-
 def _cuda_engine_on_cpu() -> None:
     """In this process, guards run the CUDA engine on a CPU machine: its host side (the
-    wrappers, hooks, step boundary, timeline and memory sampler); sync-debug mode is a
-    stand-in and the timeline's events complete at once. Nothing syncs on a CPU, so the
-    engine records nothing: what is timed is the work it does on every step."""
+    wrappers, hooks, step boundary, timeline and memory sampler), with the tests' stand-ins
+    (``tests/_fake_cuda.py``): a sync-debug mode that only records what it is set to, and
+    timeline events complete at once. Nothing syncs on a CPU, so the engine records
+    nothing: what is timed is the work it does on every step."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import _fake_cuda as fake
     from barrierguard import _env
     from barrierguard.detect import cuda as engine
     from barrierguard.session import guard, timeline
 
-    mode: list[int | str] = [0]
+    mode = fake.FakeMode()
     _env.cuda_available = lambda: True  # type: ignore[assignment]
-    engine._get_mode = lambda: mode[0]  # type: ignore[assignment]
-    engine._set_mode = lambda m: mode.__setitem__(0, m)  # type: ignore[assignment]
-    guard._make_timeline = lambda: timeline.StepTimeline(make_event=_InstantEvent)  # type: ignore[assignment]
+    engine._get_mode = mode.get
+    engine._set_mode = mode.set
+    guard._make_timeline = lambda: timeline.StepTimeline(make_event=fake.InstantEvent)  # type: ignore[assignment]
 
 
 def _warm_up(args: argparse.Namespace) -> None:
