@@ -477,15 +477,16 @@ class Guard:
                 for step, reason, thread in held.violations:
                     self._violate(stats.loc, step, reason, thread)
                 self._violation_count += held.more_violations
-                for step, reason, _thread, violation in held.pending:
-                    if opts.policy == "record" and not violation:
-                        continue
-                    first_time = key not in self._warned
-                    self._warned.add(key)
-                    if opts.policy == "error" and violation:
-                        self._due[key] = self._error(stats, step, reason)
-                    elif opts.policy != "record" and first_time:
-                        actions.append(functools.partial(self._warn, stats, step, reason))
+                first = held.first_event()
+                if first is None or (opts.policy == "record" and not first[3]):
+                    continue
+                step, reason, _thread, violation = first
+                first_time = key not in self._warned
+                self._warned.add(key)
+                if opts.policy == "error" and violation:
+                    self._due[key] = self._error(stats, step, reason)
+                elif opts.policy != "record" and first_time:
+                    actions.append(functools.partial(self._warn, stats, step, reason))
         for act in actions:
             act()
         return late

@@ -30,11 +30,17 @@ class Held:
     blocking: int = 0
     stall: float = 0.0
     stall_count: int = 0
-    # (step, reason, thread, violation): its first policy event in this step, a violation first.
-    pending: list[tuple[int, str, str, bool]] = field(default_factory=list)
-    # Every violation among them, (step, reason, thread), the first KEPT; the rest counted.
+    # Its violations in this step, (step, reason, thread), the first KEPT; the rest counted.
     violations: list[tuple[int, str, str]] = field(default_factory=list)
     more_violations: int = 0
+    # Its first non-blocking sync (a race, not a violation), for the warn policy.
+    race: tuple[int, str, str] | None = None
+
+    def first_event(self) -> tuple[int, str, str, bool] | None:
+        """The policy acts once per site and step: on its first violation, else its race."""
+        if self.violations:
+            return (*self.violations[0], True)
+        return None if self.race is None else (*self.race, False)
 
 
 class OpenStep:
@@ -59,15 +65,13 @@ class OpenStep:
     def pend(self, stats: SiteStats, step: int, reason: str, thread: str, violation: bool) -> None:
         """Keep the policy's verdict on a held sync until the step is closed."""
         held = self.held[stats.loc.key]
-        if not held.pending:
-            held.pending.append((step, reason, thread, violation))
-        elif violation and not held.pending[0][3]:
-            held.pending[0] = (step, reason, thread, violation)
-        if violation:
-            if len(held.violations) < KEPT:
-                held.violations.append((step, reason, thread))
-            else:
-                held.more_violations += 1
+        if not violation:
+            if held.race is None:
+                held.race = (step, reason, thread)
+        elif len(held.violations) < KEPT:
+            held.violations.append((step, reason, thread))
+        else:
+            held.more_violations += 1
 
     def close(self) -> list[Held]:
         """A boundary closed the step: its held sites are loop sites. Returns them."""
