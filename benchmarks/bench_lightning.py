@@ -283,6 +283,14 @@ Reproduce:
     and that command with ``--switch memory-off``, into
     ``benchmarks/results/lightning_cycle_mlp_cuda_engine_cpu_collect_settle_nomem.json``.
 
+    On the H200 at 1b0db96, settled blocks with a collection before each (5 minutes;
+    200 cycles took longer than a device call may run)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --cycles 140 --fits 1 --collect \\
+            --block-len 32 --settle 8 \\
+            --out benchmarks/results/h200/lightning_cycle_mlp_settle_collect.json \\
+            | tee benchmarks/results/h200/lightning_cycle_mlp_settle_collect.txt
+
     CPU smoke run (tiny settings, audit engine)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --tiny
