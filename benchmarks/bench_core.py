@@ -16,7 +16,12 @@ Design:
       ``_common.median_ci``): a cost is within a target when the interval's upper
       end is, and not when its lower end is above it. Each guard is started
       before its block and stopped after it; its one-time ``start()+stop()`` is
-      timed apart.
+      timed apart. With ``--settle K`` each block first runs ``K`` steps, timed
+      apart from its ``--steps`` (every variant alike, bare too): the steps just
+      after a start run colder (the patched types, the first walks, the caches
+      that start touched), a cost per start and not per step, which a block of a
+      few hundred steps would otherwise spread over its steps. What those ``K``
+      steps took beyond bare's is printed per start.
     * Per step, by part (GPU only, ``--parts-steps``): where ``watch(memory=False)``'s
       host time goes on that step, measured in place: each entry point the step
       reaches (the optimizer hook and, when some is due, the boundary's work in
@@ -149,7 +154,9 @@ from _common import (
 import barrierguard
 
 
-def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> dict[str, Any]:
+def overhead(
+    device: str, steps: int, pairs: int, layers: int, width: int, settle: int = 0
+) -> dict[str, Any]:
     step = adam_mlp_step(device, layers, width)
     # The host CPU time of each block's steps (not its closing synchronize),
     # in the order paired_rounds runs them: round i is entry i of each list.
@@ -181,24 +188,39 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         probe.stop()
         starts.append(time.perf_counter() - t0)
 
+    # The first ``settle`` steps of each block, timed apart (every variant alike).
+    first: dict[str, list[float]] = {}
+
+    def settled() -> float:
+        if settle:
+            seconds = timed(lambda: [step() for _ in range(settle)])
+            first.setdefault(current[0], []).append(seconds)
+        return timed(block)
+
     def run(name: str) -> float:
         current[0] = name
         if name in guards:
             guards[name].start()
-            seconds = timed(block)
+            seconds = settled()
             guards[name].stop()
             return seconds
         if name == "mode_only":
             with ModeOnly():
-                return timed(block)
-        return timed(block)
+                return settled()
+        return settled()
 
     rounds = paired_rounds(names, run, pairs)
     for g in guards.values():
         report = g.report
         # The only syncs are timed()'s own synchronize calls around each block.
         assert all(s.file.endswith("_common.py") for s in report.sites), report
-        assert report.steps == steps * pairs, report.steps
+        assert report.steps == (settle + steps) * pairs, report.steps
+    # What the first settle steps after a start cost beyond bare's, per start.
+    first_added = {
+        name: median([(t - b) * 1e6 for t, b in zip(first[name], first["bare"], strict=True)])
+        for name in first
+        if name != "bare"
+    }
     added = {
         name: [(c - b) / steps * 1e6 for c, b in zip(cpu[name], cpu["bare"], strict=True)]
         for name in names
@@ -210,6 +232,8 @@ def overhead(device: str, steps: int, pairs: int, layers: int, width: int) -> di
         "added_thread_us_median": {name: median(a) for name, a in added.items()},
         "added_thread_us_quartiles": {name: quartiles(a) for name, a in added.items()},
         "steps_per_block": steps,
+        "settle": settle,
+        "first_steps_added_us": first_added,
         "pairs": pairs,
         "layers": layers,
         "width": width,
@@ -550,6 +574,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--layers", type=int, default=0, help="0: calibrate to --target-ms")
     ap.add_argument("--target-ms", type=float, default=1.0)
     ap.add_argument("--width", type=int, default=512)
+    ap.add_argument(
+        "--settle",
+        type=int,
+        default=0,
+        help="steps each block runs before its timed steps, timed apart (every variant)",
+    )
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument(
         "--sync-pairs", type=int, default=15, help="paired rounds of the per-sync part (0: none)"
@@ -585,7 +615,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         os.sched_setaffinity(0, {args.pin})
     results: dict[str, Any] = {"command": " ".join(sys.argv)}
     layers = args.layers or adam_mlp_layers(args.device, args.width, args.target_ms)
-    ov = overhead(args.device, args.steps, args.pairs, layers, args.width)
+    ov = overhead(args.device, args.steps, args.pairs, layers, args.width, args.settle)
     results["overhead"] = ov
     print(f"\n## watch() on a launch-bound step (no sync in it), {layers} layers of {args.width}")
     rows = []
@@ -621,6 +651,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps; one start()+stop(): {ov['start_stop_us']:.0f} us"
     )
+    if ov["settle"]:
+        firsts = ", ".join(f"{n} {us:.0f} us" for n, us in ov["first_steps_added_us"].items())
+        print(
+            f"each block's first {ov['settle']} steps ran apart, before its timed ones; "
+            f"they took more than bare's, per start: {firsts}"
+        )
     if args.device == "cuda" and args.parts_steps:
         pp = parts(args.device, args.parts_steps, layers, args.width, args.parts_rounds)
         results["parts"] = pp

@@ -44,6 +44,17 @@ def test_core_times_every_variant_against_bare(tmp_path: Path) -> None:
         assert low <= ov["ratio_median"][name] <= high
 
 
+def test_core_settles_each_block_apart_from_its_timed_steps(tmp_path: Path) -> None:
+    import bench_core
+
+    argv = ["--device", "cpu", "--layers", "1", "--width", "32", "--steps", "2", "--pairs", "3"]
+    ov = _run(bench_core.main, [*argv, "--settle", "4"], tmp_path)["overhead"]
+    # overhead() asserts each guard counted its settle steps as steps (4 + 2 a block).
+    assert ov["settle"] == 4
+    assert set(ov["first_steps_added_us"]) == {"watch", "watch_no_memory"}
+    assert ov["steps_per_block"] == 2
+
+
 @pytest.mark.parametrize(
     ("n", "ranks"),
     # Conover's ranks, counted from 1: floor(n/2 - 0.98 sqrt(n)), ceil(1 + n/2 + 0.98 sqrt(n)).
