@@ -221,6 +221,15 @@ def overhead(
         for name in first
         if name != "bare"
     }
+    # The same rounds as whole blocks (the first settle steps in): what the ratio was before.
+    whole = {
+        name: [
+            (r[name] + first[name][i]) / (r["bare"] + first["bare"][i])
+            for i, r in enumerate(rounds)
+        ]
+        for name in first
+        if name != "bare"
+    }
     added = {
         name: [(c - b) / steps * 1e6 for c, b in zip(cpu[name], cpu["bare"], strict=True)]
         for name in names
@@ -234,6 +243,8 @@ def overhead(
         "steps_per_block": steps,
         "settle": settle,
         "first_steps_added_us": first_added,
+        "whole_ratio_median": {name: median(v) for name, v in whole.items()},
+        "whole_ratio_ci95": {name: median_ci(v) for name, v in whole.items()},
         "pairs": pairs,
         "layers": layers,
         "width": width,
@@ -653,9 +664,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     if ov["settle"]:
         firsts = ", ".join(f"{n} {us:.0f} us" for n, us in ov["first_steps_added_us"].items())
+        wholes = ", ".join(
+            f"{n} {r:.4f} ({ci[0]:.4f}-{ci[1]:.4f})"
+            for (n, r), ci in zip(
+                ov["whole_ratio_median"].items(), ov["whole_ratio_ci95"].values(), strict=True
+            )
+        )
         print(
             f"each block's first {ov['settle']} steps ran apart, before its timed ones; "
-            f"they took more than bare's, per start: {firsts}"
+            f"they took more than bare's, per start: {firsts}\n"
+            f"ratio to bare of the whole blocks, those steps in (95% CI): {wholes}"
         )
     if args.device == "cuda" and args.parts_steps:
         pp = parts(args.device, args.parts_steps, layers, args.width, args.parts_rounds)

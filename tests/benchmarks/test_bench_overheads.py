@@ -52,6 +52,8 @@ def test_core_settles_each_block_apart_from_its_timed_steps(tmp_path: Path) -> N
     # overhead() asserts each guard counted its settle steps as steps (4 + 2 a block).
     assert ov["settle"] == 4
     assert set(ov["first_steps_added_us"]) == {"watch", "watch_no_memory"}
+    for name, (low, high) in ov["whole_ratio_ci95"].items():
+        assert low <= ov["whole_ratio_median"][name] <= high
     assert ov["steps_per_block"] == 2
 
 
