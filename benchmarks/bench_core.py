@@ -35,6 +35,16 @@ Design:
       without meters, in ``--parts-rounds`` rounds of rotating blocks (the
       median of the rounds' paired differences, with its IQR): what the parts
       do not explain is the indirect cost (caches, the Python calls' own frames).
+    * After restarts (``--restarts N``): a class's attribute cache takes a new
+      version at each lookup that follows a change to the class, and CPython 3.13
+      (and later 3.12 releases) stop caching a class that has used 1,000; every
+      method of its instances is then looked up slower, for the rest of the
+      process. Two fresh processes time ``x.to(x.dtype)`` (no kernel: the method's
+      lookup and call), fresh and after ``N`` starts and stops of
+      ``watch(memory=False)``: one with the engine's patches of ``torch.Tensor``
+      made together (``Patches.deferred``), one with them made one by one, a
+      lookup between each two (as before ``deferred``); with ``torch.Tensor``'s
+      cache version where ``_testcapi`` tells it (0: none, no longer cached).
     * Per sync (GPU only): loops of ``--calls`` ``.item()`` on an idle GPU, one
       in user code and one inside a framework's code ``--depth`` (20) frames
       deep (a function chain compiled as Lightning's logger-connector file),
@@ -123,6 +133,7 @@ Reproduce:
 from __future__ import annotations
 
 import argparse
+import json
 import linecache
 import os
 import sys
@@ -546,6 +557,87 @@ def per_sync(
     return out
 
 
+def _restarts_child(n: int, deferred: bool, stand_in: bool) -> dict[str, Any]:
+    """In this process: a tensor method's time before and after ``n`` starts and stops of
+    ``watch(memory=False)``, the engine's patches made together (``deferred``) or one by one."""
+    import contextlib
+    import timeit
+
+    from barrierguard.detect.patch import Patches
+
+    if stand_in:
+        _cuda_stand_in()
+    if not deferred:
+        Patches.deferred = lambda self: contextlib.nullcontext()  # type: ignore[assignment,method-assign]
+    try:
+        from _testcapi import type_get_version  # type: ignore[import-not-found]
+    except ImportError:
+        type_get_version = None
+    x = torch.ones(4)
+
+    def ns_per_call() -> float:
+        # x.to(x.dtype) returns x: the method's lookup and call, no kernel.
+        return (
+            min(timeit.repeat(lambda: x.to(torch.float32), number=20_000, repeat=9)) / 20_000 * 1e9
+        )
+
+    before = ns_per_call()
+    guard = barrierguard.watch(engine="cuda", policy="record", memory=False)
+    for _ in range(n):
+        guard.start()
+        guard.stop()
+    x.add(1)  # a lookup after the last change
+    return {
+        "before_ns": before,
+        "after_ns": ns_per_call(),
+        "tensor_version": type_get_version(torch.Tensor) if type_get_version else None,
+    }
+
+
+def restarts(n: int, stand_in: bool) -> dict[str, Any]:
+    """:func:`_restarts_child` in two fresh processes: patches made together, one by one."""
+    import json
+    import subprocess
+
+    out: dict[str, Any] = {"restarts": n, "python": sys.version.split()[0]}
+    for label, deferred in (("together", True), ("one by one", False)):
+        argv = [sys.executable, __file__, "--restarts-child", str(n)]
+        argv += [] if deferred else ["--one-by-one"]
+        argv += ["--sync-stand-in"] if stand_in else []
+        done = subprocess.run(argv, check=True, capture_output=True, text=True)
+        out[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def print_restarts(rs: dict[str, Any]) -> None:
+    print(
+        f"\n## a tensor method after {rs['restarts']} starts and stops of watch() "
+        f"(Python {rs['python']})"
+    )
+    rows = [
+        [
+            label,
+            f"{r['before_ns']:.0f}",
+            f"{r['after_ns']:.0f}",
+            f"{r['after_ns'] / r['before_ns']:.3f}",
+            "none (0)" if r["tensor_version"] == 0 else str(r["tensor_version"]),
+        ]
+        for label, r in ((k, rs[k]) for k in ("together", "one by one"))
+    ]
+    print(
+        table(
+            [
+                "engine's patches made",
+                "x.to(dtype) ns, fresh",
+                "after",
+                "ratio",
+                "torch.Tensor's cache version",
+            ],
+            rows,
+        )
+    )
+
+
 def _thread_timed(fn: Any) -> float:
     t0 = time.thread_time()
     fn()
@@ -620,11 +712,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         type=int,
         help="run on this one CPU core: the host's scheduler moves the process less",
     )
+    ap.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        help="a tensor method's time after this many starts and stops, in fresh processes",
+    )
+    ap.add_argument("--restarts-child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--one-by-one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    if args.restarts_child is not None:
+        child = _restarts_child(args.restarts_child, not args.one_by_one, args.sync_stand_in)
+        print(json.dumps(child))
+        return child
     if args.pin is not None:
         os.sched_setaffinity(0, {args.pin})
     results: dict[str, Any] = {"command": " ".join(sys.argv)}
+    if args.restarts:
+        rs = restarts(args.restarts, args.sync_stand_in)
+        results["restarts"] = rs
+        print_restarts(rs)
+        if not args.pairs:
+            write(args.out, results)
+            return results
     layers = args.layers or adam_mlp_layers(args.device, args.width, args.target_ms)
     ov = overhead(args.device, args.steps, args.pairs, layers, args.width, args.settle)
     results["overhead"] = ov

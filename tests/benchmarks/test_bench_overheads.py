@@ -57,6 +57,18 @@ def test_core_settles_each_block_apart_from_its_timed_steps(tmp_path: Path) -> N
     assert ov["steps_per_block"] == 2
 
 
+def test_core_times_a_tensor_method_after_restarts_in_fresh_processes(tmp_path: Path) -> None:
+    import bench_core
+
+    argv = ["--device", "cpu", "--sync-stand-in", "--restarts", "3", "--pairs", "0"]
+    rs = _run(bench_core.main, argv, tmp_path)["restarts"]
+    assert rs["restarts"] == 3
+    for label in ("together", "one by one"):
+        assert rs[label]["before_ns"] > 0 and rs[label]["after_ns"] > 0
+        version = rs[label]["tensor_version"]
+        assert version is None or isinstance(version, int)
+
+
 @pytest.mark.parametrize(
     ("n", "ranks"),
     # Conover's ranks, counted from 1: floor(n/2 - 0.98 sqrt(n)), ceil(1 + n/2 + 0.98 sqrt(n)).

@@ -288,7 +288,8 @@ class CudaEngine:
             # _showwarnmsg sees warnings even inside catch_warnings(record=True).
             self._saved_show = warnings._showwarnmsg  # type: ignore[attr-defined]
             warnings._showwarnmsg = self._show  # type: ignore[attr-defined]
-            self._patch_calls()
+            with self._patches.deferred():  # torch.Tensor changed once (Patches.deferred)
+                self._patch_calls()
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_PROTOTYPE_MESSAGE)
                 _set_mode("warn")
@@ -361,7 +362,8 @@ class CudaEngine:
         if sync is not None:
             if t0 is None and sync.loc.kind == "index" and not self._index_timed:
                 self._index_timed = True  # from the second indexing sync on, timed
-                self._time(torch.Tensor, TIMED_ON_DEMAND)
+                with self._patches.deferred():
+                    self._time(torch.Tensor, TIMED_ON_DEMAND)
             # A further sync inside the same timed call (print(t)) is the same occurrence.
             hub.emit(self.name, sync, stall, again=t0 is _DRAINED)
 

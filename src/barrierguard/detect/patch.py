@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Iterator
 from typing import Any, cast
 
 __all__ = ["Patches", "drop_filter"]
@@ -27,11 +28,44 @@ class Patches:
 
     def __init__(self) -> None:
         self._stack: list[tuple[Any, str, object]] = []
+        self._held: list[tuple[Any, str, object]] | None = None
 
     def set(self, owner: Any, name: str, value: object) -> None:
         """Set ``owner.name = value``, remembering what was there before."""
+        if self._held is not None:
+            self._held.append((owner, name, value))
+            return
         self._stack.append((owner, name, vars(owner).get(name, _MISSING)))
         setattr(owner, name, value)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Make the :meth:`set` calls inside at its exit, one after the other (none if it raises).
+
+        A class's attribute cache takes a new version at each lookup that follows a change to
+        the class, and CPython 3.13 stops caching a class that has used 1,000: reading every
+        original first and then changing the class without a lookup between the changes costs
+        ``torch.Tensor`` one version a start instead of one a patch.
+
+        Example:
+            >>> import types
+            >>> ns = types.SimpleNamespace(f=1)
+            >>> p = Patches()
+            >>> with p.deferred():
+            ...     p.set(ns, "f", 2)
+            ...     ns.f  # not yet
+            1
+            >>> ns.f
+            2
+        """
+        held: list[tuple[Any, str, object]] = []
+        self._held = held
+        try:
+            yield
+        finally:
+            self._held = None
+        for owner, name, value in held:
+            self.set(owner, name, value)
 
     def undo(self) -> None:
         """Restore every patched attribute, last patch first."""
