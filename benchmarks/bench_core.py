@@ -37,7 +37,7 @@ Design:
       do not explain is the indirect cost (caches, the Python calls' own frames).
     * After restarts (``--restarts N``): a class's attribute cache takes a new
       version at each lookup that follows a change to the class, and CPython 3.13
-      (and later 3.12 releases) stop caching a class that has used 1,000; every
+      stops caching a class that has used 1,000 (3.12.3 does not); every
       method of its instances is then looked up slower, for the rest of the
       process. Two fresh processes time ``x.to(x.dtype)`` (no kernel: the method's
       lookup and call), fresh and after ``N`` starts and stops of
@@ -117,6 +117,11 @@ Reproduce:
     ``benchmarks/results/h200/core_ci_471839c.json`` and ``core_ci_471839c.txt`` are
     ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 0 --sync-pairs 40`` with
     ``src/`` at 471839c (a memory sample counted twice against its budget; 3.5 minutes).
+    ``benchmarks/results/h200/core_settle_82da173.json`` and ``core_settle_82da173.txt`` are
+    ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 0 --sync-pairs 0 --settle 16``
+    at 82da173 (4 minutes), and ``benchmarks/results/h200/core_restarts_300.json``,
+    ``core_restarts_300.txt``, ``core_restarts_600.json`` and ``core_restarts_600.txt`` are
+    ``--restarts 300 --pairs 0`` and ``--restarts 600 --pairs 0`` at da428fd.
 
     CPU smoke run (the per-step rounds only, audit engine)::
 
