@@ -119,9 +119,10 @@ Reproduce:
     ``src/`` at 471839c (a memory sample counted twice against its budget; 3.5 minutes).
     ``benchmarks/results/h200/core_settle_82da173.json`` and ``core_settle_82da173.txt`` are
     ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 0 --sync-pairs 0 --settle 16``
-    at 82da173 (4 minutes), and ``benchmarks/results/h200/core_restarts_300.json``,
-    ``core_restarts_300.txt``, ``core_restarts_600.json`` and ``core_restarts_600.txt`` are
-    ``--restarts 300 --pairs 0`` and ``--restarts 600 --pairs 0`` at da428fd.
+    at 82da173 (4 minutes). ``benchmarks/results/h200/core_restarts_300.json`` and
+    ``core_restarts_300.txt`` are ``--restarts 300 --pairs 0`` at da428fd, and
+    ``benchmarks/results/h200/core_restarts_600.json`` and ``core_restarts_600.txt``
+    ``--restarts 600 --pairs 0``.
 
     CPU smoke run (the per-step rounds only, audit engine)::
 
