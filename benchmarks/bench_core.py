@@ -602,7 +602,6 @@ def _restarts_child(n: int, deferred: bool, stand_in: bool) -> dict[str, Any]:
 
 def restarts(n: int, stand_in: bool) -> dict[str, Any]:
     """:func:`_restarts_child` in two fresh processes: patches made together, one by one."""
-    import json
     import subprocess
 
     out: dict[str, Any] = {"restarts": n, "python": sys.version.split()[0]}
@@ -620,16 +619,19 @@ def print_restarts(rs: dict[str, Any]) -> None:
         f"\n## a tensor method after {rs['restarts']} starts and stops of watch() "
         f"(Python {rs['python']})"
     )
-    rows = [
-        [
-            label,
-            f"{r['before_ns']:.0f}",
-            f"{r['after_ns']:.0f}",
-            f"{r['after_ns'] / r['before_ns']:.3f}",
-            "none (0)" if r["tensor_version"] == 0 else str(r["tensor_version"]),
-        ]
-        for label, r in ((k, rs[k]) for k in ("together", "one by one"))
-    ]
+    rows = []
+    for label in ("together", "one by one"):
+        r = rs[label]
+        version = r["tensor_version"]
+        rows.append(
+            [
+                label,
+                f"{r['before_ns']:.0f}",
+                f"{r['after_ns']:.0f}",
+                f"{r['after_ns'] / r['before_ns']:.3f}",
+                "none (0)" if version == 0 else str(version),
+            ]
+        )
     print(
         table(
             [
