@@ -171,8 +171,80 @@ from _common import (
 import barrierguard
 
 
+class NullInterposition:
+    """The calls ``watch(memory=False)`` interposes on, passed on and nothing else.
+
+    On entry a guard is started once to learn what it patches (every attribute of
+    the ``torch`` modules, ``torch.Tensor``, ``torch.cuda.Event`` and the
+    ``DataLoader`` iterator that a started guard changes), then stopped; each such
+    callable is then wrapped in a plain ``(*args, **kwargs)`` pass-through, an
+    empty global optimizer step hook is registered and, on a GPU, sync-debug warn
+    mode is set with its warnings ignored (:class:`ModeOnly`). ``_get_value`` is
+    left alone: the guard replaces that Python function with one that calls no
+    further, adding no call. The floor under any detector built from Python
+    wrappers and an optimizer hook: what the guard's own work costs is its ratio
+    to this one.
+    """
+
+    def __init__(self, device: str) -> None:
+        import types
+
+        owners: list[Any] = [torch.Tensor, torch.cuda.Event]
+        owners += [m for n, m in list(sys.modules.items()) if n.startswith("torch") and m]
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        owners.append(_BaseDataLoaderIter)
+        before = [(o, dict(vars(o))) for o in owners if isinstance(o, (type, types.ModuleType))]
+        probe = barrierguard.watch(policy="record", memory=False)
+        probe.start()
+        try:
+            changed = [
+                (o, name, value)
+                for o, saved in before
+                for name, value in saved.items()
+                if vars(o).get(name) is not value and name != "_get_value"
+            ]
+        finally:
+            probe.stop()
+        self.names = sorted({f"{getattr(o, '__name__', o)}.{n}" for o, n, _ in changed})
+        self._changed = changed
+        self._mode = ModeOnly() if device == "cuda" else None
+        self._handle: Any = None
+
+    def __enter__(self) -> None:
+        import functools
+
+        def passthrough(orig: Any) -> Any:
+            @functools.wraps(orig)
+            def passed(*args: Any, **kwargs: Any) -> Any:
+                return orig(*args, **kwargs)
+
+            return passed
+
+        for owner, name, orig in self._changed:
+            setattr(owner, name, passthrough(orig))
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: None)
+        if self._mode is not None:
+            self._mode.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._mode is not None:
+            self._mode.__exit__()
+        self._handle.remove()
+        for owner, name, orig in self._changed:
+            setattr(owner, name, orig)
+
+
 def overhead(
-    device: str, steps: int, pairs: int, layers: int, width: int, settle: int = 0
+    device: str,
+    steps: int,
+    pairs: int,
+    layers: int,
+    width: int,
+    settle: int = 0,
+    null: bool = False,
 ) -> dict[str, Any]:
     step = adam_mlp_step(device, layers, width)
     # The host CPU time of each block's steps (not its closing synchronize),
@@ -195,6 +267,9 @@ def overhead(
     names = ["bare", *guards]
     if device == "cuda":
         names.append("mode_only")
+    interposed = NullInterposition(device) if null else None
+    if interposed is not None:
+        names.append("null")
     block()
     cpu.clear()
     starts = []
@@ -224,6 +299,10 @@ def overhead(
         if name == "mode_only":
             with ModeOnly():
                 return settled()
+        if name == "null":
+            assert interposed is not None
+            with interposed:
+                return settled()
         return settled()
 
     rounds = paired_rounds(names, run, pairs)
@@ -252,7 +331,16 @@ def overhead(
         for name in names
         if name != "bare"
     }
+    # The guard's own work: each round's watch(memory=False) block over its null block.
+    to_null = (
+        {name: [r[name] / r["null"] for r in rounds] for name in guards}
+        if interposed is not None
+        else {}
+    )
     return {
+        "null_interposes": interposed.names if interposed is not None else [],
+        "ratio_to_null_median": {name: median(v) for name, v in to_null.items()},
+        "ratio_to_null_ci95": {name: median_ci(v) for name, v in to_null.items()},
         "start_stop_us": median(starts) * 1e6,
         "thread_us_per_step": {name: median(c) / steps * 1e6 for name, c in cpu.items()},
         "added_thread_us_median": {name: median(a) for name, a in added.items()},
@@ -691,6 +779,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=0,
         help="steps each block runs before its timed steps, timed apart (every variant)",
     )
+    ap.add_argument(
+        "--null",
+        action="store_true",
+        help="add a variant that interposes on the same calls and does nothing (NullInterposition)",
+    )
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument(
         "--sync-pairs", type=int, default=15, help="paired rounds of the per-sync part (0: none)"
@@ -745,7 +838,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             write(args.out, results)
             return results
     layers = args.layers or adam_mlp_layers(args.device, args.width, args.target_ms)
-    ov = overhead(args.device, args.steps, args.pairs, layers, args.width, args.settle)
+    ov = overhead(args.device, args.steps, args.pairs, layers, args.width, args.settle, args.null)
     results["overhead"] = ov
     print(f"\n## watch() on a launch-bound step (no sync in it), {layers} layers of {args.width}")
     rows = []
@@ -781,6 +874,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"{ov['pairs']} interleaved rounds x {ov['steps_per_block']} steps; one start()+stop(): {ov['start_stop_us']:.0f} us"
     )
+    if ov["null_interposes"]:
+        print(
+            "null: the same calls passed on, an empty optimizer hook"
+            + (", sync-debug mode" if args.device == "cuda" else "")
+            + f" ({len(ov['null_interposes'])} calls: {', '.join(ov['null_interposes'])})"
+        )
+        print(
+            "the guard's own work, its block over the same round's null block (95% CI): "
+            + ", ".join(
+                f"{n} {r:.4f} ({ci[0]:.4f}-{ci[1]:.4f})"
+                for (n, r), ci in zip(
+                    ov["ratio_to_null_median"].items(),
+                    ov["ratio_to_null_ci95"].values(),
+                    strict=True,
+                )
+            )
+        )
     if ov["settle"]:
         firsts = ", ".join(f"{n} {us:.0f} us" for n, us in ov["first_steps_added_us"].items())
         wholes = ", ".join(
