@@ -170,6 +170,16 @@ from _common import (
 
 import barrierguard
 
+_ABSENT = object()
+
+
+def _inherited(owner: Any, name: str) -> Any:
+    """What ``owner.name`` reads when ``owner`` does not hold ``name`` itself."""
+    for base in getattr(owner, "__mro__", ())[1:]:
+        if name in vars(base):
+            return vars(base)[name]
+    raise AttributeError(name)
+
 
 class NullInterposition:
     """The calls ``watch(memory=False)`` interposes on, passed on and nothing else.
@@ -198,15 +208,17 @@ class NullInterposition:
         probe = barrierguard.watch(policy="record", memory=False)
         probe.start()
         try:
+            # (owner, name, what the name read before, whether the owner held it itself):
+            # torch.Tensor inherits most methods, and a guard sets them on it.
             changed = [
-                (o, name, value)
+                (o, name, saved[name] if name in saved else _inherited(o, name), name in saved)
                 for o, saved in before
-                for name, value in saved.items()
-                if vars(o).get(name) is not value and name != "_get_value"
+                for name, value in vars(o).items()
+                if saved.get(name, _ABSENT) is not value and name != "_get_value"
             ]
         finally:
             probe.stop()
-        self.names = sorted({f"{getattr(o, '__name__', o)}.{n}" for o, n, _ in changed})
+        self.names = sorted({f"{getattr(o, '__name__', o)}.{n}" for o, n, _, _ in changed})
         self._changed = changed
         self._mode = ModeOnly() if device == "cuda" else None
         self._handle: Any = None
@@ -221,7 +233,7 @@ class NullInterposition:
 
             return passed
 
-        for owner, name, orig in self._changed:
+        for owner, name, orig, _ in self._changed:
             setattr(owner, name, passthrough(orig))
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -233,8 +245,11 @@ class NullInterposition:
         if self._mode is not None:
             self._mode.__exit__()
         self._handle.remove()
-        for owner, name, orig in self._changed:
-            setattr(owner, name, orig)
+        for owner, name, orig, own in self._changed:
+            if own:
+                setattr(owner, name, orig)
+            else:
+                delattr(owner, name)
 
 
 def overhead(
