@@ -178,7 +178,7 @@ def _inherited(owner: Any, name: str) -> Any:
     for base in getattr(owner, "__mro__", ())[1:]:
         if name in vars(base):
             return vars(base)[name]
-    raise AttributeError(name)
+    return _ABSENT
 
 
 class NullInterposition:
@@ -214,7 +214,10 @@ class NullInterposition:
                 (o, name, saved[name] if name in saved else _inherited(o, name), name in saved)
                 for o, saved in before
                 for name, value in vars(o).items()
-                if saved.get(name, _ABSENT) is not value and name != "_get_value"
+                if saved.get(name, _ABSENT) is not value
+                and callable(value)
+                and name != "_get_value"
+                and (name in saved or _inherited(o, name) is not _ABSENT)
             ]
         finally:
             probe.stop()
