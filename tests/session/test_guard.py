@@ -363,6 +363,44 @@ def test_a_quiet_boundary_is_one_call_and_a_walk_makes_the_next_one_forget(
     assert guard.report.steps == 5
 
 
+def test_a_boundary_finding_the_held_frames_where_they_were_is_skipped_and_a_finished_one_dropped() -> (
+    None
+):
+    # After a walk, one boundary checks what it kept and settles (a new stack.settled); while
+    # no walk follows, the hook finds those frames where they were and calls nothing (the
+    # same one). Once the frame that kept them has returned, the next boundary drops it.
+    # (Nothing is wrapped here: a wrapper around the boundary would move the depths.)
+    from barrierguard.detect import stack
+
+    model, opt = _sgd()
+    frames: list[Any] = []
+
+    def epoch(steps: int) -> list[Any]:
+        frames.append(sys._getframe())
+        stack.observe(sys._getframe(), "item")  # a walk keeps this frame
+        seen = []
+        for _ in range(steps):
+            _train_step(model, opt)
+            seen.append(stack.settled)
+        return seen
+
+    with barrierguard.watch(policy="record", memory=False) as guard:
+        _train_step(model, opt)  # the first boundary learns the optimizer
+        seen = epoch(4)
+        assert seen[0] is not None and id(frames[0]) in dict(seen[0])
+        assert all(s is seen[0] for s in seen)  # the three after the first: no forget()
+        assert stack._anchors.last is not None and stack._anchors.last[0] is frames[0]
+        _train_step(model, opt)  # epoch's frame has returned
+        assert stack._anchors.last is None
+        assert stack.settled is not None and id(frames[0]) not in dict(stack.settled)
+        seen = epoch(2)
+        assert seen[0] is not None and id(frames[1]) in dict(seen[0])
+        assert seen[1] is seen[0]
+        assert stack._anchors.last is not None and stack._anchors.last[0] is frames[1]
+    assert guard.report.steps == 8
+    assert stack.settled is None
+
+
 def test_a_step_listener_is_called_at_the_step_it_asks_for() -> None:
     # A listener returns the step it is next needed at (None: the next one); the
     # steps in between call nothing. A listener that fails is asked again next step,

@@ -116,15 +116,19 @@ _phases_seen: tuple[int, bool] = (-1, False)
 # Whether forget() has anything to drop: set wherever a frame or the look above is kept,
 # cleared by a forget() that found nothing (a boundary after no walk skips the call).
 holding = False
+# The held frames' (id, depth for forget's sys._getframe) at the last live forget(), cleared
+# wherever holding is set: while it stands, a boundary that finds each frame there has nothing
+# to drop (the optimizer hook tests it inline, without the call).
+settled: tuple[tuple[int, int], ...] | None = None
 
 
 def _phases_possible() -> bool:
     """Whether a framework with phase markers is imported (else none can be on the stack)."""
-    global _phases_seen, holding
+    global _phases_seen, holding, settled
     modules = sys.modules
     seen = _phases_seen
     if seen[0] != len(modules):
-        holding = True
+        holding, settled = True, None
         # isdisjoint runs in C (any() over a generator cost a microsecond a sync).
         seen = _phases_seen = (
             len(modules),
@@ -200,9 +204,9 @@ _kept: tuple[int, int, int, int] | None = None
 
 def forget(live: bool = False) -> None:
     """Drop the frames the walk keeps; with ``live`` (a step boundary), not those on the stack."""
-    global _phases_seen, _depths, _kept, holding
+    global _phases_seen, _depths, _kept, holding, settled
     # Cleared before the look: a frame another thread keeps meanwhile sets it again.
-    holding = False
+    holding, settled = False, None
     _phases_seen = (-1, False)
     located, searched, last = _anchors.located, _anchors.searched, _anchors.last
     read = _anchors.read
@@ -222,6 +226,7 @@ def forget(live: bool = False) -> None:
                 if id(getframe(depth)) != held:
                     break
             else:
+                settled = tuple(_depths.items())
                 return
         except ValueError:
             pass
@@ -277,6 +282,7 @@ def forget(live: bool = False) -> None:
             id(last and last[0]),
             _held_version,
         )
+        settled = tuple(_depths.items())
 
 
 @dataclass(slots=True, eq=False)
@@ -299,8 +305,8 @@ def _walk(
     """The one walk: ``((innermost, framework, its name, user), mechanism, phase)``. The first
     loop, to the user's frame, reads everything; the second only mechanisms, hook callers and
     phases. Either ends at its anchor (:class:`_Anchors`)."""
-    global holding
-    holding = True  # it may keep frames (forget)
+    global holding, settled
+    holding, settled = True, None  # it may keep frames (forget)
     get = _files.get
     phases = _phases_possible()
     located = _anchors.located
@@ -589,7 +595,7 @@ def observe(
     Returns:
         The sync, or ``None`` when the stack holds no frame but barrierguard's.
     """
-    global holding
+    global holding, settled
     if frame is None:
         return None
     last = _anchors.last
@@ -601,7 +607,7 @@ def observe(
         and detail == last[3]
     ):
         return last[4]  # the same live frame at the same instruction: the same sync
-    holding = True  # routes and anchors may keep frames (forget)
+    holding, settled = True, None  # routes and anchors may keep frames (forget)
     code = frame.f_code
     lasti = frame.f_lasti
     sync: Sync | None = None

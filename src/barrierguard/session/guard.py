@@ -49,6 +49,7 @@ _STEPS_AHEAD = 1024
 # This thread's open allowed() blocks, read on the quiet path (see _Quiet).
 _allowing_tls = allowing._TLS
 _get_ident = threading.get_ident
+_getframe = sys._getframe
 
 
 # Phases whose syncs are counted apart from the steps' counts and the policy (not training).
@@ -389,11 +390,25 @@ class Guard:
             # _boundary's tests inline: a quiet step's boundary is this one call.
             self._step_syncs = 0
             self._steps = step = self._steps + 1
+            kept = stack.holding
+            if kept:
+                # stack.forget's first test, inline: the frames held where the last boundary
+                # found them (forget's depths count its call and _boundary's), none kept since.
+                settled = stack.settled
+                if settled is not None:
+                    try:
+                        for held, depth in settled:
+                            if id(_getframe(depth - 2)) != held:
+                                break
+                        else:
+                            kept = False
+                    except ValueError:
+                        pass
             if (
-                self._tallied
+                kept
+                or self._tallied
                 or step >= self._listen_at
                 or step == len(self._per_step)
-                or stack.holding
                 or self._open.held
                 or self._due
             ):
