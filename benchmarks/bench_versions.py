@@ -37,6 +37,13 @@ Reproduce:
     and ``stop()`` (about 3 ms a block), which this script leaves out. All three
     on an H200 with torch 2.11.0+cu130 and Python 3.12, ``--pin 2 --steps 200``.
 
+    Where the working tree has no git history (a copy sent to a GPU machine), make the
+    archive first and pass its path::
+
+        git archive 7845e38 src/barrierguard > old.tar
+        PYTHONPATH=src python benchmarks/bench_versions.py --old old.tar --pin 2 \
+            --steps 200 --pairs 160
+
     CPU smoke run (audit engine; the old package from HEAD)::
 
         PYTHONPATH=src python benchmarks/bench_versions.py --device cpu --old HEAD \\
@@ -69,10 +76,17 @@ PAIRS = (("new", "bare"), ("old", "bare"), ("new", "old"))
 
 
 def old_package(commit: str, into: Path) -> Any:
-    """``src/barrierguard`` at ``commit``, renamed ``barrierguard_old`` under ``into``."""
-    archive = subprocess.run(
-        ["git", "archive", commit, "src/barrierguard"], cwd=ROOT, check=True, capture_output=True
-    ).stdout
+    """``src/barrierguard`` at ``commit``, renamed ``barrierguard_old`` under ``into``;
+    ``commit`` may also name a ``.tar`` that ``git archive`` made of it (a copy without git)."""
+    if commit.endswith(".tar") and Path(commit).is_file():
+        archive = Path(commit).read_bytes()
+    else:
+        archive = subprocess.run(
+            ["git", "archive", commit, "src/barrierguard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        ).stdout
     tar_path = into / "old.tar"
     tar_path.write_bytes(archive)
     with tarfile.open(tar_path) as tar:
@@ -133,7 +147,9 @@ def compare(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--old", required=True, help="the commit to compare against")
+    ap.add_argument(
+        "--old", required=True, help="the commit to compare against (or a git archive .tar of it)"
+    )
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--pairs", type=int, default=160)
     ap.add_argument("--layers", type=int, default=3)

@@ -341,12 +341,18 @@ def test_a_quiet_boundary_is_one_call_and_a_walk_makes_the_next_one_forget(
 
     forgets: list[bool] = []
     forget = stack.forget
-    monkeypatch.setattr(stack, "forget", lambda live=False: forgets.append(live) or forget(live))
+    monkeypatch.setattr(
+        stack,
+        "forget",
+        lambda live=False, origin=None: forgets.append(live) or forget(live, origin),
+    )
     model, opt = _sgd()
     with barrierguard.watch(policy="record", memory=False) as guard:
         boundaries: list[int] = []
         work = guard._boundary
-        monkeypatch.setattr(guard, "_boundary", lambda step: boundaries.append(step) or work(step))
+        monkeypatch.setattr(
+            guard, "_boundary", lambda *args: boundaries.append(args[0]) or work(*args)
+        )
         stack.forget()
         forgets.clear()
         for _ in range(4):
@@ -363,13 +369,14 @@ def test_a_quiet_boundary_is_one_call_and_a_walk_makes_the_next_one_forget(
     assert guard.report.steps == 5
 
 
-def test_a_boundary_finding_the_held_frames_where_they_were_is_skipped_and_a_finished_one_dropped() -> (
-    None
-):
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "boundary-wrapped"])
+def test_a_boundary_finding_the_held_frames_where_they_were_is_skipped_and_a_finished_one_dropped(
+    monkeypatch: pytest.MonkeyPatch, wrapped: bool
+) -> None:
     # After a walk, one boundary checks what it kept and settles (a new stack.settled); while
     # no walk follows, the hook finds those frames where they were and calls nothing (the
-    # same one). Once the frame that kept them has returned, the next boundary drops it.
-    # (Nothing is wrapped here: a wrapper around the boundary would move the depths.)
+    # same one). Once the frame that kept them has returned, the next boundary drops it. The
+    # depths count from the hook's frame: a wrapper around the boundary (a meter) moves none.
     from barrierguard.detect import stack
 
     model, opt = _sgd()
@@ -386,6 +393,12 @@ def test_a_boundary_finding_the_held_frames_where_they_were_is_skipped_and_a_fin
 
     with barrierguard.watch(policy="record", memory=False) as guard:
         _train_step(model, opt)  # the first boundary learns the optimizer
+        boundaries: list[int] = []
+        if wrapped:
+            work = guard._boundary
+            monkeypatch.setattr(
+                guard, "_boundary", lambda *args: boundaries.append(args[0]) or work(*args)
+            )
         seen = epoch(4)
         assert seen[0] is not None and id(frames[0]) in dict(seen[0])
         assert all(s is seen[0] for s in seen)  # the three after the first: no forget()
@@ -397,6 +410,7 @@ def test_a_boundary_finding_the_held_frames_where_they_were_is_skipped_and_a_fin
         assert seen[0] is not None and id(frames[1]) in dict(seen[0])
         assert seen[1] is seen[0]
         assert stack._anchors.last is not None and stack._anchors.last[0] is frames[1]
+        assert boundaries == ([2, 6, 7] if wrapped else [])
     assert guard.report.steps == 8
     assert stack.settled is None
 

@@ -116,10 +116,11 @@ _phases_seen: tuple[int, bool] = (-1, False)
 # Whether forget() has anything to drop: set wherever a frame or the look above is kept,
 # cleared by a forget() that found nothing (a boundary after no walk skips the call).
 holding = False
-# The held frames' (id, depth for forget's sys._getframe) at the last live forget(), cleared
-# wherever holding is set: while it stands, a boundary that finds each frame there has nothing
-# to drop (the optimizer hook tests it inline, without the call).
+# The held frames' (id, depth for sys._getframe in forget's origin) at the last live forget(),
+# cleared wherever holding is set: while it stands, a boundary that finds each frame there has
+# nothing to drop (the optimizer hook tests it inline, without the call).
 settled: tuple[tuple[int, int], ...] | None = None
+_ORIGIN_DEPTH = 8  # how far out of forget() its origin may be
 
 
 def _phases_possible() -> bool:
@@ -202,8 +203,9 @@ _held_version = 0
 _kept: tuple[int, int, int, int] | None = None
 
 
-def forget(live: bool = False) -> None:
-    """Drop the frames the walk keeps; with ``live`` (a step boundary), not those on the stack."""
+def forget(live: bool = False, origin: FrameType | None = None) -> None:
+    """Drop the frames the walk keeps; with ``live`` (a step boundary), not those on the stack.
+    With ``origin`` (a frame out of this call), :data:`settled` counts its depths from it."""
     global _phases_seen, _depths, _kept, holding, settled
     # Cleared before the look: a frame another thread keeps meanwhile sets it again.
     holding, settled = False, None
@@ -226,7 +228,7 @@ def forget(live: bool = False) -> None:
                 if id(getframe(depth)) != held:
                     break
             else:
-                settled = tuple(_depths.items())
+                settled = _settle(origin)
                 return
         except ValueError:
             pass
@@ -282,7 +284,21 @@ def forget(live: bool = False) -> None:
             id(last and last[0]),
             _held_version,
         )
-        settled = tuple(_depths.items())
+        settled = _settle(origin)
+
+
+def _settle(origin: FrameType | None) -> tuple[tuple[int, int], ...] | None:
+    """:data:`_depths` counted from ``origin`` (``None`` where it is not near forget's caller)."""
+    if origin is None:
+        return None
+    f: FrameType | None = sys._getframe(2)  # forget's caller: its sys._getframe(1)
+    for out in range(1, _ORIGIN_DEPTH):
+        if f is None:
+            return None
+        if f is origin:
+            return tuple((held, depth - out) for held, depth in _depths.items())
+        f = f.f_back
+    return None
 
 
 @dataclass(slots=True, eq=False)

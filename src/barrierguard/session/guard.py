@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from barrierguard import _env
@@ -393,12 +393,12 @@ class Guard:
             kept = stack.holding
             if kept:
                 # stack.forget's first test, inline: the frames held where the last boundary
-                # found them (forget's depths count its call and _boundary's), none kept since.
+                # found them (by depth from this hook's frame), none kept since.
                 settled = stack.settled
                 if settled is not None:
                     try:
                         for held, depth in settled:
-                            if id(_getframe(depth - 2)) != held:
+                            if id(_getframe(depth)) != held:
                                 break
                         else:
                             kept = False
@@ -412,7 +412,7 @@ class Guard:
                 or self._open.held
                 or self._due
             ):
-                self._boundary(step)
+                self._boundary(step, _getframe())
             return
         self._alone = None
         if self._probing:
@@ -435,7 +435,7 @@ class Guard:
         self._steps = step = self._steps + 1
         self._boundary(step)
 
-    def _boundary(self, step: int) -> None:
+    def _boundary(self, step: int, hook: FrameType | None = None) -> None:
         """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners.
         The optimizer hook's quiet path calls it only when one of its tests holds: work added
         here needs its test there too."""
@@ -448,7 +448,7 @@ class Guard:
             self._step_stall += [0.0] * _STEPS_AHEAD
         # The walk's anchors hold frames: none that finished outlives a step.
         if stack.holding:
-            stack.forget(live=True)
+            stack.forget(live=True, origin=hook)
         late = self._close_step() if self._open.held or self._due else None
         if step >= self._listen_at:
             self._listen(step)
