@@ -22,6 +22,14 @@ Design:
       that start touched), a cost per start and not per step, which a block of a
       few hundred steps would otherwise spread over its steps. What those ``K``
       steps took beyond bare's is printed per start.
+    * With ``--null``, one more variant, ``null`` (:class:`NullInterposition`):
+      every call a started ``watch(memory=False)`` patches, passed on by a plain
+      wrapper and nothing else, an empty optimizer step hook and, on a GPU,
+      sync-debug mode with its warnings ignored. It is the floor under any
+      detector made of Python wrappers and an optimizer hook; each round's
+      guarded blocks over its null block give the guard's own work (printed
+      with a 95% confidence interval). On a CPU the audit engine is a mode,
+      which this variant does not reproduce.
     * Per step, by part (GPU only, ``--parts-steps``): where ``watch(memory=False)``'s
       host time goes on that step, measured in place: each entry point the step
       reaches (the optimizer hook and, when some is due, the boundary's work in
@@ -123,6 +131,15 @@ Reproduce:
     ``core_restarts_300.txt`` are ``--restarts 300 --pairs 0`` at da428fd, and
     ``benchmarks/results/h200/core_restarts_600.json`` and ``core_restarts_600.txt``
     ``--restarts 600 --pairs 0``.
+    ``benchmarks/results/h200/core_null_7845e38.json`` and ``core_null_7845e38.txt`` are
+    ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 0 --sync-pairs 0 --settle 16
+    --null`` with ``src/`` at 7845e38 (5 minutes), and
+    ``benchmarks/results/h200/core_null_8274972.json`` and ``core_null_8274972.txt`` the
+    same with ``--pairs 180`` at 8274972 (a boundary whose kept frames are where they were
+    calls nothing) on another host;
+    ``benchmarks/results/h200/core_parts_8274972.json`` and ``core_parts_8274972.txt`` are
+    ``--pin 2 --layers 3 --pairs 3 --steps 5 --parts-steps 100 --parts-rounds 30
+    --sync-pairs 0`` at 8274972.
 
     CPU smoke run (the per-step rounds only, audit engine)::
 

@@ -36,6 +36,9 @@ Reproduce:
     record or the table, and their ``cpu_us`` also holds each block's ``start()``
     and ``stop()`` (about 3 ms a block), which this script leaves out. All three
     on an H200 with torch 2.11.0+cu130 and Python 3.12, ``--pin 2 --steps 200``.
+    ``benchmarks/results/h200/versions_8274972.json`` and ``versions_8274972.txt`` are
+    ``--old old.tar --pin 2 --steps 200 --pairs 160``, this script as committed, ``src/``
+    at 8274972 against an archive of 7845e38 (before the boundary's settled probe).
 
     Where the working tree has no git history (a copy sent to a GPU machine), make the
     archive first and pass its path::

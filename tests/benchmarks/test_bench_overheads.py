@@ -163,7 +163,10 @@ def test_instructions_workload_runs_both_parts_without_valgrind(
         "LABELS - user_bare - user_watched - framework_bare - framework_watched"
         " - copy_bare - copy_watched" in out
     )
-    assert "LABELS - steps_bare - steps_memory=False - steps_memory_sampling_on" in out
+    assert (
+        "LABELS - steps_bare - steps_memory=False - steps_memory=False,_a_sync_recorded_first"
+        " - steps_memory_sampling_on" in out
+    )
     assert out.count("LABELS - on switch off switch on switch") == 2  # memory off, then on
 
 
