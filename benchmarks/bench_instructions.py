@@ -62,9 +62,9 @@ Reproduce:
             --out benchmarks/results/instructions_cpu.json \\
             | tee benchmarks/results/instructions_cpu.txt
 
-    The committed run is at 0bd0649 (a quiet step's boundary in one call, the copy
-    wrapper passing its call on as it came); the ones before it, at 8343848 and
-    2f8e154, are in git history. The ``steps`` part of another ``src/``
+    The committed run is at 4b2adb7 (a boundary whose kept frames are where they
+    were calls nothing; the ``steps`` part with its variant of a sync recorded
+    first); the ones before it, at 0bd0649, 8343848 and 2f8e154, are in git history. The ``steps`` part of another ``src/``
     (``79963a1``, before the copy and the listeners changed) is counted with this
     script and that ``src/`` first on ``PYTHONPATH``.
 
