@@ -228,7 +228,8 @@ def forget(live: bool = False, origin: FrameType | None = None) -> None:
                 if id(getframe(depth)) != held:
                     break
             else:
-                settled = _settle(origin)
+                if origin is not None:
+                    settled = _settle(origin)
                 return
         except ValueError:
             pass
@@ -284,13 +285,12 @@ def forget(live: bool = False, origin: FrameType | None = None) -> None:
             id(last and last[0]),
             _held_version,
         )
-        settled = _settle(origin)
+        if origin is not None:
+            settled = _settle(origin)
 
 
-def _settle(origin: FrameType | None) -> tuple[tuple[int, int], ...] | None:
+def _settle(origin: FrameType) -> tuple[tuple[int, int], ...] | None:
     """:data:`_depths` counted from ``origin`` (``None`` where it is not near forget's caller)."""
-    if origin is None:
-        return None
     f: FrameType | None = sys._getframe(2)  # forget's caller: its sys._getframe(1)
     for out in range(1, _ORIGIN_DEPTH):
         if f is None:
