@@ -415,6 +415,32 @@ def test_a_boundary_finding_the_held_frames_where_they_were_is_skipped_and_a_fin
     assert stack.settled is None
 
 
+def test_a_quiet_manual_step_calls_nothing_and_a_finished_frame_is_still_dropped() -> None:
+    # step() takes the optimizer hook's quiet path: nothing due, kept frames where they were.
+    from barrierguard.detect import stack
+
+    frames: list[Any] = []
+
+    def epoch(guard: Any, steps: int) -> list[Any]:
+        frames.append(sys._getframe())
+        stack.observe(sys._getframe(), "item")  # a walk keeps this frame
+        seen = []
+        for _ in range(steps):
+            guard.step()
+            seen.append(stack.settled)
+        return seen
+
+    with barrierguard.watch(policy="record", memory=False) as guard:
+        guard.step()
+        seen = epoch(guard, 4)
+        assert seen[0] is not None and id(frames[0]) in dict(seen[0])
+        assert all(s is seen[0] for s in seen)  # the three after the first: no forget()
+        guard.step()  # epoch's frame has returned
+        assert stack._anchors.last is None
+        assert stack.settled is not None and id(frames[0]) not in dict(stack.settled)
+    assert guard.report.steps == 6
+
+
 def test_a_step_listener_is_called_at_the_step_it_asks_for() -> None:
     # A listener returns the step it is next needed at (None: the next one); the
     # steps in between call nothing. A listener that fails is asked again next step,

@@ -289,6 +289,22 @@ def forget(live: bool = False, origin: FrameType | None = None) -> None:
             settled = _settle(origin)
 
 
+def kept_in_place(base: int) -> bool:
+    """Whether :data:`settled` stands and each kept frame is at its depth, counted from the frame
+    ``base`` calls out of this one (1: the caller's): a boundary there has nothing to drop."""
+    kept = settled
+    if kept is None:
+        return False
+    getframe = sys._getframe
+    try:
+        for held, depth in kept:
+            if id(getframe(depth + base)) != held:
+                return False
+    except ValueError:
+        return False
+    return True
+
+
 def _settle(origin: FrameType) -> tuple[tuple[int, int], ...] | None:
     """:data:`_depths` counted from ``origin`` (``None`` where it is not near forget's caller)."""
     f: FrameType | None = sys._getframe(2)  # forget's caller: its sys._getframe(1)

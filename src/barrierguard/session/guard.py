@@ -392,7 +392,7 @@ class Guard:
             self._steps = step = self._steps + 1
             kept = stack.holding
             if kept:
-                # stack.forget's first test, inline: the frames held where the last boundary
+                # stack.kept_in_place(1), inline: the frames held where the last boundary
                 # found them (by depth from this hook's frame), none kept since.
                 settled = stack.settled
                 if settled is not None:
@@ -433,12 +433,21 @@ class Guard:
         # Only the training thread advances steps: no lock, the counters made first.
         self._step_syncs = 0
         self._steps = step = self._steps + 1
-        self._boundary(step)
+        # The optimizer hook's quiet-path tests: a quiet step() calls nothing further.
+        if (
+            (stack.holding and not stack.kept_in_place(1))
+            or self._tallied
+            or step >= self._listen_at
+            or step == len(self._per_step)
+            or self._open.held
+            or self._due
+        ):
+            self._boundary(step, _getframe())
 
     def _boundary(self, step: int, hook: FrameType | None = None) -> None:
         """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners.
-        The optimizer hook's quiet path calls it only when one of its tests holds: work added
-        here needs its test there too."""
+        The optimizer hook's quiet path and :meth:`_advance` call it only when one of their
+        tests holds: work added here needs its test there too."""
         if self._tallied:
             # A fold makes every tally stale: with none handed out since, none is live.
             self._tallied = False
