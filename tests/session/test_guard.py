@@ -415,8 +415,9 @@ def test_a_boundary_finding_the_held_frames_where_they_were_is_skipped_and_a_fin
     assert stack.settled is None
 
 
-def test_a_quiet_manual_step_calls_nothing_and_a_finished_frame_is_still_dropped() -> None:
-    # step() takes the optimizer hook's quiet path: nothing due, kept frames where they were.
+def test_a_manual_step_finding_its_kept_frames_skips_forget_and_a_finished_one_is_dropped() -> None:
+    # step()'s boundary probes the kept frames where the last one found them, as the optimizer
+    # hook does, and calls forget() only when one has moved or returned.
     from barrierguard.detect import stack
 
     frames: list[Any] = []

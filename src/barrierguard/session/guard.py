@@ -433,21 +433,13 @@ class Guard:
         # Only the training thread advances steps: no lock, the counters made first.
         self._step_syncs = 0
         self._steps = step = self._steps + 1
-        # The optimizer hook's quiet-path tests: a quiet step() calls nothing further.
-        if (
-            (stack.holding and not stack.kept_in_place(1))
-            or self._tallied
-            or step >= self._listen_at
-            or step == len(self._per_step)
-            or self._open.held
-            or self._due
-        ):
-            self._boundary(step, _getframe())
+        self._boundary(step, _getframe())
 
-    def _boundary(self, step: int, hook: FrameType | None = None) -> None:
+    def _boundary(self, step: int, origin: FrameType) -> None:
         """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners.
-        The optimizer hook's quiet path and :meth:`_advance` call it only when one of their
-        tests holds: work added here needs its test there too."""
+        The optimizer hook's quiet path calls it only when one of its tests holds: work added
+        here needs its test there too. ``origin``: the caller's frame, from which
+        :data:`stack.settled` counts the kept frames' depths."""
         if self._tallied:
             # A fold makes every tally stale: with none handed out since, none is live.
             self._tallied = False
@@ -455,9 +447,10 @@ class Guard:
         if step == len(self._per_step):
             self._per_step += [0] * _STEPS_AHEAD
             self._step_stall += [0.0] * _STEPS_AHEAD
-        # The walk's anchors hold frames: none that finished outlives a step.
-        if stack.holding:
-            stack.forget(live=True, origin=hook)
+        # The walk's anchors hold frames: none that finished outlives a step. Those where the
+        # last boundary from this caller found them are probed there, without forget().
+        if stack.holding and not stack.kept_in_place(2):
+            stack.forget(live=True, origin=origin)
         late = self._close_step() if self._open.held or self._due else None
         if step >= self._listen_at:
             self._listen(step)
