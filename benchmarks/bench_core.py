@@ -137,6 +137,10 @@ Reproduce:
     ``benchmarks/results/h200/core_null_8274972.json`` and ``core_null_8274972.txt`` the
     same with ``--pairs 180`` at 8274972 (a boundary whose kept frames are where they were
     calls nothing) on another host;
+    ``benchmarks/results/h200/core_null_1be3c24.json`` and ``core_null_1be3c24.txt`` are
+    ``--pin 2 --layers 3 --steps 200 --pairs 220 --parts-steps 0 --sync-pairs 40 --settle 16
+    --null`` at 1be3c24 (a manual ``step()`` that finds its kept frames in place calls
+    nothing further; 5 minutes);
     ``benchmarks/results/h200/core_parts_8274972.json`` and ``core_parts_8274972.txt`` are
     ``--pin 2 --layers 3 --pairs 3 --steps 5 --parts-steps 100 --parts-rounds 30
     --sync-pairs 0`` at 8274972.

@@ -291,6 +291,9 @@ Reproduce:
             --out benchmarks/results/h200/lightning_cycle_mlp_settle_collect.json \\
             | tee benchmarks/results/h200/lightning_cycle_mlp_settle_collect.txt
 
+    The same command at 1be3c24, on another host, into
+    ``benchmarks/results/h200/lightning_cycle_mlp_settle_collect_1be3c24.json`` (and ``.txt``).
+
     CPU smoke run (tiny settings, audit engine)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --tiny
