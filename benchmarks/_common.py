@@ -280,6 +280,177 @@ class NaiveSyncDebug:
         self._filters.__exit__(None, None, None)  # restores showwarning and the filters
 
 
+# -- what a started guard patches, and its host time by part (bench_core, bench_lightning) --
+
+_ABSENT = object()
+
+
+def _inherited(owner: Any, name: str) -> Any:
+    """What ``owner.name`` reads when ``owner`` does not hold ``name`` itself."""
+    for base in getattr(owner, "__mro__", ())[1:]:
+        if name in vars(base):
+            return vars(base)[name]
+    return _ABSENT
+
+
+Patched = tuple[Any, str, Any, bool]
+"""``(owner, name, what the name read before, whether the owner held it itself)``."""
+
+
+def patched_calls() -> list[Patched]:
+    """Every callable a started ``watch(memory=False)`` changes.
+
+    A guard is started once and stopped; what it set on the ``torch`` modules,
+    ``torch.Tensor`` (most of whose methods it inherits from ``torch._C.TensorBase``),
+    ``torch.cuda.Event`` and the ``DataLoader`` iterator is listed. ``_get_value`` is
+    left out: the guard replaces that Python function with one that calls no further.
+    """
+    import types
+
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    import barrierguard
+
+    owners: list[Any] = [torch.Tensor, torch.cuda.Event, _BaseDataLoaderIter]
+    owners += [m for n, m in list(sys.modules.items()) if n.startswith("torch") and m]
+    before = [(o, dict(vars(o))) for o in owners if isinstance(o, (type, types.ModuleType))]
+    probe = barrierguard.watch(policy="record", memory=False)
+    probe.start()
+    try:
+        return [
+            (o, name, saved[name] if name in saved else _inherited(o, name), name in saved)
+            for o, saved in before
+            for name, value in vars(o).items()
+            if saved.get(name, _ABSENT) is not value
+            and callable(value)
+            and name != "_get_value"
+            and (name in saved or _inherited(o, name) is not _ABSENT)
+        ]
+    finally:
+        probe.stop()
+
+
+def unpatch(changed: Sequence[Patched]) -> None:
+    """Put back what :func:`patched_calls` found (an inherited name is removed again)."""
+    for owner, name, orig, own in changed:
+        if own:
+            setattr(owner, name, orig)
+        elif name in vars(owner):
+            delattr(owner, name)
+
+
+# The meter's code is compiled under a standard-library-like file name: the guard's walk
+# of the stack passes its frames by, as it passes any library's.
+_METER_SOURCE = """
+def meter(fn, cell, clock, active, key, role):
+    def metered(*args, **kwargs):
+        if role == 2 and not active.get(key):
+            return fn(*args, **kwargs)
+        if role == 1:
+            active[key] = active.get(key, 0) + 1
+        t0 = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            cell[0] += clock() - t0
+            cell[1] += 1
+            if role == 1:
+                active[key] -= 1
+    return metered
+"""
+_meter_space: dict[str, Any] = {}
+exec(compile(_METER_SOURCE, "<frozen barrierguard_bench.meter>", "exec"), _meter_space)
+_WHOLE, _WRAPPER, _ORIGINAL = 0, 1, 2
+
+
+class GuardMeter:
+    """barrierguard's host time by part, measured in place with ``perf_counter`` meters.
+
+    :meth:`install` (before the guard starts) puts a meter on every call a guard
+    patches (:func:`patched_calls`), which the guard then wraps, and on each of
+    ``methods`` (``(owner, attribute, label)``: metered whole, e.g. the optimizer
+    hook); :meth:`wrap_started` (once it started) puts a meter on each of its
+    wrappers. A wrapper's own time is its time less its original's (counted only
+    inside that wrapper's call), holding one inner meter's cost per call.
+    :meth:`uninstall` restores everything; :meth:`reset` zeroes the counts.
+    """
+
+    def __init__(self, methods: Sequence[tuple[Any, str, str]] = ()) -> None:
+        import functools
+
+        self._wraps = functools.wraps
+        self.changed = patched_calls()
+        self.methods = list(methods)
+        self.spent: dict[str, list[float]] = {}
+        self._active: dict[str, int] = {}
+        self._originals: dict[tuple[int, str], Any] = {}
+        self._saved: list[tuple[Any, str, Any, bool]] = []
+        self.empty = self._meter("empty", lambda: None, _WHOLE)
+
+    def _meter(self, label: str, fn: Any, role: int, key: str = "") -> Any:
+        cell = self.spent.setdefault(label, [0.0, 0])
+        metered = _meter_space["meter"](fn, cell, time.perf_counter, self._active, key, role)
+        return self._wraps(fn)(metered)
+
+    @staticmethod
+    def _label(owner: Any, name: str) -> str:
+        return f"{getattr(owner, '__name__', owner)}.{name}"
+
+    def install(self) -> None:
+        for owner, name, orig, own in self.changed:
+            label = self._label(owner, name)
+            metered = self._meter(f"original {label}", orig, _ORIGINAL, label)
+            self._originals[(id(owner), name)] = metered
+            self._saved.append((owner, name, orig, own))
+            setattr(owner, name, metered)
+        for owner, name, label in self.methods:
+            self._saved.append((owner, name, vars(owner)[name], True))
+            setattr(owner, name, self._meter(label, vars(owner)[name], _WHOLE))
+
+    def wrap_started(self) -> None:
+        for owner, name, _, _ in self.changed:
+            current = vars(owner).get(name)
+            if current is None or current is self._originals[(id(owner), name)]:
+                continue  # not patched by this start
+            label = self._label(owner, name)
+            setattr(owner, name, self._meter(f"wrapper {label}", current, _WRAPPER, label))
+
+    def uninstall(self) -> None:
+        unpatch(self._saved[::-1])
+        self._saved.clear()
+
+    def reset(self) -> None:
+        for cell in self.spent.values():
+            cell[0], cell[1] = 0.0, 0
+
+    def rows(self, steps: int) -> dict[str, dict[str, float]]:
+        """Per step: each wrapper's own time and calls, then each metered method's."""
+        per = {k: (c[0] / steps * 1e6, c[1] / steps) for k, c in self.spent.items() if c[1]}
+        rows = {
+            f"wrapper of {k[len('wrapper ') :]}": {
+                "us_per_step": us - per.get(f"original {k[len('wrapper ') :]}", (0.0, 0))[0],
+                "calls_per_step": calls,
+            }
+            for k, (us, calls) in sorted(per.items(), key=lambda kv: -kv[1][0])
+            if k.startswith("wrapper ")
+        }
+        for _, _, label in self.methods:
+            us, calls = per.get(label, (0.0, 0.0))
+            rows[label] = {"us_per_step": us, "calls_per_step": calls}
+        return rows
+
+    def nested_calls(self, steps: int) -> float:
+        """Meters a step that run inside another meter's interval (each wrapper's original,
+        and each method metered inside another: labels that start with spaces)."""
+        return sum(c[1] for k, c in self.spent.items() if k.startswith(("original ", " "))) / steps
+
+    @property
+    def meter_us(self) -> float:
+        """One meter's own cost per call (the empty call's mean), in microseconds."""
+        cell = self.spent["empty"]
+        return cell[0] / cell[1] * 1e6 if cell[1] else float("nan")
+
+
 # -- step shapes (bench_alternatives, bench_metrics) --------------------------------
 
 Step = Callable[[], torch.Tensor]

@@ -174,6 +174,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    GuardMeter,
     ModeOnly,
     NaiveSyncDebug,
     adam_mlp_layers,
@@ -182,24 +183,16 @@ from _common import (
     median_ci,
     paired_rounds,
     paired_summary,
+    patched_calls,
     quartiles,
     sync,
     table,
     timed,
+    unpatch,
     write,
 )
 
 import barrierguard
-
-_ABSENT = object()
-
-
-def _inherited(owner: Any, name: str) -> Any:
-    """What ``owner.name`` reads when ``owner`` does not hold ``name`` itself."""
-    for base in getattr(owner, "__mro__", ())[1:]:
-        if name in vars(base):
-            return vars(base)[name]
-    return _ABSENT
 
 
 class NullInterposition:
@@ -218,30 +211,7 @@ class NullInterposition:
     """
 
     def __init__(self, device: str) -> None:
-        import types
-
-        owners: list[Any] = [torch.Tensor, torch.cuda.Event]
-        owners += [m for n, m in list(sys.modules.items()) if n.startswith("torch") and m]
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-        owners.append(_BaseDataLoaderIter)
-        before = [(o, dict(vars(o))) for o in owners if isinstance(o, (type, types.ModuleType))]
-        probe = barrierguard.watch(policy="record", memory=False)
-        probe.start()
-        try:
-            # (owner, name, what the name read before, whether the owner held it itself):
-            # torch.Tensor inherits most methods, and a guard sets them on it.
-            changed = [
-                (o, name, saved[name] if name in saved else _inherited(o, name), name in saved)
-                for o, saved in before
-                for name, value in vars(o).items()
-                if saved.get(name, _ABSENT) is not value
-                and callable(value)
-                and name != "_get_value"
-                and (name in saved or _inherited(o, name) is not _ABSENT)
-            ]
-        finally:
-            probe.stop()
+        changed = patched_calls()
         self.names = sorted({f"{getattr(o, '__name__', o)}.{n}" for o, n, _, _ in changed})
         self._changed = changed
         self._mode = ModeOnly() if device == "cuda" else None
@@ -269,11 +239,7 @@ class NullInterposition:
         if self._mode is not None:
             self._mode.__exit__()
         self._handle.remove()
-        for owner, name, orig, own in self._changed:
-            if own:
-                setattr(owner, name, orig)
-            else:
-                delattr(owner, name)
+        unpatch(self._changed)
 
 
 def overhead(
@@ -406,56 +372,16 @@ def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> 
     round, which carry no meter: the median of the rounds' differences, with
     its quartiles.
     """
-    import functools
-
-    from barrierguard.detect import cuda as cuda_engine
     from barrierguard.session import guard as guard_module
 
-    clock = time.perf_counter
-    spent: dict[str, list[float]] = {}
-
-    def meter(name: str, fn: Any) -> Any:
-        @functools.wraps(fn)
-        def metered(*args: Any, **kwargs: Any) -> Any:
-            t0 = clock()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                cell = spent.setdefault(name, [0.0, 0])
-                cell[0] += clock() - t0
-                cell[1] += 1
-
-        return metered
-
-    def factory(make: Any) -> Any:
-        def wrapped(orig: Any, *rest: Any) -> Any:
-            label = getattr(orig, "__name__", "?")
-            return meter(f"wrapper {label}", make(meter(f"original {label}", orig), *rest))
-
-        return wrapped
-
-    copy = cuda_engine.CudaEngine._copy_wrapper
-    metered_parts: list[tuple[Any, str, Any]] = [
-        (cuda_engine, "_timed_no_args", factory(cuda_engine._timed_no_args)),
-        (cuda_engine, "_timed", factory(cuda_engine._timed)),
-        (
-            cuda_engine.CudaEngine,
-            "_copy_wrapper",
-            lambda self, orig, method: meter(
-                f"wrapper {method}", copy(self, meter(f"original {method}", orig), method)
-            ),
-        ),
-        (
-            guard_module.Guard,
-            "_on_optimizer_step",
-            meter("optimizer hook", guard_module.Guard._on_optimizer_step),
-        ),
-        # The boundary's work when some is due (a fold, a listener, kept frames); the
-        # count of a quiet step's boundary is in the hook itself.
-        (guard_module.Guard, "_boundary", meter("step boundary", guard_module.Guard._boundary)),
-    ]
-    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in metered_parts]
-    empty = meter("empty", lambda: None)
+    meter = GuardMeter(
+        [
+            (guard_module.Guard, "_on_optimizer_step", "optimizer hook (with the boundary)"),
+            # The boundary's work when some is due (a fold, a listener, kept frames); the
+            # count of a quiet step's boundary is in the hook itself.
+            (guard_module.Guard, "_boundary", "  of which the boundary's work when due"),
+        ]
+    )
     step = adam_mlp_step(device, layers, width)
     for _ in range(20):
         step()
@@ -469,50 +395,30 @@ def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> 
         for block in range(rounds):
             for name in names[block % 3 :] + names[: block % 3]:  # the order rotates
                 if name == "metered":
-                    for owner, attr, value in metered_parts:
-                        setattr(owner, attr, value)
+                    meter.install()
                 if name in guards:
                     guards[name].start()
-                if name == "metered" and block == 0:
-                    spent.clear()
+                if name == "metered":
+                    meter.wrap_started()
+                    if block == 0:
+                        meter.reset()
                 sync()
                 t0 = time.thread_time()
                 for _ in range(steps):
                     step()
                     if name == "metered":
-                        empty()
+                        meter.empty()
                 sync()
                 if name in cpu:
                     cpu[name].append((time.thread_time() - t0) / steps)
                 if name in guards:
                     guards[name].stop()
-                for owner, attr, orig in originals:
-                    setattr(owner, attr, orig)
+                if name == "metered":
+                    meter.uninstall()
     finally:
-        for owner, attr, orig in originals:
-            setattr(owner, attr, orig)
+        meter.uninstall()
     counted = guards["metered"].report.steps
-    per_meter = spent["empty"][0] / spent["empty"][1] * 1e6
-    us = {name: cell[0] / counted * 1e6 for name, cell in spent.items()}
-    calls = {name: cell[1] / counted for name, cell in spent.items()}
-    rows: dict[str, dict[str, float]] = {}
-    for name in us:
-        if name.startswith("wrapper "):
-            label = name[len("wrapper ") :]
-            # Less the original's time; the inner meter's own cost stays in
-            # (an empty call's cold one, below, is its upper bound per call:
-            # warm, in a run of calls, it costs less).
-            own = us[name] - us.get(f"original {label}", 0.0)
-            rows[f"wrapper of {label}"] = {"us_per_step": own, "calls_per_step": calls[name]}
-    hook_calls = calls.get("optimizer hook", 0.0)
-    rows["optimizer hook (with the boundary)"] = {
-        "us_per_step": us.get("optimizer hook", 0.0),
-        "calls_per_step": hook_calls,
-    }
-    rows["  of which the boundary's work when due"] = {
-        "us_per_step": us.get("step boundary", 0.0),
-        "calls_per_step": calls.get("step boundary", 0.0),
-    }
+    rows = meter.rows(counted)
     bare, watched = median(cpu["bare"]), median(cpu["watch"])
     added = [(w - b) * 1e6 for w, b in zip(cpu["watch"], cpu["bare"], strict=True)]
     named = sum(r["us_per_step"] for k, r in rows.items() if not k.startswith("  "))
@@ -520,7 +426,7 @@ def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> 
         "steps": counted,
         "layers": layers,
         "rounds": rounds,
-        "meter_us": per_meter,
+        "meter_us": meter.meter_us,
         "parts": rows,
         "named_us_per_step": named,
         "thread_us_per_step": {"bare": bare * 1e6, "watch": watched * 1e6},

@@ -92,6 +92,19 @@ Design:
     timeline's events complete at once; what the GPU runs add to it is the driver's.
     ``--tiny --by-sample 24`` is its CPU smoke run.
 
+    **Parts** (``--parts STEPS``): one fit with the callback on throughout, nothing
+    switched, where each of barrierguard's parts carries a ``perf_counter`` meter
+    (``_common.GuardMeter``): every call a started guard patches (the wrapper's own
+    time: its time less its original's), the optimizer hook, the callback's hooks, and
+    inside them the step boundary, its fold, ``stack.forget``, its listeners (step
+    timeline, memory sampler) and a sync's count once located (``hub.emit``). Counted
+    after ``--block-len`` steps: calls and microseconds per step and their share of the
+    median step, barrierguard's parts in all, and that less the meters nested inside
+    them. It reads what barrierguard itself runs in a real fit, without the drift of
+    step times that the block designs must average out; what it leaves out is what that
+    work costs the code around it (caches, the launches after it). ``--tiny --parts 24``
+    is its CPU smoke run.
+
 Reproduce:
     PYTHONPATH=src python benchmarks/bench_lightning.py --model transformer \\
         --out benchmarks/results/h200/lightning_blocks_transformer_1.json
@@ -294,6 +307,12 @@ Reproduce:
     The same command at 1be3c24, on another host, into
     ``benchmarks/results/h200/lightning_cycle_mlp_settle_collect_1be3c24.json`` (and ``.txt``).
 
+    **Parts** (``--parts STEPS``), on the H200 with ``src/`` at 1be3c24 (a minute)::
+
+        PYTHONPATH=src python benchmarks/bench_lightning.py --parts 6000 --block-len 32 \\
+            --out benchmarks/results/h200/lightning_parts_mlp_1be3c24.json \\
+            | tee benchmarks/results/h200/lightning_parts_mlp_1be3c24.txt
+
     CPU smoke run (tiny settings, audit engine)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --tiny
@@ -318,6 +337,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     MODEL_DEFAULTS,
+    GuardMeter,
     ModeOnly,
     lightning_loader,
     lightning_model,
@@ -770,6 +790,124 @@ def _by_sample(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+def _parts_fit(args: argparse.Namespace) -> dict[str, Any]:
+    """One fit of ``args.parts`` steps with the callback on throughout, a meter on each of
+    barrierguard's parts (:class:`_common.GuardMeter`): its wrappers, the optimizer hook, the
+    callback's hooks, the step boundary and its listeners. Counted after ``args.block_len``
+    steps; each step's time and thread CPU time beside them."""
+    import lightning.pytorch as pl
+
+    from barrierguard.detect import hub, stack
+    from barrierguard.session.guard import Guard
+    from barrierguard.session.memory import MemoryMonitor
+    from barrierguard.session.timeline import StepTimeline
+
+    epoch = argparse.Namespace(**{**vars(args), "steps": args.epoch_batches})
+    if getattr(args, "cuda_engine_on_cpu", False):
+        _cuda_engine_on_cpu()
+    _warm_up(args)
+    cls = barrierguard.BarrierGuard
+    meter = GuardMeter(
+        [
+            (Guard, "_on_optimizer_step", "optimizer hook"),
+            (cls, "on_train_batch_end", "callback: on_train_batch_end, its step()"),
+            # _advance, not _boundary: the boundary probes the kept frames from its caller's
+            # frame, which a meter between the two would move.
+            (Guard, "_advance", "  of which the step boundary"),
+            (Guard, "_fold", "    of which the fold of the tallies"),
+            (stack, "forget", "    of which stack.forget (the kept frames)"),
+            (Guard, "_close_step", "    of which closing the step's held syncs"),
+            (Guard, "_listen", "    of which its listeners"),
+            (StepTimeline, "on_step", "      of which the step timeline"),
+            (MemoryMonitor, "on_step", "      of which the memory sampler"),
+            # Inside the read wrappers (called by name, at no depth a probe counts: a meter
+            # there moves no probe): a read's count once located.
+            (hub, "emit", "  (in the wrappers) a sync's count: hub.emit, Guard.record"),
+            (cls, "on_train_epoch_start", "callback: on_train_epoch_start"),
+            (cls, "on_train_epoch_end", "callback: on_train_epoch_end"),
+        ]
+    )
+    steps: list[tuple[float, float]] = []
+    state = {"t": 0.0, "c": 0.0, "from": 0}
+    meter.install()
+    try:
+        guard_cb = cls(policy="record", print_report=False, save_report=False)
+
+        class Count(pl.Callback):
+            def setup(self, *a: Any, **kw: Any) -> None:
+                meter.wrap_started()  # the callback's setup, just before, started its guard
+
+            def on_train_start(self, *a: Any) -> None:
+                sync()
+                state["t"], state["c"] = time.perf_counter(), time.thread_time()
+
+            def on_train_batch_end(self, *a: Any) -> None:
+                now, now_cpu = time.perf_counter(), time.thread_time()
+                steps.append((now - state["t"], now_cpu - state["c"]))
+                if len(steps) == args.block_len:
+                    meter.reset()
+                    state["from"] = guard_cb.guard.steps
+                meter.empty()  # a meter's own cost, cold, once a step
+                state["t"], state["c"] = time.perf_counter(), time.thread_time()
+
+        trainer = lightning_trainer([guard_cb, Count()], max_steps=args.parts)
+        torch.manual_seed(0)
+        trainer.fit(lightning_model(args), lightning_loader(epoch))
+    finally:
+        meter.uninstall()
+    counted = guard_cb.report.steps - state["from"]
+    rows = meter.rows(counted)
+    kept = steps[args.block_len :]
+    return {
+        "steps": counted,
+        "step_us": 1e6 * median([w for w, _ in kept]),
+        "thread_cpu_us": 1e6 * median([c for _, c in kept]),
+        "meter_us": meter.meter_us,
+        "nested_meters": meter.nested_calls(counted),
+        "parts": rows,
+        "own_us": sum(r["us_per_step"] for k, r in rows.items() if not k.startswith("  ")),
+        "syncs": guard_cb.report.total_syncs,
+    }
+
+
+def _print_parts(record: dict[str, Any]) -> None:
+    step = record["step_us"]
+    rows = [
+        [
+            name,
+            f"{r['calls_per_step']:.2f}",
+            f"{r['us_per_step']:.2f}",
+            f"{r['us_per_step'] / step:.3%}",
+        ]
+        for name, r in record["parts"].items()
+        if r["calls_per_step"] or not name.startswith("wrapper")
+    ]
+    rows.append(
+        [
+            "barrierguard's parts, in all",
+            "",
+            f"{record['own_us']:.1f}",
+            f"{record['own_us'] / step:.3%}",
+        ]
+    )
+    rows.append(["(one meter's own cost per call, cold)", "", f"{record['meter_us']:.2f}", ""])
+    # The meters inside the parts' intervals are in their times: at most one meter's cost each.
+    less = record["own_us"] - record["nested_meters"] * record["meter_us"]
+    rows.append(
+        [
+            f"in all, less the {record['nested_meters']:.1f} meters nested in them (at most)",
+            "",
+            f"{less:.1f}",
+            f"{less / step:.3%}",
+        ]
+    )
+    print(
+        f"{record['steps']} metered steps with the callback on; median step {step:.0f} us, "
+        f"thread CPU {record['thread_cpu_us']:.0f} us (meters in); {record['syncs']} syncs found"
+    )
+    print(table(["part", "calls per step", "us per step", "of the step"], rows))
+
+
 def _print_by_sample(record: dict[str, Any]) -> None:
     rows = [
         [g, r["n"], f"{r['wall_us']:.0f}", f"{r['cpu_us']:.0f}"]
@@ -1026,6 +1164,13 @@ def main(argv: list[str] | None = None) -> None:
         "how many steps since the memory sampler last sampled",
     )
     ap.add_argument(
+        "--parts",
+        type=int,
+        metavar="STEPS",
+        help="one fit of STEPS steps with the callback on throughout: barrierguard's host "
+        "time per step by part, measured in place by meters",
+    )
+    ap.add_argument(
         "--without",
         nargs="+",
         choices=("host", "allocator", "nvml"),
@@ -1060,6 +1205,21 @@ def main(argv: list[str] | None = None) -> None:
         if args.by_sample is not None:
             args.by_sample = 24
     quiet_lightning()
+    if args.parts is not None:
+        if args.tiny:
+            args.parts = 24
+        record = _in_fresh_process(_parts_fit, (args,), _FIT_TIMEOUT_S + args.parts)
+        _print_parts(record)
+        write(
+            args.out,
+            {
+                "benchmark": "lightning_callback_parts",
+                "settings": vars(args),
+                "model": _model_name(args),
+                "designs": {"parts": record},
+            },
+        )
+        return
     if args.by_sample is not None:
         record = _by_sample(args)
         _print_by_sample(record)

@@ -210,6 +210,39 @@ def test_cycle_fit_runs_the_cuda_engine_on_a_cpu(
     assert len(fit["steps"]) == 8
 
 
+def test_parts_fit_meters_each_part_in_place_and_removes_the_meters(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from _common import lightning_settings
+
+    import barrierguard
+    from barrierguard import _env
+    from barrierguard.detect import cuda as engine
+    from barrierguard.session import guard
+
+    for owner, name in ((_env, "cuda_available"), (engine, "_get_mode"), (engine, "_set_mode")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))
+    monkeypatch.setattr(guard, "_make_timeline", guard._make_timeline)
+    args = lightning_settings("mlp", 12)
+    args.parts, args.block_len, args.epoch_batches = 10, 2, 4
+    args.batch, args.width, args.hidden, args.blocks = 16, 64, 64, 2
+    args.cuda_engine_on_cpu = True
+    classes = (torch.Tensor, guard.Guard, barrierguard.BarrierGuard)
+    before = [dict(vars(c)) for c in classes]
+    fit = bench._parts_fit(args)
+    assert [dict(vars(c)) for c in classes] == before  # every meter removed
+    rows = fit["parts"]
+    assert fit["steps"] == 8  # counted after the first block_len steps
+    assert rows["optimizer hook"]["calls_per_step"] == 1
+    assert rows["callback: on_train_batch_end, its step()"]["calls_per_step"] == 1
+    assert rows["  of which the step boundary"]["calls_per_step"] == 1
+    assert rows["wrapper of Tensor.to"]["calls_per_step"] >= 1  # the batch's transfer
+    top = sum(r["us_per_step"] for name, r in rows.items() if not name.startswith(" "))
+    assert fit["own_us"] == pytest.approx(top) and fit["own_us"] > 0
+    assert fit["nested_meters"] >= 1 and fit["meter_us"] > 0 and fit["step_us"] > 0
+
+
 def test_cycle_ratios_settle_leaves_out_each_blocks_first_steps(bench: Any) -> None:
     # Blocks of 4 steps: a switch makes the first 2 steps of the block after it
     # slow (the on-block and the off block after it), and the callback slows

@@ -135,17 +135,21 @@ def test_core_meters_each_part_of_a_step_in_place(
 
     # Host tensors stay host tensors: the optimizer's step counters pass through.
     monkeypatch.setattr(cuda_engine, "_on_device", lambda tensor: tensor.is_cuda)
-    before = cuda_engine._timed_no_args, cuda_engine._timed
+    import torch
+
+    from barrierguard.session.guard import Guard
+
+    before = dict(vars(torch.Tensor)), dict(vars(Guard))
     pp = bench_core.parts("cpu", 5, 1, 32)
-    assert (cuda_engine._timed_no_args, cuda_engine._timed) == before  # meters removed
+    assert (dict(vars(torch.Tensor)), dict(vars(Guard))) == before  # meters removed
     rows = pp["parts"]
     assert pp["steps"] == 6 * 5
     assert rows["optimizer hook (with the boundary)"]["calls_per_step"] == 1
     # The boundary's own work runs only when due: the first step's (its listeners').
     assert 0 < rows["  of which the boundary's work when due"]["calls_per_step"] < 1
-    assert rows["wrapper of to"]["calls_per_step"] == 1
+    assert rows["wrapper of Tensor.to"]["calls_per_step"] == 1
     # Adam reads each parameter's host step counter past the item() wrapper.
-    assert "wrapper of item" not in rows
+    assert "wrapper of Tensor.item" not in rows
     named = sum(r["us_per_step"] for name, r in rows.items() if not name.startswith(" "))
     assert pp["named_us_per_step"] == pytest.approx(named)
     assert pp["meter_us"] > 0 and set(pp["thread_us_per_step"]) == {"bare", "watch"}
