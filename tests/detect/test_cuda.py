@@ -443,10 +443,14 @@ def test_a_framework_read_met_again_replays_the_last_route_and_tells_user_lines_
         assert stack._anchors.read is None
 
 
-# The plan of a tallied run: u, a read in user code; 1 and 2, a framework's read
-# from two user lines; s, a step boundary; v / t, the adapter's phase; a / z, an
+# The plan of a tallied run: u, a read in user code; f, one in a function it calls; 1 and
+# 2, a framework's read from two user lines; s, a step boundary; v / t, the adapter's phase; a / z, an
 # allowed() block opened and closed.
 _PLAN = "u1s" + "uuuuuu12121212s" * 3 + "v" + "u" * 5 + "t" + "auuuz111" * 2
+
+
+def _read_in_a_function(x: torch.Tensor) -> None:
+    x.item()  # T-function
 
 
 def _tallied_run(
@@ -478,6 +482,8 @@ def _tallied_run(
                     through(20, x)  # T-one
                 elif event == "2":
                     through(20, x)  # T-two
+                elif event == "f":
+                    _read_in_a_function(x)
                 elif event == "s":
                     guard.step()
                 elif event in "vt":
@@ -522,6 +528,39 @@ def test_repeats_the_wrapper_counts_itself_match_the_guards_counts(
     # Only a read whose tally went stale reaches the guard (the first one or
     # two after each boundary, phase, block, or read of another site).
     assert fast_calls <= slow_calls - 20
+
+
+def test_a_read_once_a_step_is_counted_by_its_tally_across_boundaries(
+    scalar_reads: FakeMode,
+) -> None:
+    # The common loop: one read a step (a logged loss), in user code or inside a framework.
+    # Once settled, its tally is carried over each boundary that saw it grow (Guard._roll):
+    # the read calls nothing, and the report is the one the guard makes by itself. A step
+    # without it, a phase or another site ends the carry; the read after takes one call.
+    namespace: dict[str, Any] = {}
+    exec(_FRAMEWORK_READ, namespace)
+    through = namespace["through"]
+    x = torch.ones(1)
+    plan = "u1s" + "us" * 30 + "1s" * 20 + "ss" + "us" * 10 + "v" + "us" * 5 + "t" + "u2s" * 5
+    allow = ("item", "framework:*")
+    fast, fast_calls = _tallied_run(x, through, True, plan, allow=allow)
+    slow, slow_calls = _tallied_run(x, through, False, plan, allow=allow)
+    assert _view(fast) == _view(slow)
+    assert fast.step_syncs == slow.step_syncs
+    user = _view(fast)[(_line("# T-user"), "user")]
+    # Counted apart in validate (5): steps 64-68 are not the loop's.
+    assert user[:3] == (1 + 30 + 10 + 5 + 5, 1 + 30 + 10 + 5, ((1, 31), (54, 63), (69, 73)))
+    assert slow_calls == 30 + 20 + 10 + 5 + 10
+    # Not one a step: one or two after each new site, phase and step without the read, and
+    # in the last five steps one a read (two sites a step: a thread's wrapper holds one tally).
+    assert fast_calls <= 20
+    # A read in a function the step calls: a new frame each step, found by its route.
+    fast, fast_calls = _tallied_run(x, through, True, "fs" * 40, allow=allow)
+    slow, slow_calls = _tallied_run(x, through, False, "fs" * 40, allow=allow)
+    assert _view(fast) == _view(slow)
+    assert _view(fast)[(_line("# T-function"), "user")][:3] == (40, 40, ((1, 40),))
+    assert slow_calls == 40 - 2  # the profile starts at the plan's fourth event
+    assert fast_calls <= 2
 
 
 def test_a_violating_sites_tally_goes_stale_when_an_allowed_block_opens(

@@ -342,6 +342,49 @@ def test_a_boundary_with_nothing_new_probes_the_kept_frames_and_still_drops_fini
     assert stack._depths == {}
 
 
+def test_a_frame_that_returned_is_told_from_one_that_runs_or_raised() -> None:
+    frames: list[Any] = []
+
+    def returns() -> int:
+        frames.append(sys._getframe())
+        return 1
+
+    def raises() -> None:
+        frames.append(sys._getframe())
+        raise ValueError
+
+    returns()
+    with pytest.raises(ValueError):
+        raises()
+    assert stack._returned(frames[0])
+    assert not stack._returned(frames[1])  # it may be anywhere: looked for
+    assert not stack._returned(sys._getframe())
+
+
+def test_a_boundary_drops_a_kept_frame_that_returned_without_looking_for_it() -> None:
+    # The last read's frame, a function the step calls, has returned by the boundary: it is
+    # dropped first, and the other kept frames are probed where they were (no walk to the
+    # root for a frame that is not on the stack).
+    def user_read() -> None:
+        stack.observe(sys._getframe(), "item")  # its own frame: kept as the last
+
+    def probe() -> stack.Sync | None:
+        return stack.observe(sys._getframe(), "item", "", 0)
+
+    stack.forget()
+    probe()
+    probe()  # a route that holds this test's frame
+    stack.forget(live=True)
+    checked = stack._depths
+    for _ in range(3):
+        user_read()
+        assert stack._anchors.last is not None
+        stack.forget(live=True)
+        assert stack._anchors.last is None
+        assert stack._depths is checked  # probed where they were: no walk
+    stack.forget()
+
+
 _CALL = _define(
     "lightning/pytorch/trainer/call.py",
     "def _call_callback_hooks(hook_name, inner):\n    return inner()\n",

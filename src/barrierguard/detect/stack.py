@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import dis
 import inspect
 import sys
 from dataclasses import InitVar, dataclass, field
@@ -156,8 +157,8 @@ class _Anchors:
     last: tuple[FrameType, int, str | None, str, Sync] | None = None
     # The last replayed route's key (code, instruction, kind, detail) and its routes.
     hot: tuple[CodeType, int, str | None, str, list[_Route]] | None = None
-    # The last route replayed for a read outside the user's frame, with its code and
-    # instruction: CudaEngine._read tries it first.
+    # The last route replayed for a read, with its code and instruction: CudaEngine._read
+    # tries it first (in user code too: a function a step calls is a new frame each step).
     read: tuple[CodeType, int, _Route] | None = None
 
 
@@ -211,6 +212,10 @@ def forget(live: bool = False, origin: FrameType | None = None) -> None:
     holding, settled = False, None
     _phases_seen = (-1, False)
     located, searched, last = _anchors.located, _anchors.searched, _anchors.last
+    if last is not None and _returned(last[0]):
+        # The last read's frame, often a function the step calls, has returned: dropped
+        # without a look (a walk for a frame not on the stack goes to its root).
+        _anchors.last = last = None
     read = _anchors.read
     if not (_held or located or searched or last or (read and read[2].outer)):
         return  # a read's route without a frame holds nothing
@@ -287,6 +292,20 @@ def forget(live: bool = False, origin: FrameType | None = None) -> None:
         )
         if origin is not None:
             settled = _settle(origin)
+
+
+# The opcodes a frame that returned stopped at (one that raised stopped elsewhere: looked for).
+_RETURNS = frozenset(
+    op for name, op in dis.opmap.items() if name.endswith(("RETURN_VALUE", "RETURN_CONST"))
+)
+
+
+def _returned(frame: FrameType) -> bool:
+    """Whether ``frame`` (not a generator's: a generator's may resume) has returned."""
+    try:
+        return frame.f_code.co_code[frame.f_lasti] in _RETURNS
+    except IndexError:
+        return False
 
 
 def kept_in_place(base: int) -> bool:
@@ -666,7 +685,7 @@ def observe(
                 kept = route.kept
                 if hot is None or routes is not hot[4]:
                     _anchors.hot = (code, lasti, kind, detail, routes)
-                if kind is None and not detail and not kept:
+                if kind is None and not detail:
                     _anchors.read = (code, lasti, route)
                 break
     if sync is None:

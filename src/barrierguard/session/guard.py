@@ -139,7 +139,7 @@ class Guard:
         self._sites: dict[tuple[str, int, str, str, str, int], SiteStats] = {}
         # Settled sites by their interned location (_settle).
         self._quiet: dict[Location, _Quiet] = {}
-        self._tallied = False  # a tally grew since the last boundary's fold
+        self._tallied = False  # a tally may have grown since the last boundary (see _roll)
         self._steps = 0
         self._step_syncs = 0
         self._per_step: list[int] = [0]
@@ -441,9 +441,7 @@ class Guard:
         here needs its test there too. ``origin``: the caller's frame, from which
         :data:`stack.settled` counts the kept frames' depths."""
         if self._tallied:
-            # A fold makes every tally stale: with none handed out since, none is live.
-            self._tallied = False
-            self._fold()
+            self._tallied = self._roll(step)
         if step == len(self._per_step):
             self._per_step += [0] * _STEPS_AHEAD
             self._step_stall += [0.0] * _STEPS_AHEAD
@@ -649,13 +647,20 @@ class Guard:
         if (
             quiet is not None
             and quiet.sync is sync
-            and quiet.step == self._steps
+            # Another thread's first in a step is counted at once: a report folds its own
+            # thread's tallies only.
+            and (quiet.step == self._steps or ident == self._thread_ident)
             and quiet.guard_phase is self._phase
             and ident == quiet.stats.last_ident
             and not again
             and (not quiet.violating or not (allowing.open_blocks and _allowing_tls.scopes))
         ):
-            quiet.n += 1  # a repeat: folded into the counters later (_fold)
+            if quiet.step != self._steps:
+                # The guard's thread's first in a later step: no tally of it stands (a boundary
+                # moves each one on, _roll, or makes it stale): its count so far is its step's.
+                self._fold_one(quiet)
+                quiet.step = self._steps
+            quiet.n += 1  # a repeat: folded into the counters later (_roll, _fold)
             self._tallied = True
             if stall is None:
                 quiet.untimed += 1
@@ -776,6 +781,26 @@ class Guard:
         if stats.allowed or not stats.blocking or len(self._violations) >= _MAX_VIOLATIONS:
             self._quiet.setdefault(stats.loc, _Quiet(stats, stats.blocking and not stats.allowed))
 
+    def _roll(self, step: int) -> bool:
+        """At a boundary: count this thread's tallies in the closed step and move its settled
+        sites on to ``step``, so that a tally handed out stays good across the boundary (a read
+        once a step calls nothing). Returns whether one grew in the closed step: it may grow
+        again. Else, or with another thread's settled site, every tally is made stale."""
+        me = _get_ident()
+        grew, alone = False, True
+        for quiet in self._quiet.values():
+            if quiet.stats.last_ident != me:
+                alone = False  # its tally is counted by its thread: stale at our boundary
+                continue
+            if quiet.n:
+                grew = True
+                self._fold_one(quiet)
+            quiet.step = step
+        if grew and alone:
+            return True
+        hub.invalidate()
+        return False
+
     def _fold(self, every: bool = False) -> None:
         """Count this thread's tallies of settled sites (every thread's with ``every``)."""
         hub.invalidate()  # a new step or a report: the tallies start again
@@ -797,7 +822,13 @@ class Guard:
         step = quiet.step
         if stats.blocking:
             self._per_step[step] += n
-        stats.step_count += n  # the step is in the site's ranges already
+        stats.step_count += n
+        ranges = stats.ranges  # a step _roll moved to has had no count of its own
+        if not ranges or ranges[-1][1] < step:
+            if ranges and ranges[-1][1] == step - 1:
+                ranges[-1][1] = step
+            else:
+                ranges.append([step, step])
         if timed:
             stats.stall += stall
             stats.stall_count += timed
