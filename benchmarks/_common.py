@@ -180,11 +180,13 @@ def write(path: str | Path | None, results: dict[str, Any]) -> None:
 # -- the launch-bound Adam step (bench_core, bench_memory) --------------------------
 
 
-def adam_mlp_step(device: str, layers: int, width: int) -> Callable[[], None]:
+def adam_mlp_step(device: str, layers: int, width: int, read: bool = False) -> Callable[[], None]:
     """An Adam step of ``layers`` Linear+ReLU of ``width``, batch 64, after a batch copy.
 
     Small kernels, many of them: on a GPU the host's launch rate sets the pace.
-    The batch comes from pinned memory with ``non_blocking=True`` (no sync).
+    The batch comes from pinned memory with ``non_blocking=True`` (no sync). With
+    ``read``, the step ends with ``loss.item()``: one sync a step, as a loop that
+    logs its loss makes, from a function the loop calls.
     """
     torch.manual_seed(0)
     mods: list[nn.Module] = []
@@ -203,6 +205,8 @@ def adam_mlp_step(device: str, layers: int, width: int) -> Callable[[], None]:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if read:
+            loss.item()
 
     return step
 

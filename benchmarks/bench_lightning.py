@@ -313,6 +313,11 @@ Reproduce:
             --out benchmarks/results/h200/lightning_parts_mlp_1be3c24.json \\
             | tee benchmarks/results/h200/lightning_parts_mlp_1be3c24.txt
 
+    and at af0f9a7 (a read once a step counted by its tally), on another host, that
+    command into ``benchmarks/results/h200/lightning_parts_mlp_af0f9a7.json`` (and
+    ``.txt``), and ``--model transformer --parts 1500 --block-len 32`` into
+    ``benchmarks/results/h200/lightning_parts_transformer_af0f9a7.json`` (and ``.txt``).
+
     CPU smoke run (tiny settings, audit engine)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --tiny
@@ -1111,6 +1116,18 @@ def _model_name(args: argparse.Namespace) -> str:
     return f"MLP {args.blocks}x{args.hidden}, in {args.width}, batch {args.batch}"
 
 
+def _write_design(args: argparse.Namespace, benchmark: str, design: str, record: Any) -> None:
+    write(
+        args.out,
+        {
+            "benchmark": benchmark,
+            "settings": vars(args),
+            "model": _model_name(args),
+            "designs": {design: record},
+        },
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
@@ -1210,28 +1227,12 @@ def main(argv: list[str] | None = None) -> None:
             args.parts = 24
         record = _in_fresh_process(_parts_fit, (args,), _FIT_TIMEOUT_S + args.parts)
         _print_parts(record)
-        write(
-            args.out,
-            {
-                "benchmark": "lightning_callback_parts",
-                "settings": vars(args),
-                "model": _model_name(args),
-                "designs": {"parts": record},
-            },
-        )
+        _write_design(args, "lightning_callback_parts", "parts", record)
         return
     if args.by_sample is not None:
         record = _by_sample(args)
         _print_by_sample(record)
-        write(
-            args.out,
-            {
-                "benchmark": "lightning_memory_sampling",
-                "settings": vars(args),
-                "model": _model_name(args),
-                "designs": {"by_sample": record},
-            },
-        )
+        _write_design(args, "lightning_memory_sampling", "by_sample", record)
         return
     if args.cycles is not None:
         record = _cycle(args)

@@ -18,7 +18,11 @@ Design:
     (new / bare, old / bare, new / old): the median of the per-round ratios with
     its 95% confidence interval (``_common.median_ci``), and the median
     difference of the training thread's CPU time a step over the block's steps.
-    Only one guard is started at a time; each restores what it patched.
+    Only one guard is started at a time; each restores what it patched. With
+    ``--read`` each step ends with ``loss.item()`` (a loop that logs its loss): one
+    recorded sync a step, in the step's own function, a new frame each step. The
+    guards are started again for each block, so the read's site, once 1,000
+    violations are listed, counts on the quiet path of a long run.
 
 Reproduce:
     On the GPU, with the commit to compare against::
@@ -39,6 +43,10 @@ Reproduce:
     ``benchmarks/results/h200/versions_8274972.json`` and ``versions_8274972.txt`` are
     ``--old old.tar --pin 2 --steps 200 --pairs 160``, this script as committed, ``src/``
     at 8274972 against an archive of 7845e38 (before the boundary's settled probe).
+
+    ``benchmarks/results/h200/versions_read_af0f9a7.json`` and ``versions_read_af0f9a7.txt``
+    are ``--old old.tar --pin 2 --steps 100 --pairs 200 --read``, ``src/`` at af0f9a7 (a
+    read once a step counted by its tally) against an archive of 1be3c24.
 
     Where the working tree has no git history (a copy sent to a GPU machine), make the
     archive first and pass its path::
@@ -105,10 +113,10 @@ def old_package(commit: str, into: Path) -> Any:
 
 
 def compare(
-    old: Any, device: str, steps: int, pairs: int, layers: int, width: int
+    old: Any, device: str, steps: int, pairs: int, layers: int, width: int, read: bool = False
 ) -> dict[str, Any]:
     """The rotating rounds; the ratios and CPU differences of each pair of variants."""
-    step = adam_mlp_step(device, layers, width)
+    step = adam_mlp_step(device, layers, width, read)
     guards = {
         "new": barrierguard.watch(policy="record", memory=False),
         "old": old.watch(policy="record", memory=False),
@@ -134,7 +142,13 @@ def compare(
         run(name)  # warm: imports, the first walks
     cpu.clear()
     rounds = paired_rounds(["bare", *guards], run, pairs)
-    out: dict[str, Any] = {"steps": steps, "pairs": pairs, "layers": layers, "width": width}
+    out: dict[str, Any] = {
+        "steps": steps,
+        "pairs": pairs,
+        "layers": layers,
+        "width": width,
+        "read": read,
+    }
     out["bare_ms_per_step"] = median([r["bare"] for r in rounds]) / steps * 1e3
     for a, b in PAIRS:
         ratios = [r[a] / r[b] for r in rounds]
@@ -159,6 +173,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pin", type=int, help="run on this one CPU core")
+    ap.add_argument(
+        "--read", action="store_true", help="each step ends with loss.item(): one sync a step"
+    )
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.pin is not None:
@@ -166,7 +183,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         old = old_package(args.old, Path(tmp))
         try:
-            result = compare(old, args.device, args.steps, args.pairs, args.layers, args.width)
+            result = compare(
+                old, args.device, args.steps, args.pairs, args.layers, args.width, args.read
+            )
         finally:
             sys.path.remove(tmp)
             for name in [m for m in sys.modules if m == OLD or m.startswith(OLD + ".")]:
@@ -182,8 +201,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ]
         for a, b in PAIRS
     ]
+    read = ", each step ending with loss.item()" if args.read else ""
     print(
-        f"\n## watch(memory=False): this src/ (new) against {args.old} (old), "
+        f"\n## watch(memory=False){read}: this src/ (new) against {args.old} (old), "
         f"{args.pairs} rounds of {args.steps} steps, bare {result['bare_ms_per_step']:.3f} ms"
     )
     header = ["pair", "ratio (median)", "95% CI", "thread CPU us a step", "95% CI"]

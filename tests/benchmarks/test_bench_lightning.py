@@ -187,23 +187,31 @@ def test_cycle_fit_switches_the_callback_without_memory_sampling(
     assert [s[0] for s in fit["steps"]] == ["on", "on", "off", "off", "null", "null", "off", "off"]
 
 
-def test_cycle_fit_runs_the_cuda_engine_on_a_cpu(
-    bench: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def cpu_engine_args(monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+    """A small MLP fit's settings that run the CUDA engine's host side on this CPU."""
     from _common import lightning_settings
 
     from barrierguard import _env
     from barrierguard.detect import cuda as engine
     from barrierguard.session import guard
 
-    # The switch lasts for the process: undo it after this test.
+    # The switch lasts for the process: undo it after the test.
     for owner, name in ((_env, "cuda_available"), (engine, "_get_mode"), (engine, "_set_mode")):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     monkeypatch.setattr(guard, "_make_timeline", guard._make_timeline)
     args = lightning_settings("mlp", 12)
-    args.cycles, args.block_len, args.epoch_batches = 1, 2, 4
+    args.block_len, args.epoch_batches = 2, 4
     args.batch, args.width, args.hidden, args.blocks = 16, 64, 64, 2
     args.cuda_engine_on_cpu = True
+    return args
+
+
+def test_cycle_fit_runs_the_cuda_engine_on_a_cpu(
+    bench: Any, cpu_engine_args: argparse.Namespace
+) -> None:
+    args = cpu_engine_args
+    args.cycles = 1
     fit = bench._cycle_fit(args)
     assert fit["engine"] == "cuda"
     assert fit["syncs"] == 0  # CPU tensors: nothing to record, the wrappers only pass through
@@ -211,23 +219,15 @@ def test_cycle_fit_runs_the_cuda_engine_on_a_cpu(
 
 
 def test_parts_fit_meters_each_part_in_place_and_removes_the_meters(
-    bench: Any, monkeypatch: pytest.MonkeyPatch
+    bench: Any, cpu_engine_args: argparse.Namespace
 ) -> None:
     import torch
-    from _common import lightning_settings
 
     import barrierguard
-    from barrierguard import _env
-    from barrierguard.detect import cuda as engine
     from barrierguard.session import guard
 
-    for owner, name in ((_env, "cuda_available"), (engine, "_get_mode"), (engine, "_set_mode")):
-        monkeypatch.setattr(owner, name, getattr(owner, name))
-    monkeypatch.setattr(guard, "_make_timeline", guard._make_timeline)
-    args = lightning_settings("mlp", 12)
-    args.parts, args.block_len, args.epoch_batches = 10, 2, 4
-    args.batch, args.width, args.hidden, args.blocks = 16, 64, 64, 2
-    args.cuda_engine_on_cpu = True
+    args = cpu_engine_args
+    args.parts = 10
     classes = (torch.Tensor, guard.Guard, barrierguard.BarrierGuard)
     before = [dict(vars(c)) for c in classes]
     fit = bench._parts_fit(args)

@@ -503,27 +503,33 @@ def _view(report: Any) -> dict[Any, Any]:
     }
 
 
+def _both_ways(plan: str) -> tuple[Any, int, int]:
+    """``plan`` run with its tallies standing and with each made stale at once (every read
+    allowed): the same report either way; it, and how many reads reached the guard each way."""
+    namespace: dict[str, Any] = {}
+    exec(_FRAMEWORK_READ, namespace)
+    x = torch.ones(1)
+    allow = ("item", "framework:*")
+    fast, fast_calls = _tallied_run(x, namespace["through"], True, plan, allow=allow)
+    slow, slow_calls = _tallied_run(x, namespace["through"], False, plan, allow=allow)
+    assert _view(fast) == _view(slow)
+    assert fast.step_syncs == slow.step_syncs
+    return fast, fast_calls, slow_calls
+
+
 def test_repeats_the_wrapper_counts_itself_match_the_guards_counts(
     scalar_reads: FakeMode,
 ) -> None:
     # A settled read met again is counted in its site's tally by the wrapper
-    # (no call to the guard) until a boundary, a phase, an allowed() block or
-    # another site's count makes the tally stale: the report is the one the
-    # guard makes when it counts every read itself.
-    namespace: dict[str, Any] = {}
-    exec(_FRAMEWORK_READ, namespace)
-    through = namespace["through"]
-    x = torch.ones(1)
-    allow = ("item", "framework:*")
-    fast, fast_calls = _tallied_run(x, through, True, allow=allow)
-    slow, slow_calls = _tallied_run(x, through, False, allow=allow)
-    assert _view(fast) == _view(slow)
+    # (no call to the guard) until a phase, an allowed() block, another site's
+    # count or a step without it makes the tally stale: the report is the one
+    # the guard makes when it counts every read itself.
+    fast, fast_calls, slow_calls = _both_ways(_PLAN)
     view = _view
     user = view(fast)[(_line("# T-user"), "user")]
     assert user[:4] == (1 + 18 + 5 + 6, 1 + 18 + 6, ((1, 5),), (("validate", 5),))
     assert view(fast)[(_line("# T-one"), "framework:lightning")][:3] == (19, 19, ((1, 5),))
     assert view(fast)[(_line("# T-two"), "framework:lightning")][0] == 12
-    assert fast.step_syncs == slow.step_syncs
     assert slow_calls == 18 + 24 + 5 + 12
     # Only a read whose tally went stale reaches the guard (the first one or
     # two after each boundary, phase, block, or read of another site).
@@ -537,16 +543,8 @@ def test_a_read_once_a_step_is_counted_by_its_tally_across_boundaries(
     # Once settled, its tally is carried over each boundary that saw it grow (Guard._roll):
     # the read calls nothing, and the report is the one the guard makes by itself. A step
     # without it, a phase or another site ends the carry; the read after takes one call.
-    namespace: dict[str, Any] = {}
-    exec(_FRAMEWORK_READ, namespace)
-    through = namespace["through"]
-    x = torch.ones(1)
     plan = "u1s" + "us" * 30 + "1s" * 20 + "ss" + "us" * 10 + "v" + "us" * 5 + "t" + "u2s" * 5
-    allow = ("item", "framework:*")
-    fast, fast_calls = _tallied_run(x, through, True, plan, allow=allow)
-    slow, slow_calls = _tallied_run(x, through, False, plan, allow=allow)
-    assert _view(fast) == _view(slow)
-    assert fast.step_syncs == slow.step_syncs
+    fast, fast_calls, slow_calls = _both_ways(plan)
     user = _view(fast)[(_line("# T-user"), "user")]
     # Counted apart in validate (5): steps 64-68 are not the loop's.
     assert user[:3] == (1 + 30 + 10 + 5 + 5, 1 + 30 + 10 + 5, ((1, 31), (54, 63), (69, 73)))
@@ -555,9 +553,7 @@ def test_a_read_once_a_step_is_counted_by_its_tally_across_boundaries(
     # in the last five steps one a read (two sites a step: a thread's wrapper holds one tally).
     assert fast_calls <= 20
     # A read in a function the step calls: a new frame each step, found by its route.
-    fast, fast_calls = _tallied_run(x, through, True, "fs" * 40, allow=allow)
-    slow, slow_calls = _tallied_run(x, through, False, "fs" * 40, allow=allow)
-    assert _view(fast) == _view(slow)
+    fast, fast_calls, slow_calls = _both_ways("fs" * 40)
     assert _view(fast)[(_line("# T-function"), "user")][:3] == (40, 40, ((1, 40),))
     assert slow_calls == 40 - 2  # the profile starts at the plan's fourth event
     assert fast_calls <= 2
