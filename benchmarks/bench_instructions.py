@@ -41,7 +41,11 @@ Design:
       SGD optimizer with no gradient (its step is its hooks: the step boundary).
       The step timeline runs on stand-in events; the memory sampler samples at
       the start and not in the counted steps (what each step between two samples
-      pays). Added per step = (watched - bare) / steps.
+      pays). Added per step = (watched - bare) / steps. Then the same steps, each
+      ending with ``.item()`` of a tensor counted as on the device, in a function
+      the step calls (a logged loss): bare, and under ``watch(engine="cuda",
+      memory=False)`` after 1,100 such steps (the site settled once its first
+      1,000 violations are listed), against its own bare steps.
     * ``lightning``: a CPU Lightning fit of a small TinyLM with
       ``BarrierGuard(memory=False)``, then ``BarrierGuard()``, switched off and
       on every ``--block-len`` steps (the switch itself is counted apart); the
@@ -92,6 +96,7 @@ from _common import median, table, write
 
 _MARK_CLOCK = time.CLOCK_MONOTONIC
 SYNC_FIRST = "memory=False, a sync recorded first"
+READ = "memory=False, a read each step in a function"
 _LABELS = "LABELS "
 
 
@@ -241,6 +246,38 @@ def _steps(args: argparse.Namespace) -> list[str]:
             synced = [s.kind for s in guard.report.sites]
             assert synced == (["synchronize"] if name == SYNC_FIRST else []), synced
             assert guard.report.steps == args.steps + 300, guard.report.steps
+    # The same steps, each ending with a read (a logged loss) in a function the step calls,
+    # its tensor counted as on the device: bare, and watched once its site is settled (the
+    # violations of the first 1,000 reads listed), as in a long run.
+    from barrierguard.detect import cuda as engine
+
+    loss = torch.ones(1)
+
+    def read() -> None:
+        loss.item()
+
+    def read_steps(n: int) -> None:
+        for _ in range(n):
+            steps(1)
+            read()
+
+    on_device = engine._on_device
+    for watched in (False, True):
+        guard = None
+        if watched:
+            engine._on_device = lambda tensor: tensor is loss
+            guard = barrierguard.watch(engine="cuda", policy="record", memory=False)
+            guard.start()
+        read_steps(1100)
+        _mark()
+        read_steps(args.steps)
+        _mark()
+        labels += ["-", f"steps {READ}{'' if watched else ' bare'}"]
+        if guard is not None:
+            guard.stop()
+            (site,) = guard.report.sites
+            assert site.count == args.steps + 1100, site.count
+    engine._on_device = on_device
     return labels
 
 
@@ -404,11 +441,16 @@ def _summarise(
         else None,
         "per_step": {
             name: {
-                "bare": steps["steps bare"][0] / args.steps,
+                "bare": steps[bare][0] / args.steps,
                 "watched": steps[f"steps {name}"][0] / args.steps,
-                "added": (steps[f"steps {name}"][0] - steps["steps bare"][0]) / args.steps,
+                "added": (steps[f"steps {name}"][0] - steps[bare][0]) / args.steps,
             }
-            for name in ("memory=False", SYNC_FIRST, "memory sampling on")
+            for name, bare in (
+                ("memory=False", "steps bare"),
+                (SYNC_FIRST, "steps bare"),
+                ("memory sampling on", "steps bare"),
+                (READ, f"steps {READ} bare"),
+            )
             if f"steps {name}" in steps
         },
         "lightning_per_step": {name: _per_step(args, fit) for name, fit in fits.items()},

@@ -169,7 +169,8 @@ def test_instructions_workload_runs_both_parts_without_valgrind(
     )
     assert (
         "LABELS - steps_bare - steps_memory=False - steps_memory=False,_a_sync_recorded_first"
-        " - steps_memory_sampling_on" in out
+        " - steps_memory_sampling_on - steps_memory=False,_a_read_each_step_in_a_function_bare"
+        " - steps_memory=False,_a_read_each_step_in_a_function" in out
     )
     assert out.count("LABELS - on switch off switch on switch") == 2  # memory off, then on
 
@@ -207,6 +208,9 @@ def test_instructions_per_read_and_per_step_leave_the_setup_block_out() -> None:
         "steps bare": [400],
         "steps memory=False": [480],
         "steps memory sampling on": [500],
+        # A read each step: against its own bare steps, which read too.
+        f"steps {bench_instructions.READ} bare": [600],
+        f"steps {bench_instructions.READ}": [640],
     }
     record = bench_instructions._summarise(args, reads, steps, {"memory=False": fit})
     assert record["per_read"]["user"] == {"bare": 100, "watched": 300, "added": 200}
@@ -216,6 +220,7 @@ def test_instructions_per_read_and_per_step_leave_the_setup_block_out() -> None:
     assert bench_instructions._summarise(args, reads, steps, {})["per_copy"] is None
     assert record["per_step"]["memory=False"] == {"bare": 100, "watched": 120, "added": 20}
     assert record["per_step"]["memory sampling on"]["added"] == 25
+    assert record["per_step"][bench_instructions.READ] == {"bare": 150, "watched": 160, "added": 10}
     step = record["lightning_per_step"]["memory=False"]
     assert (step["on"], step["off"], step["added"]) == (125, 100, 25)
     assert step["ratio"] == 1.25

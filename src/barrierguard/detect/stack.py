@@ -190,6 +190,8 @@ class _Route:
         self.sync = found if static else None
 
 
+# User frames a route's held frame may lie past (each then probed by its code).
+_WITNESS_SKIP = 8
 # Routes by the sync's (code id, instruction, kind, detail); a few per key.
 _routes: dict[tuple[int, int, str | None, str], list[_Route]] = {}
 _ROUTES_PER_KEY = 4
@@ -547,18 +549,30 @@ def _learn_route(
         if getframe(base) is not frame:
             return  # not where the caller said: no depth to trust
         outer: tuple[int, FrameType] | None = None
+        probes: dict[int, tuple[int, CodeType, int]] = {}
         if trace.complete >= 0:
-            outer = (trace.complete, getframe(base + trace.complete))
+            past = trace.complete
+            witness = getframe(base + past)
+            # The user's own frames hold no table function: the route holds the first frame
+            # past them (a loop's, not that of a function the loop calls each step, which a
+            # boundary drops), and probes their code.
+            while witness.f_back is not None and len(probes) < _WITNESS_SKIP:
+                code = witness.f_code
+                if not (_files.get(code.co_filename) or _learn(code.co_filename))[0] & _USER:
+                    break
+                probes[past] = (past, code, -1)
+                past += 1
+                witness = witness.f_back
+            outer = (past, witness)
     except ValueError:
         return
-    probes: dict[int, tuple[int, CodeType, int]] = {}
     for depth, f in (
         (trace.innermost, innermost),
         (trace.framework, framework),
         (trace.user, user),
     ):
         if depth > 0 and f is not None:
-            probes[depth] = (depth, f.f_code, f.f_lasti)
+            probes[depth] = (depth, f.f_code, f.f_lasti)  # over a code-only probe there
     if trace.user > 1:
         caller_of_sync = frame.f_back
         if caller_of_sync is not None:
