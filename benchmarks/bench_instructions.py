@@ -45,7 +45,8 @@ Design:
       ending with ``.item()`` of a tensor counted as on the device, in a function
       the step calls (a logged loss): bare, and under ``watch(engine="cuda",
       memory=False)`` after 1,100 such steps (the site settled once its first
-      1,000 violations are listed), against its own bare steps.
+      1,000 violations are listed), against its own bare steps; and the same with
+      the read in a helper that a step function calls (two frames new each step).
     * ``lightning``: a CPU Lightning fit of a small TinyLM with
       ``BarrierGuard(memory=False)``, then ``BarrierGuard()``, switched off and
       on every ``--block-len`` steps (the switch itself is counted apart); the
@@ -97,6 +98,7 @@ from _common import median, table, write
 _MARK_CLOCK = time.CLOCK_MONOTONIC
 SYNC_FIRST = "memory=False, a sync recorded first"
 READ = "memory=False, a read each step in a function"
+READ_NESTED = "memory=False, a read each step in a helper of the step function"
 _LABELS = "LABELS "
 
 
@@ -261,23 +263,32 @@ def _steps(args: argparse.Namespace) -> list[str]:
             steps(1)
             read()
 
+    def train_step() -> None:
+        steps(1)
+        read()  # a helper of the step function: two frames that are new each step
+
+    def nested_steps(n: int) -> None:
+        for _ in range(n):
+            train_step()
+
     on_device = engine._on_device
-    for watched in (False, True):
-        guard = None
-        if watched:
-            engine._on_device = lambda tensor: tensor is loss
-            guard = barrierguard.watch(engine="cuda", policy="record", memory=False)
-            guard.start()
-        read_steps(1100)
-        _mark()
-        read_steps(args.steps)
-        _mark()
-        labels += ["-", f"steps {READ}{'' if watched else ' bare'}"]
-        if guard is not None:
-            guard.stop()
-            (site,) = guard.report.sites
-            assert site.count == args.steps + 1100, site.count
-    engine._on_device = on_device
+    for name, loop in ((READ, read_steps), (READ_NESTED, nested_steps)):
+        for watched in (False, True):
+            guard = None
+            if watched:
+                engine._on_device = lambda tensor: tensor is loss
+                guard = barrierguard.watch(engine="cuda", policy="record", memory=False)
+                guard.start()
+            loop(1100)
+            _mark()
+            loop(args.steps)
+            _mark()
+            labels += ["-", f"steps {name}{'' if watched else ' bare'}"]
+            if guard is not None:
+                guard.stop()
+                engine._on_device = on_device
+                (site,) = guard.report.sites
+                assert site.count == args.steps + 1100, site.count
     return labels
 
 
@@ -450,6 +461,7 @@ def _summarise(
                 (SYNC_FIRST, "steps bare"),
                 ("memory sampling on", "steps bare"),
                 (READ, f"steps {READ} bare"),
+                (READ_NESTED, f"steps {READ_NESTED} bare"),
             )
             if f"steps {name}" in steps
         },

@@ -170,7 +170,9 @@ def test_instructions_workload_runs_both_parts_without_valgrind(
     assert (
         "LABELS - steps_bare - steps_memory=False - steps_memory=False,_a_sync_recorded_first"
         " - steps_memory_sampling_on - steps_memory=False,_a_read_each_step_in_a_function_bare"
-        " - steps_memory=False,_a_read_each_step_in_a_function" in out
+        " - steps_memory=False,_a_read_each_step_in_a_function"
+        " - steps_memory=False,_a_read_each_step_in_a_helper_of_the_step_function_bare"
+        " - steps_memory=False,_a_read_each_step_in_a_helper_of_the_step_function" in out
     )
     assert out.count("LABELS - on switch off switch on switch") == 2  # memory off, then on
 

@@ -125,10 +125,10 @@ def test_the_phase_of_a_sync_whose_marker_is_many_frames_out(
         assert in_train.loc.origin == "user" and in_train.mechanism is None
     if routed:
         # Both loops' routes replay (their markers decide). Outside of any loop the
-        # search runs out at the root: the route holds the first frame past the user's
-        # own (this test's caller, which lives on) when they are few enough to probe,
-        # else one of them, new each time.
-        assert len(walks) == 2 + (1 if depth < stack._WITNESS_SKIP else 3)
+        # search runs out at the root: the route holds the frame past the user's own
+        # (this test's, which lives on) when they are few enough to probe, else one of
+        # them, new each time.
+        assert len(walks) == 2 + (1 if depth <= stack._WITNESS_SKIP else 3)
 
 
 def test_a_plain_loop_keeps_finding_a_mechanism_outward_of_the_user_frame() -> None:
@@ -406,9 +406,9 @@ def test_a_read_in_a_function_a_loop_calls_holds_the_loops_frame(
     walks: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Outside any framework the phase search runs out at the root (a framework with phase
-    # markers imported): the route holds the first frame past the user's own frames, their
-    # code probed, here pytest's, so a read in a function a loop calls each step replays,
-    # and a boundary keeps the route.
+    # markers imported): the route holds the frame past the user's own frames (one probed
+    # by its code), here the loop's, so a read in a function the step calls replays each
+    # step, and a boundary keeps the route.
     monkeypatch.setattr(stack, "_phases_possible", lambda: True)
 
     def read() -> stack.Sync | None:
@@ -424,11 +424,8 @@ def test_a_read_in_a_function_a_loop_calls_holds_the_loops_frame(
     assert found[0] is not None and all(s is found[0] for s in found)
     (route,) = [r for _, r in stack._held]
     me = sys._getframe()
-    assert route.outer is not None and route.outer[1] is me.f_back
-    assert [(depth, code) for depth, code, _ in route.probes] == [
-        (1, step.__code__),
-        (2, me.f_code),
-    ]
+    assert route.outer is not None and route.outer[1] is me
+    assert [(depth, code) for depth, code, _ in route.probes] == [(1, step.__code__)]
     stack.forget(live=True)
     assert [r for _, r in stack._held] == [route]
     for _ in range(3):

@@ -190,8 +190,9 @@ class _Route:
         self.sync = found if static else None
 
 
-# User frames a route's held frame may lie past (each then probed by its code).
-_WITNESS_SKIP = 8
+# User frames a route's held frame may lie past, each then probed by its code (a probe more
+# at every replay): one covers a read in a function that the loop's step function calls.
+_WITNESS_SKIP = 1
 # Routes by the sync's (code id, instruction, kind, detail); a few per key.
 _routes: dict[tuple[int, int, str | None, str], list[_Route]] = {}
 _ROUTES_PER_KEY = 4
@@ -553,9 +554,9 @@ def _learn_route(
         if trace.complete >= 0:
             past = trace.complete
             witness = getframe(base + past)
-            # The user's own frames hold no table function: the route holds the first frame
-            # past them (a loop's, not that of a function the loop calls each step, which a
-            # boundary drops), and probes their code.
+            # The user's own frames hold no table function: the route holds the frame past
+            # them (up to _WITNESS_SKIP: a loop's, not that of a function the loop calls each
+            # step, which a boundary drops), and probes their code.
             while witness.f_back is not None and len(probes) < _WITNESS_SKIP:
                 code = witness.f_code
                 if not (_files.get(code.co_filename) or _learn(code.co_filename))[0] & _USER:
