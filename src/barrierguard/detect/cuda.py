@@ -392,6 +392,8 @@ class CudaEngine:
                     sync = _replay(read[2], 3)
                     if sync is not None:
                         route = read[2]
+                        if route.kept:
+                            stack.keep_last(frame, sync)
                 if sync is None:
                     sync = observe(frame, None, "", 2)
                     read = _anchors.read

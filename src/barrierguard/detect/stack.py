@@ -722,6 +722,15 @@ def observe(
     return sync
 
 
+def keep_last(frame: FrameType, sync: Sync) -> None:
+    """Keep ``frame``, the user's own, as the last read's, as :func:`observe` does: a loop of
+    reads in that frame then meets it again without a probe."""
+    global holding, settled
+    if not frame.f_code.co_flags & _RESUMABLE:
+        holding, settled = True, None  # a frame kept (forget)
+        _anchors.last = (frame, frame.f_lasti, None, "", sync)
+
+
 def annotate(frame: FrameType | None) -> tuple[str | None, str | None]:
     """The framework mechanism and the phase the stack shows, from ``frame`` outward.
 
