@@ -559,6 +559,34 @@ def test_a_read_once_a_step_is_counted_by_its_tally_across_boundaries(
     assert fast_calls <= 2
 
 
+def test_a_users_read_found_by_the_last_route_keeps_its_frame_as_the_last(
+    scalar_reads: FakeMode,
+) -> None:
+    # A loop of reads in a new frame whose first read the last read's route answers: that
+    # frame is kept as the last read's (as a walk keeps it), so the loop's next reads meet
+    # it without the route's probes.
+    from barrierguard.detect import stack
+
+    x = torch.ones(1)
+
+    def loop(n: int) -> Any:
+        for _ in range(n):
+            x.item()  # T-keep
+        return sys._getframe()
+
+    with barrierguard.watch(engine="cuda", policy="record", allow=["item"]) as guard:
+        for _ in range(2):
+            guard.step()
+            loop(2)
+        guard.step()
+        guard.set_phase(None)  # every tally stale: the next read goes to the engine
+        assert stack._anchors.last is None  # the last loop's frame returned: dropped
+        frame = loop(3)
+        assert stack._anchors.last is not None and stack._anchors.last[0] is frame
+    (site,) = guard.report.sites
+    assert site.count == 7
+
+
 def test_a_violating_sites_tally_goes_stale_when_an_allowed_block_opens(
     scalar_reads: FakeMode,
 ) -> None:
