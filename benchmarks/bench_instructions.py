@@ -224,6 +224,17 @@ def _steps(args: argparse.Namespace) -> list[str]:
     # torch.cuda.synchronize() as a C call that waits for nothing, wrapped by the engine.
     torch.cuda.synchronize = functools.partial(int, 0)  # type: ignore[assignment]
     labels: list[str] = []
+
+    def counted(label: str, loop: Any, warm: int, before: Any = None) -> None:
+        """``warm`` steps of ``loop``, ``before()``, then ``args.steps`` counted as ``label``."""
+        loop(warm)
+        if before is not None:
+            before()
+        _mark()
+        loop(args.steps)
+        _mark()
+        labels.extend(["-", label])
+
     # Memory sampled once at the start, then never in the counted steps: what
     # every step between two samples pays. With a sync recorded just before the
     # counted steps (as bench_core's timed block has), its walk keeps frames
@@ -238,13 +249,7 @@ def _steps(args: argparse.Namespace) -> list[str]:
         if options is not None:
             guard = barrierguard.watch(engine="cuda", policy="record", **options)
             guard.start()
-        steps(300)
-        if name == SYNC_FIRST:
-            torch.cuda.synchronize()
-        _mark()
-        steps(args.steps)
-        _mark()
-        labels += ["-", f"steps {name}"]
+        counted(f"steps {name}", steps, 300, torch.cuda.synchronize if name == SYNC_FIRST else None)
         if guard is not None:
             guard.stop()
             synced = [s.kind for s in guard.report.sites]
@@ -281,11 +286,7 @@ def _steps(args: argparse.Namespace) -> list[str]:
                 engine._on_device = lambda tensor: tensor is loss
                 guard = barrierguard.watch(engine="cuda", policy="record", memory=False)
                 guard.start()
-            loop(1100)
-            _mark()
-            loop(args.steps)
-            _mark()
-            labels += ["-", f"steps {name}{'' if watched else ' bare'}"]
+            counted(f"steps {name}{'' if watched else ' bare'}", loop, 1100)
             if guard is not None:
                 guard.stop()
                 engine._on_device = on_device

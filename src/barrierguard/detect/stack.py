@@ -716,19 +716,19 @@ def observe(
             if key is None:
                 key = (id(code), lasti, kind, detail)
             _learn_route(key, depth + 2, frame, trace, found, sync)
-    if kept and not frame.f_code.co_flags & _RESUMABLE:
-        # Only the user's own frame (a wrapper's is new every call); never a resumable one.
-        _anchors.last = (frame, frame.f_lasti, kind, detail, sync)
+    if kept:
+        # Only the user's own frame (a wrapper's is new every call).
+        keep_last(frame, sync, kind, detail)
     return sync
 
 
-def keep_last(frame: FrameType, sync: Sync) -> None:
-    """Keep ``frame``, the user's own, as the last read's, as :func:`observe` does: a loop of
-    reads in that frame then meets it again without a probe."""
+def keep_last(frame: FrameType, sync: Sync, kind: str | None = None, detail: str = "") -> None:
+    """Keep ``frame``, the user's own, as the last sync's (never a resumable one: it is resumed
+    from anywhere): a loop of syncs in that frame then meets it again without a probe."""
     global holding, settled
     if not frame.f_code.co_flags & _RESUMABLE:
         holding, settled = True, None  # a frame kept (forget)
-        _anchors.last = (frame, frame.f_lasti, None, "", sync)
+        _anchors.last = (frame, frame.f_lasti, kind, detail, sync)
 
 
 def annotate(frame: FrameType | None) -> tuple[str | None, str | None]:

@@ -767,11 +767,7 @@ class Guard:
             stats.stall += stall
             stats.stall_count += 1
             self._step_stall[step] += stall
-        ranges = stats.ranges
-        if ranges and ranges[-1][1] >= step - 1:
-            ranges[-1][1] = step
-        else:
-            ranges.append([step, step])
+        _add_step(stats.ranges, step)
 
     def _settle(self, stats: SiteStats) -> None:
         """Count ``stats``'s further syncs on the quiet path once the loop confirmed the site and
@@ -823,12 +819,7 @@ class Guard:
         if stats.blocking:
             self._per_step[step] += n
         stats.step_count += n
-        ranges = stats.ranges  # a step _roll moved to has had no count of its own
-        if not ranges or ranges[-1][1] < step:
-            if ranges and ranges[-1][1] == step - 1:
-                ranges[-1][1] = step
-            else:
-                ranges.append([step, step])
+        _add_step(stats.ranges, step)  # a step _roll moved to has had no count of its own
         if timed:
             stats.stall += stall
             stats.stall_count += timed
@@ -980,6 +971,15 @@ class Guard:
             rank=ranks.current_rank(),
             compile=compiled,
         )
+
+
+def _add_step(ranges: list[list[int]], step: int) -> None:
+    """Put ``step`` (none before the last range's end) in a site's ranges of steps."""
+    if ranges and ranges[-1][1] >= step - 1:
+        if ranges[-1][1] < step:
+            ranges[-1][1] = step
+    else:
+        ranges.append([step, step])
 
 
 def _raise(error: SyncError) -> None:
