@@ -169,6 +169,17 @@ def blocking_getitem(clock: FakeClock, wait: float) -> Any:
     return getitem
 
 
+def blocking_call(clock: FakeClock, wait: float) -> Any:
+    """A stand-in for a torch call that 'waits', then syncs; returns its first argument."""
+
+    def blocking(*args: Any, **kwargs: Any) -> Any:
+        clock.advance(wait)
+        _sync()
+        return args[0] if args else None
+
+    return blocking
+
+
 def syncing_repr(clock: FakeClock, wait: float, times: int) -> Any:
     """A stand-in for ``Tensor.__repr__`` that waits ``wait``, then syncs ``times`` times
     (torch's printing reads a device tensor several times)."""

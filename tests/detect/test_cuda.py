@@ -470,8 +470,11 @@ def _tallied_run(
             if not fast and frame.f_code is Guard.record.__code__:
                 hub.invalidate()  # no tally outlives the call that handed it out
 
+    param = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([param], lr=0.1)  # no gradient: its step is its hooks
     with barrierguard.watch(engine="cuda", policy="record", allow=list(allow)) as guard:
-        guard.step()
+        if "o" not in plan:  # "o": the optimizer's steps are the boundaries
+            guard.step()
         with contextlib.ExitStack() as blocks:
             for i, event in enumerate(plan):
                 if i == 3:
@@ -486,6 +489,8 @@ def _tallied_run(
                     _read_in_a_function(x)
                 elif event == "s":
                     guard.step()
+                elif event == "o":
+                    opt.step()
                 elif event in "vt":
                     guard.set_phase("validate" if event == "v" else None)
                 elif event == "a":
@@ -557,6 +562,11 @@ def test_a_read_once_a_step_is_counted_by_its_tally_across_boundaries(
     assert _view(fast)[(_line("# T-function"), "user")][:3] == (40, 40, ((1, 40),))
     assert slow_calls == 40 - 2  # the profile starts at the plan's fourth event
     assert fast_calls <= 2
+    # The optimizer's steps as the boundaries: its hook rolls the tally on by itself.
+    for plan, line in (("uo" * 40, "# T-user"), ("fo" * 40, "# T-function")):
+        fast, fast_calls, slow_calls = _both_ways(plan)
+        assert _view(fast)[(_line(line), "user")][:3] == (40, 39, ((1, 39),))
+        assert fast_calls <= 3 < slow_calls
 
 
 def test_a_users_read_found_by_the_last_route_keeps_its_frame_as_the_last(
@@ -747,3 +757,4 @@ def test_the_copy_wrapper_judges_a_non_blocking_copy_by_its_arguments(
         None: [],
     }
     assert records == kinds[expected]
+

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import pytest
 import torch
 
 import barrierguard
-from _fake_cuda import FakeClock, FakeMode, blocking_item
+from _fake_cuda import FakeClock, FakeMode, blocking_call, blocking_item
 from barrierguard.detect import cuda as cuda_engine
+
+ON_DEMAND_CALLS = cuda_engine.TIMED_ON_DEMAND.values()
 
 
 @pytest.fixture
@@ -111,25 +116,58 @@ def test_sites_rank_by_stall(
     assert "stalled 50.00 ms in all" in str(guard.report)
 
 
-def test_indexing_is_timed_once_it_has_synced(
-    fake_cuda: FakeMode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from _fake_cuda import blocking_getitem
+def _index(x: torch.Tensor, mask: torch.Tensor) -> object:
+    return x[mask]
 
-    monkeypatch.setattr(torch.Tensor, "__getitem__", blocking_getitem(clock, 0.005))
+
+# (owner, name, the call, its kind): TIMED_ON_DEMAND's calls, each met three times.
+ON_DEMAND = [
+    (torch.Tensor, "__getitem__", _index, "index"),
+    (torch, "tensor", lambda x, m: torch.tensor([x, x]), "copy"),
+    (torch, "where", lambda x, m: torch.where(m), "nonzero"),
+    (torch, "allclose", lambda x, m: torch.allclose(x, x), "compare"),
+    (torch, "repeat_interleave", lambda x, m: torch.repeat_interleave(x, m), "repeat_interleave"),
+]
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "call", "kind"), ON_DEMAND, ids=[c[1] for c in ON_DEMAND]
+)
+def test_a_call_that_seldom_syncs_is_timed_once_it_has_synced(
+    fake_cuda: FakeMode,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    owner: Any,
+    name: str,
+    call: Any,
+    kind: str,
+) -> None:
+    # Unwrapped until its first sync (optimizers call torch.tensor(1.0) every step, datasets
+    # index per sample); that sync is untimed, the next ones are timed.
+    monkeypatch.setattr(owner, name, blocking_call(clock, 0.005))
     x = torch.ones(4)
     mask = torch.ones(4, dtype=torch.bool)
     with barrierguard.watch(engine="cuda", policy="record") as guard:
         guard.step()
-        assert "__getitem__" in torch.Tensor.__dict__
-        wrapped_before = torch.Tensor.__getitem__
+        before = getattr(owner, name)
+        assert isinstance(before, types.FunctionType) and before.__name__ == "blocking"
         for _ in range(3):
-            x[mask]  # I-site
-        assert torch.Tensor.__getitem__ is not wrapped_before  # timed from now on
+            call(x, mask)
+        assert getattr(owner, name).__wrapped__ is before  # timed from the first sync on
         guard.step()
-    site = next(s for s in guard.report.sites if s.kind == "index")
+    assert getattr(owner, name) is before
+    site = next(s for s in guard.report.sites if s.kind == kind)
     assert site.count == 3 and site.stall_count == 2
     assert site.stall_s == pytest.approx(0.010)
+
+
+def test_a_call_that_seldom_syncs_passes_no_wrapper_until_then(fake_cuda: FakeMode) -> None:
+    before = [
+        (owner, name, vars(owner).get(name)) for calls in ON_DEMAND_CALLS for owner, name in calls
+    ]
+    with barrierguard.watch(engine="cuda", policy="record"):
+        assert [(owner, name, vars(owner).get(name)) for owner, name, _ in before] == before
+    assert [(owner, name, vars(owner).get(name)) for owner, name, _ in before] == before
 
 
 def test_one_call_that_syncs_many_times_is_one_occurrence(

@@ -84,11 +84,19 @@ _DRAINED = float("-inf")
 _SCALAR_READS = frozenset({"item", "__bool__", "__int__", "__float__", "__index__"})
 # Methods of self alone get a wrapper of fixed arity, cheaper than *args, **kwargs.
 _NO_ARGS = _SCALAR_READS | {"tolist"}
-_DATA_SHAPED = ("nonzero", "argwhere", "masked_select", "unique", "repeat_interleave")
+_DATA_SHAPED = ("nonzero", "argwhere", "masked_select", "unique")
 TIMED_TENSOR_METHODS = (*_DATA_SHAPED, "cpu", "numpy", "__complex__", "__format__", "__repr__")
-TIMED_TORCH_FUNCTIONS = (*_DATA_SHAPED, "where", "allclose", "equal", "tensor")
-# Timed only once a run has shown an indexing sync: datasets index tensors per sample.
-TIMED_ON_DEMAND = ("__getitem__", "__setitem__")
+TIMED_TORCH_FUNCTIONS = _DATA_SHAPED
+# By the kind of sync they make: calls that seldom sync and run often, timed only once a run
+# has shown an untimed sync of that kind. Datasets index tensors per sample, optimizers call
+# torch.tensor(1.0) every step, models call where(c, x, y) and repeat_interleave(n) per layer.
+TIMED_ON_DEMAND: dict[str, tuple[tuple[Any, str], ...]] = {
+    "index": ((torch.Tensor, "__getitem__"), (torch.Tensor, "__setitem__")),
+    "copy": ((torch, "tensor"),),
+    "nonzero": ((torch, "where"),),
+    "compare": ((torch, "allclose"), (torch, "equal")),
+    "repeat_interleave": ((torch, "repeat_interleave"), (torch.Tensor, "repeat_interleave")),
+}
 
 # Dynamo folds is_dynamo_compiling() to True while tracing: wrappers stay out of graphs.
 _compiling = distributed._compiling
@@ -276,7 +284,7 @@ class CudaEngine:
         self._filter: Any = None
         self._filter_list: list[Any] = []
         self._saved_show: Callable[..., Any] | None = None
-        self._index_timed = False
+        self._timed_kinds: set[str] = set()  # TIMED_ON_DEMAND's kinds timed so far
 
     def install(self) -> None:
         self._saved_mode = _get_mode()
@@ -302,7 +310,7 @@ class CudaEngine:
             _set_mode(self._saved_mode)
         finally:
             self._patches.undo()
-            self._index_timed = False
+            self._timed_kinds.clear()
             for state in list(_threads):
                 state.hot = None
             stack.forget()
@@ -360,10 +368,12 @@ class CudaEngine:
                 state.t0 = _DRAINED
         stall = None if t0 is None else (0.0 if t0 is _DRAINED else now - t0)
         if sync is not None:
-            if t0 is None and sync.loc.kind == "index" and not self._index_timed:
-                self._index_timed = True  # from the second indexing sync on, timed
+            kind = sync.loc.kind
+            if t0 is None and kind in TIMED_ON_DEMAND and kind not in self._timed_kinds:
+                self._timed_kinds.add(kind)  # its first sync untimed, the calls after it timed
                 with self._patches.deferred():
-                    self._time(torch.Tensor, TIMED_ON_DEMAND)
+                    for owner, name in TIMED_ON_DEMAND[kind]:
+                        self._time(owner, (name,))
             # A further sync inside the same timed call (print(t)) is the same occurrence.
             hub.emit(self.name, sync, stall, again=t0 is _DRAINED)
 

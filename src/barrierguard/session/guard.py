@@ -406,13 +406,14 @@ class Guard:
                         pass
             if (
                 kept
-                or self._tallied
                 or step >= self._listen_at
                 or step == len(self._per_step)
                 or self._open.held
                 or self._due
             ):
                 self._boundary(step, _getframe())
+            elif self._tallied:  # a read once a step, nothing else due: its tally rolls on
+                self._tallied = self._roll(step)
             return
         self._alone = None
         if self._probing:
@@ -812,8 +813,11 @@ class Guard:
             return
         stall, timed = quiet.stall, n - quiet.untimed
         quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
-        stats = quiet.stats
-        if self._count_occurrence(stats, quiet.mechanism, quiet.phase, n):
+        stats, mechanism, phase = quiet.stats, quiet.mechanism, quiet.phase
+        if mechanism is None and phase is None:  # _count_occurrence's plain case, inline
+            stats.count += n
+            stats.events += n
+        elif self._count_occurrence(stats, mechanism, phase, n):
             return
         step = quiet.step
         if stats.blocking:
