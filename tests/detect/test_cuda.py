@@ -757,4 +757,3 @@ def test_the_copy_wrapper_judges_a_non_blocking_copy_by_its_arguments(
         None: [],
     }
     assert records == kinds[expected]
-
