@@ -819,7 +819,8 @@ def _parts_fit(args: argparse.Namespace) -> dict[str, Any]:
             # _advance, not _boundary: the boundary probes the kept frames from its caller's
             # frame, which a meter between the two would move.
             (Guard, "_advance", "  of which the step boundary"),
-            (Guard, "_fold", "    of which the fold of the tallies"),
+            # A read carried over the boundary is counted in its step here (_fold: a report's).
+            (Guard, "_roll", "    of which the roll of the tallies"),
             (stack, "forget", "    of which stack.forget (the kept frames)"),
             (Guard, "_close_step", "    of which closing the step's held syncs"),
             (Guard, "_listen", "    of which its listeners"),
