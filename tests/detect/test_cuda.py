@@ -508,17 +508,18 @@ def _view(report: Any) -> dict[Any, Any]:
     }
 
 
-def _both_ways(plan: str) -> tuple[Any, int, int]:
+def _both_ways(plan: str, allow: tuple[str, ...] = ("item", "framework:*")) -> tuple[Any, int, int]:
     """``plan`` run with its tallies standing and with each made stale at once (every read
-    allowed): the same report either way; it, and how many reads reached the guard each way."""
+    allowed, by default): the same report either way; it, and how many reads reached the
+    guard each way."""
     namespace: dict[str, Any] = {}
     exec(_FRAMEWORK_READ, namespace)
     x = torch.ones(1)
-    allow = ("item", "framework:*")
     fast, fast_calls = _tallied_run(x, namespace["through"], True, plan, allow=allow)
     slow, slow_calls = _tallied_run(x, namespace["through"], False, plan, allow=allow)
     assert _view(fast) == _view(slow)
     assert fast.step_syncs == slow.step_syncs
+    assert fast.violations == slow.violations
     return fast, fast_calls, slow_calls
 
 
@@ -567,6 +568,17 @@ def test_a_read_once_a_step_is_counted_by_its_tally_across_boundaries(
         fast, fast_calls, slow_calls = _both_ways(plan)
         assert _view(fast)[(_line(line), "user")][:3] == (40, 39, ((1, 39),))
         assert fast_calls <= 3 < slow_calls
+
+
+def test_a_violating_read_once_a_step_is_listed_by_its_tally(scalar_reads: FakeMode) -> None:
+    # Under the record policy a read the policy forbids settles at once, as an allowed one
+    # does: its tally lists its violations (by step, then by site), with nothing called.
+    plan = "u1s" * 5 + "us" * 30 + "1s" * 20 + "fs" * 5
+    fast, fast_calls, slow_calls = _both_ways(plan, allow=())
+    assert len(fast.violations) == 5 * 2 + 30 + 20 + 5
+    assert [v.step for v in fast.violations] == sorted(v.step for v in fast.violations)
+    assert not any("further policy violations" in note for note in fast.notes)
+    assert slow_calls >= 60 and fast_calls <= 20
 
 
 def test_a_users_read_found_by_the_last_route_keeps_its_frame_as_the_last(

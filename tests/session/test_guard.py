@@ -249,7 +249,8 @@ def test_settled_sites_count_as_the_full_path_does(
         return out
 
     settled = run()
-    # The allowed site, and the others once 1000 violations are listed.
+    # The allowed site and, under the record policy, the violating ones (listed by their
+    # tallies, by step then by site, as the full path lists them).
     assert settled.pop("settled") == 2 + threads
     monkeypatch.setattr(Guard, "_settle", lambda self, stats: None)
     full = run()

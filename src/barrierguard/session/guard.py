@@ -761,6 +761,15 @@ class Guard:
         if len(self._violations) < _MAX_VIOLATIONS:
             self._violations.append((loc, step, reason, thread))
 
+    def _violate_quietly(self, stats: SiteStats, step: int, n: int) -> None:
+        """``n`` violations of a settled site in ``step``, listed as :meth:`_violate` lists
+        them (a site settles only where the reason is ``"not allowed"``: no budget)."""
+        self._violation_count += n
+        room = _MAX_VIOLATIONS - len(self._violations)
+        if room > 0:
+            entry = (stats.loc, step, "not allowed", self._thread_name(stats.last_ident))
+            self._violations += [entry] * min(n, room)
+
     def _count_in_step(self, stats: SiteStats, step: int, stall: float | None) -> None:
         """Count one sync of ``stats``'s site in the measured step ``step``."""
         stats.step_count += 1
@@ -772,10 +781,9 @@ class Guard:
 
     def _settle(self, stats: SiteStats) -> None:
         """Count ``stats``'s further syncs on the quiet path once the loop confirmed the site and
-        it can no longer warn, raise or fill the violation list. Called with the lock held."""
-        if not stats.in_loop or self._options.max_syncs_per_step is not None:
-            return
-        if stats.allowed or not stats.blocking or len(self._violations) >= _MAX_VIOLATIONS:
+        it can no longer warn or raise (its violations are listed there too). Called with the
+        lock held."""
+        if stats.in_loop and self._options.max_syncs_per_step is None:
             self._quiet.setdefault(stats.loc, _Quiet(stats, stats.blocking and not stats.allowed))
 
     def _roll(self, step: int) -> bool:
@@ -831,7 +839,7 @@ class Guard:
         if quiet.violating:
             if step == self._steps:
                 self._step_syncs += n
-            self._violation_count += n
+            self._violate_quietly(stats, step, n)
 
     @staticmethod
     def _count_occurrence(
@@ -860,7 +868,7 @@ class Guard:
         self._count_in_step(stats, step, stall)
         if blocking and not stats.allowed and not allowing.admits(stats.loc.key, stats.loc.kind):
             self._step_syncs += 1
-            self._violation_count += 1
+            self._violate_quietly(stats, step, 1)
 
     def _new_site(self, loc: Location, mechanism: str | None) -> SiteStats:
         known = KINDS.get(loc.kind)
@@ -905,11 +913,13 @@ class Guard:
         with self._lock:
             self._fold()
             stats = list(self._sites.values())
+            # A tally's violations are listed when it is folded: by step, then by site.
+            listed = sorted(self._violations[:_MAX_VIOLATIONS], key=_violation_order)
             violations = tuple(
                 Violation(loc.file, loc.line, loc.kind, loc.origin, step, reason, thread)
-                for loc, step, reason, thread in self._violations
+                for loc, step, reason, thread in listed
             )
-            extra = self._violation_count - len(self._violations)
+            extra = self._violation_count - len(listed)
             notes = list(self._notes) + list(self._faults)
             steps = self._steps
             per_step = tuple(self._per_step[: steps + 1])
@@ -984,6 +994,11 @@ def _add_step(ranges: list[list[int]], step: int) -> None:
             ranges[-1][1] = step
     else:
         ranges.append([step, step])
+
+
+def _violation_order(entry: tuple[Location, int, str, str]) -> tuple[int, str, int]:
+    loc = entry[0]
+    return entry[1], loc.file, loc.line
 
 
 def _raise(error: SyncError) -> None:
