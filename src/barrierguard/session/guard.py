@@ -821,12 +821,16 @@ class Guard:
             return
         stall, timed = quiet.stall, n - quiet.untimed
         quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
+        # _count_occurrence, inline: a boundary folds a read carried over it (_roll) each step.
         stats, mechanism, phase = quiet.stats, quiet.mechanism, quiet.phase
-        if mechanism is None and phase is None:  # _count_occurrence's plain case, inline
-            stats.count += n
-            stats.events += n
-        elif self._count_occurrence(stats, mechanism, phase, n):
-            return
+        stats.count += n
+        stats.events += n
+        if mechanism is not None:
+            stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + n
+        if phase is not None:
+            stats.phases[phase] = stats.phases.get(phase, 0) + n
+            if phase in APART_PHASES:
+                return
         step = quiet.step
         if stats.blocking:
             self._per_step[step] += n
@@ -839,7 +843,10 @@ class Guard:
         if quiet.violating:
             if step == self._steps:
                 self._step_syncs += n
-            self._violate_quietly(stats, step, n)
+            if len(self._violations) < _MAX_VIOLATIONS:
+                self._violate_quietly(stats, step, n)
+            else:
+                self._violation_count += n
 
     @staticmethod
     def _count_occurrence(
