@@ -46,7 +46,15 @@ Reproduce:
 
     ``benchmarks/results/h200/versions_read_af0f9a7.json`` and ``versions_read_af0f9a7.txt``
     are ``--old old.tar --pin 2 --steps 100 --pairs 200 --read``, ``src/`` at af0f9a7 (a
-    read once a step counted by its tally) against an archive of 1be3c24.
+    read once a step counted by its tally) against an archive of 1be3c24;
+    ``benchmarks/results/h200/versions_read_eed2357.json`` and ``versions_read_eed2357.txt`` the
+    same, ``src/`` at eed2357 against an archive of af0f9a7.
+    ``benchmarks/results/h200/versions_read_9018504.json`` and ``versions_read_9018504.txt``, and
+    without ``--read`` ``benchmarks/results/h200/versions_9018504.json`` and
+    ``versions_9018504.txt`` (``--steps 100 --pairs 200``), are ``src/`` at 9018504 (Adam's
+    ``torch.tensor(1.0)`` passes no wrapper) against an archive of eed2357, on one host;
+    ``benchmarks/results/h200/versions_read_eeef063.json`` and ``versions_read_eeef063.txt``
+    ``src/`` at eeef063 against eed2357, on another.
 
     Where the working tree has no git history (a copy sent to a GPU machine), make the
     archive first and pass its path::
