@@ -144,6 +144,9 @@ Reproduce:
     ``benchmarks/results/h200/core_parts_8274972.json`` and ``core_parts_8274972.txt`` are
     ``--pin 2 --layers 3 --pairs 3 --steps 5 --parts-steps 100 --parts-rounds 30
     --sync-pairs 0`` at 8274972.
+    ``benchmarks/results/h200/core_sync_eeef063.json`` is ``--pin 2 --layers 3 --steps 50
+    --pairs 10 --parts-steps 0 --sync-pairs 40`` at eeef063: the per-sync part (its 10 rounds
+    of the per-step part are too few to read).
 
     CPU smoke run (the per-step rounds only, audit engine)::
 
