@@ -158,17 +158,6 @@ def blocking_item(clock: FakeClock, wait: float) -> Any:
     return item
 
 
-def blocking_getitem(clock: FakeClock, wait: float) -> Any:
-    """A stand-in for ``Tensor.__getitem__`` whose indexing 'waits', then syncs."""
-
-    def getitem(self: Any, key: Any) -> Any:
-        clock.advance(wait)
-        _sync()
-        return self
-
-    return getitem
-
-
 def blocking_call(clock: FakeClock, wait: float) -> Any:
     """A stand-in for a torch call that 'waits', then syncs; returns its first argument."""
 

@@ -116,13 +116,8 @@ def test_sites_rank_by_stall(
     assert "stalled 50.00 ms in all" in str(guard.report)
 
 
-def _index(x: torch.Tensor, mask: torch.Tensor) -> object:
-    return x[mask]
-
-
 # (owner, name, the call, its kind): TIMED_ON_DEMAND's calls, each met three times.
 ON_DEMAND = [
-    (torch.Tensor, "__getitem__", _index, "index"),
     (torch, "tensor", lambda x, m: torch.tensor([x, x]), "copy"),
     (torch, "where", lambda x, m: torch.where(m), "nonzero"),
     (torch, "allclose", lambda x, m: torch.allclose(x, x), "compare"),
@@ -142,8 +137,8 @@ def test_a_call_that_seldom_syncs_is_timed_once_it_has_synced(
     call: Any,
     kind: str,
 ) -> None:
-    # Unwrapped until its first sync (optimizers call torch.tensor(1.0) every step, datasets
-    # index per sample); that sync is untimed, the next ones are timed.
+    # Unwrapped until its first sync (optimizers call torch.tensor(1.0) every step); that
+    # sync is untimed, the next ones are timed.
     monkeypatch.setattr(owner, name, blocking_call(clock, 0.005))
     x = torch.ones(4)
     mask = torch.ones(4, dtype=torch.bool)
@@ -168,6 +163,27 @@ def test_a_call_that_seldom_syncs_passes_no_wrapper_until_then(fake_cuda: FakeMo
     with barrierguard.watch(engine="cuda", policy="record"):
         assert [(owner, name, vars(owner).get(name)) for owner, name, _ in before] == before
     assert [(owner, name, vars(owner).get(name)) for owner, name, _ in before] == before
+
+
+def test_indexing_is_recorded_untimed_and_tensor_stays_no_sequence(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Python __getitem__ on torch.Tensor would set its sq_item slot for good: every tensor
+    # a sequence to CPython, and torch.tensor([a, b]) of 0-d tensors raising TypeError, during
+    # the run and after it. No indexing call is wrapped, even with every on-demand kind timed.
+    from barrierguard.detect import hub
+
+    x = torch.arange(4.0)
+    with barrierguard.watch(engine="cuda", policy="record"):
+        engine = hub._engines["cuda"]
+        for kind in cuda_engine.TIMED_ON_DEMAND:
+            engine._timed_kinds.add(kind)
+            for owner, name in cuda_engine.TIMED_ON_DEMAND[kind]:
+                engine._time(owner, (name,))
+        assert "__getitem__" not in vars(torch.Tensor)
+        assert "__setitem__" not in vars(torch.Tensor)
+        assert torch.tensor([x[0], x[1]]).tolist() == [0.0, 1.0]
+    assert torch.tensor([x[0], x[1]]).tolist() == [0.0, 1.0]
 
 
 def test_one_call_that_syncs_many_times_is_one_occurrence(

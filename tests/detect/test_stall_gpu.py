@@ -45,7 +45,8 @@ OPS: dict[str, Callable[[torch.Tensor], object]] = {
     "item": lambda x: x.sum().item(),
     "cpu": lambda x: x.cpu(),
     "print": lambda x: print(x[:2], file=io.StringIO()),
-    "index": lambda x: x[x > 0],
+    "where": lambda x: torch.where(x > 0),
+    "tensor": lambda x: torch.tensor([x[0], x[1]]),
 }
 
 
@@ -56,7 +57,7 @@ def test_stall_matches_the_kernel(op: str, ms: int, cycles_per_ms: float) -> Non
     OPS[op](x)
     torch.cuda.synchronize()
     with barrierguard.watch(engine="cuda", policy="record") as guard:
-        OPS[op](x)  # setup: indexing is timed from its second sync on
+        OPS[op](x)  # setup: where and tensor are timed from their second sync on
         guard.step()
         torch.cuda._sleep(int(ms * cycles_per_ms))
         OPS[op](x)

@@ -88,10 +88,12 @@ _DATA_SHAPED = ("nonzero", "argwhere", "masked_select", "unique")
 TIMED_TENSOR_METHODS = (*_DATA_SHAPED, "cpu", "numpy", "__complex__", "__format__", "__repr__")
 TIMED_TORCH_FUNCTIONS = _DATA_SHAPED
 # By the kind of sync they make: calls that seldom sync and run often, timed only once a run
-# has shown an untimed sync of that kind. Datasets index tensors per sample, optimizers call
-# torch.tensor(1.0) every step, models call where(c, x, y) and repeat_interleave(n) per layer.
+# has shown an untimed sync of that kind. Optimizers call torch.tensor(1.0) every step, models
+# call where(c, x, y) and repeat_interleave(n) per layer. Indexing is never timed: a Python
+# __getitem__ on torch.Tensor makes CPython see every tensor as a sequence, for good (its
+# sq_item slot stays set after the attribute is deleted), and torch.tensor([a, b]) of 0-d
+# tensors then raises.
 TIMED_ON_DEMAND: dict[str, tuple[tuple[Any, str], ...]] = {
-    "index": ((torch.Tensor, "__getitem__"), (torch.Tensor, "__setitem__")),
     "copy": ((torch, "tensor"),),
     "nonzero": ((torch, "where"),),
     "compare": ((torch, "allclose"), (torch, "equal")),
