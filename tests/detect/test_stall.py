@@ -171,9 +171,17 @@ def test_indexing_is_recorded_untimed_and_tensor_stays_no_sequence(
     # A Python __getitem__ on torch.Tensor would set its sq_item slot for good: every tensor
     # a sequence to CPython, and torch.tensor([a, b]) of 0-d tensors raising TypeError, during
     # the run and after it. No indexing call is wrapped, even with every on-demand kind timed.
+    import ctypes
+
     from barrierguard.detect import hub
 
     x = torch.arange(4.0)
+
+    def protocols() -> list[int]:  # how CPython's C API sees a tensor
+        api, obj = ctypes.pythonapi, ctypes.py_object(x)
+        return [f(obj) for f in (api.PySequence_Check, api.PyMapping_Check, api.PyIndex_Check)]
+
+    before = protocols()
     with barrierguard.watch(engine="cuda", policy="record"):
         engine = hub._engines["cuda"]
         for kind in cuda_engine.TIMED_ON_DEMAND:
@@ -182,7 +190,9 @@ def test_indexing_is_recorded_untimed_and_tensor_stays_no_sequence(
                 engine._time(owner, (name,))
         assert "__getitem__" not in vars(torch.Tensor)
         assert "__setitem__" not in vars(torch.Tensor)
+        assert protocols() == before
         assert torch.tensor([x[0], x[1]]).tolist() == [0.0, 1.0]
+    assert protocols() == before == [0, 1, 1]
     assert torch.tensor([x[0], x[1]]).tolist() == [0.0, 1.0]
 
 
