@@ -756,19 +756,19 @@ class Guard:
                 return functools.partial(self._warn, stats, step, reason) if first_time else None
         return functools.partial(_raise, error)
 
-    def _violate(self, loc: Location, step: int, reason: str, thread: str) -> None:
-        self._violation_count += 1
-        if len(self._violations) < _MAX_VIOLATIONS:
-            self._violations.append((loc, step, reason, thread))
-
-    def _violate_quietly(self, stats: SiteStats, step: int, n: int) -> None:
-        """``n`` violations of a settled site in ``step``, listed as :meth:`_violate` lists
-        them (a site settles only where the reason is ``"not allowed"``: no budget)."""
+    def _violate(self, loc: Location, step: int, reason: str, thread: str, n: int = 1) -> None:
         self._violation_count += n
         room = _MAX_VIOLATIONS - len(self._violations)
         if room > 0:
-            entry = (stats.loc, step, "not allowed", self._thread_name(stats.last_ident))
-            self._violations += [entry] * min(n, room)
+            self._violations += [(loc, step, reason, thread)] * min(n, room)
+
+    def _violate_quietly(self, stats: SiteStats, step: int, n: int) -> None:
+        """``n`` violations of a settled site in ``step`` (a site settles only where the reason
+        is ``"not allowed"``: no budget); its thread's name is looked up only to list them."""
+        if len(self._violations) < _MAX_VIOLATIONS:
+            self._violate(stats.loc, step, "not allowed", self._thread_name(stats.last_ident), n)
+        else:
+            self._violation_count += n
 
     def _count_in_step(self, stats: SiteStats, step: int, stall: float | None) -> None:
         """Count one sync of ``stats``'s site in the measured step ``step``."""
@@ -821,16 +821,9 @@ class Guard:
             return
         stall, timed = quiet.stall, n - quiet.untimed
         quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
-        # _count_occurrence, inline: a boundary folds a read carried over it (_roll) each step.
-        stats, mechanism, phase = quiet.stats, quiet.mechanism, quiet.phase
-        stats.count += n
-        stats.events += n
-        if mechanism is not None:
-            stats.mechanisms[mechanism] = stats.mechanisms.get(mechanism, 0) + n
-        if phase is not None:
-            stats.phases[phase] = stats.phases.get(phase, 0) + n
-            if phase in APART_PHASES:
-                return
+        stats = quiet.stats
+        if self._count_occurrence(stats, quiet.mechanism, quiet.phase, n):
+            return
         step = quiet.step
         if stats.blocking:
             self._per_step[step] += n
@@ -843,10 +836,7 @@ class Guard:
         if quiet.violating:
             if step == self._steps:
                 self._step_syncs += n
-            if len(self._violations) < _MAX_VIOLATIONS:
-                self._violate_quietly(stats, step, n)
-            else:
-                self._violation_count += n
+            self._violate_quietly(stats, step, n)
 
     @staticmethod
     def _count_occurrence(
