@@ -331,7 +331,7 @@ def _lightning(args: argparse.Namespace) -> list[str]:
             if on:
                 cb.guard._stop(act=False)
             else:
-                cb._begin("train")
+                cb._begin("train", functools.partial(getattr, a[0], "optimizers"))
             _mark()
             labels.append("switch")
 

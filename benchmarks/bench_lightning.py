@@ -333,6 +333,7 @@ Reproduce:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -437,7 +438,7 @@ def _blocks_fit(args: argparse.Namespace, switched: bool) -> dict[str, Any]:
                     if state["on"]:
                         guard._stop(act=False)
                     else:
-                        guard_cb._begin("train")
+                        guard_cb._begin("train", functools.partial(getattr, a[0], "optimizers"))
                 state["on"] = not state["on"]
             state["t"], state["c"] = time.perf_counter(), time.thread_time()
 
@@ -580,7 +581,7 @@ def _cycle_fit(args: argparse.Namespace) -> dict[str, Any]:
                         mode.__exit__()
                 elif after == "on":
                     if mode is None:
-                        guard_cb._begin("train")
+                        guard_cb._begin("train", functools.partial(getattr, a[0], "optimizers"))
                     else:
                         mode.__enter__()
                 if collect:

@@ -570,6 +570,33 @@ def test_a_read_once_a_step_is_counted_by_its_tally_across_boundaries(
         assert fast_calls <= 3 < slow_calls
 
 
+def test_a_boundary_visits_only_the_sites_whose_tallies_were_handed_out(
+    scalar_reads: FakeMode,
+) -> None:
+    # Sites settled early and not met since cost a boundary nothing: it rolls on only the
+    # tallies handed out (Guard._grown), and the counts are those the guard makes itself.
+    plan = "u1fs" * 3 + "us" * 30 + "1s" * 3 + "us" * 5
+    fast, fast_calls, slow_calls = _both_ways(plan)
+    view = _view(fast)
+    assert view[(_line("# T-user"), "user")][:3] == (38, 38, ((1, 33), (37, 41)))
+    assert view[(_line("# T-one"), "framework:lightning")][:3] == (6, 6, ((1, 3), (34, 36)))
+    assert fast_calls <= 12 < slow_calls
+
+    x = torch.ones(1)
+    with barrierguard.watch(engine="cuda", policy="record", allow=["item"]) as guard:
+        guard.step()
+        for _ in range(3):
+            x.item()  # T-early
+            _read_in_a_function(x)
+            guard.step()
+        for _ in range(5):
+            x.item()  # T-late
+            guard.step()
+        grown = [quiet.stats.loc.line for quiet in guard._grown]
+    assert grown == [_line("# T-late")]
+    assert {s.line: s.count for s in guard.report.sites}[_line("# T-late")] == 5
+
+
 def test_a_violating_read_once_a_step_is_listed_by_its_tally(scalar_reads: FakeMode) -> None:
     # Under the record policy a read the policy forbids settles at once, as an allowed one
     # does: its tally lists its violations (by step, then by site), with nothing called.

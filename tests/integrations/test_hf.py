@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -72,6 +73,38 @@ def test_framework_sites_are_named_with_why_and_fix(default_fit: tuple[Report, i
     # Distinct framework lines behind the one user line are distinct sites.
     assert len({s.key for s in report.sites}) == len(report.sites)
     assert len({s.framework_line for s in report.sites if s.framework_line}) >= 5
+
+
+def _guard_hooks(hooks: Any) -> int:
+    """How many of torch's global optimizer hooks are a guard's."""
+    from barrierguard.session.guard import Guard
+
+    return sum(getattr(h, "__func__", None) is Guard._on_optimizer_step for h in hooks.values())
+
+
+def test_steps_come_from_the_callback_with_no_optimizer_hook(tmp_path: Path) -> None:
+    # The Trainer's step end makes the steps: the guard hooks no optimizer step; a capture
+    # probe asks for the Trainer's optimizer instead.
+    from torch.optim import optimizer as optim_module
+
+    cb = barrierguard.HFBarrierGuard(policy="record", print_report=False, memory=False)
+    seen: list[tuple[int, bool]] = []
+
+    class Look(transformers.TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            assert cb.guard is not None
+            source = cb.guard._optimizer_source
+            found = list(source()) if source is not None else []
+            seen.append(
+                (
+                    _guard_hooks(optim_module._global_optimizer_post_hooks),
+                    found == [kwargs["optimizer"]],
+                )
+            )
+
+    trainer(tmp_path, [cb, Look()]).train()
+    assert len(seen) == cb.report.steps == 6
+    assert set(seen) == {(0, True)}
 
 
 def test_weights_are_identical_with_and_without_the_callback(tmp_path: Path) -> None:

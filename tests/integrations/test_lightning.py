@@ -192,6 +192,47 @@ def test_callback_itself_adds_no_sync(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "_lightning_helpers.py" in files  # the classification patch did not hide the user
 
 
+def _guard_hooks(hooks: Any) -> int:
+    """How many of torch's global optimizer hooks are a guard's."""
+    from barrierguard.session.guard import Guard
+
+    return sum(getattr(h, "__func__", None) is Guard._on_optimizer_step for h in hooks.values())
+
+
+def test_steps_come_from_the_callback_with_no_optimizer_hook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lightning's batch end makes the steps: the guard hooks no optimizer step (it would only
+    # cost each step). A capture probe asks the trainer for its optimizers instead, to put
+    # their parameters' gradients back.
+    from torch.optim import optimizer as optim_module
+
+    from barrierguard.session import capture
+
+    given: list[list[Any]] = []
+
+    def probe(fn: Any, args: Any, kwargs: Any, params: Any, skips: Any) -> Any:
+        given.append(list(params))
+        return capture.CaptureProbe(status="not run", reason="a stand-in")
+
+    monkeypatch.setattr(capture, "probe", probe)
+    cb = barrierguard.BarrierGuard(policy="record", print_report=False, memory=False)
+    hooks: list[int] = []
+
+    class Look(pl.Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            hooks.append(_guard_hooks(optim_module._global_optimizer_post_hooks))
+            if len(hooks) == 3:
+                assert cb.guard is not None
+                cb.guard.probe_capture(lambda: None)
+
+    model = fit(tmp_path, [cb, Look()], max_epochs=1)
+    assert len(hooks) == cb.report.steps > 3
+    assert set(hooks) == {0}
+    assert len(given) == 1
+    assert {id(p) for p in given[0]} == {id(p) for p in model.parameters()}
+
+
 def test_weights_identical_with_and_without_the_callback(tmp_path: Path, fitted: Any) -> None:
     _, with_cb, _ = fitted
     without = fit(tmp_path, [])

@@ -84,12 +84,14 @@ class Adapter:
         if self._guard is not None:
             self._guard.set_phase(phase)
 
-    def _begin(self, phase: str) -> None:
-        """Start the guard (made on first use) in ``phase``, unless it runs already."""
+    def _begin(self, phase: str, optimizers: Callable[[], Iterable[Any]]) -> None:
+        """Start the guard (made on first use) in ``phase``, unless it runs already;
+        ``optimizers`` gives the framework's optimizers when a capture probe asks."""
         if self._guard is None:
             self._guard = Guard(self._options)
-            self._guard.steps_by_caller()  # the callback's step(), not the optimizer hook
         if not self._guard.is_running:
+            # The callback's step(), not an optimizer hook, from this run's framework.
+            self._guard.steps_by_caller(optimizers)
             self._final = None
             self._guard.set_phase(phase)
             self._guard.start()

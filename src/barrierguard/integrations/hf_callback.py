@@ -68,7 +68,9 @@ class HFBarrierGuard(Adapter, TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._protect(sys._getframe(1))
-        self._begin("train")
+        optimizer = kwargs.get("optimizer")
+        held = weakref.ref(optimizer) if optimizer is not None else lambda: None
+        self._begin("train", lambda: () if (opt := held()) is None else (opt,))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if (guard := self._running()) is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -78,7 +79,11 @@ class BarrierGuard(Adapter, pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # A test or predict run is that phase from its setup on (each run ends at teardown).
-        self._begin(stage if stage in ("validate", "test", "predict") else "setup")
+        held = weakref.ref(trainer)  # asked by a capture probe; the run's end frees the trainer
+        self._begin(
+            stage if stage in ("validate", "test", "predict") else "setup",
+            lambda: getattr(held(), "optimizers", ()),
+        )
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._set_phase("sanity")

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -87,6 +87,7 @@ class _Quiet(hub.Tally):
 
     __slots__ = (
         "guard_phase",
+        "listed",
         "mechanism",
         "phase",
         "stats",
@@ -106,6 +107,7 @@ class _Quiet(hub.Tally):
         self.mechanism: str | None = None
         self.phase: str | None = None
         self.untimed = 0  # of the n, those without a measured stall
+        self.listed = False  # in Guard._grown: its tally was handed out (see _roll)
 
 
 # A listener's due step when there is none: past any run's last step.
@@ -140,6 +142,9 @@ class Guard:
         # Settled sites by their interned location (_settle).
         self._quiet: dict[Location, _Quiet] = {}
         self._tallied = False  # a tally may have grown since the last boundary (see _roll)
+        # The settled sites whose tallies were handed out since the last stale-making roll: the
+        # only ones that can grow without record() (see _roll).
+        self._grown: list[_Quiet] = []
         self._steps = 0
         self._step_syncs = 0
         self._per_step: list[int] = [0]
@@ -180,6 +185,8 @@ class Guard:
         self._probing = False
         self._call_probe: CallProbe | None = None
         self._optimizers: dict[int, Any] = {}
+        # A framework's optimizers, asked by a capture probe: with it, no optimizer hook runs.
+        self._optimizer_source: Callable[[], Iterable[Any]] | None = None
         self._phase: str | None = None  # from framework adapters' events (set_phase)
         # Where stop() last saved the report (watch(out=...)), this rank's file.
         self.report_path: str | None = None
@@ -218,9 +225,11 @@ class Guard:
             self._thread_ident = threading.get_ident()
             hub.attach(self, engine)
             try:
-                from torch.optim.optimizer import register_optimizer_step_post_hook
+                if self._optimizer_source is None:
+                    from torch.optim.optimizer import register_optimizer_step_post_hook
 
-                self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+                    hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+                    self._hook_handle = hook
                 watch_loaders(self._on_loader_end)
             except BaseException:
                 if self._hook_handle is not None:
@@ -546,9 +555,15 @@ class Guard:
         """
         from barrierguard.session.capture import probe
 
+        optimizers = dict(self._optimizers)
+        if self._optimizer_source is not None:
+            try:
+                optimizers.update((id(opt), opt) for opt in self._optimizer_source())
+            except Exception as exc:  # the hooked ones still count
+                self.fault(exc)
         params = [
             p
-            for opt in self._optimizers.values()
+            for opt in optimizers.values()
             for group in getattr(opt, "param_groups", ())
             for p in group.get("params", ())
         ]
@@ -594,10 +609,16 @@ class Guard:
         """Step boundaries seen so far."""
         return self._steps
 
-    def steps_by_caller(self) -> None:
-        """Take step boundaries from :meth:`step` calls only, even before the first one."""
+    def steps_by_caller(self, optimizers: Callable[[], Iterable[Any]] | None = None) -> None:
+        """Take step boundaries from :meth:`step` calls only, even before the first one.
+
+        ``optimizers``: where a framework keeps its optimizers, asked only when a capture probe
+        runs (it puts their parameters' gradients back). With it, the guard hooks no optimizer
+        step: a framework's callback drives the steps, and the hook would only cost each step.
+        """
         self._manual = True
         self._alone = None
+        self._optimizer_source = optimizers
 
     def syncs_in_steps(self, start: int, end: int) -> list[int]:
         """The blocking syncs of each measured step from ``start`` to ``end`` (steps seen)."""
@@ -663,6 +684,9 @@ class Guard:
                 quiet.step = self._steps
             quiet.n += 1  # a repeat: folded into the counters later (_roll, _fold)
             self._tallied = True
+            if not quiet.listed:
+                quiet.listed = True
+                self._grown.append(quiet)
             if stall is None:
                 quiet.untimed += 1
             else:
@@ -787,13 +811,18 @@ class Guard:
             self._quiet.setdefault(stats.loc, _Quiet(stats, stats.blocking and not stats.allowed))
 
     def _roll(self, step: int) -> bool:
-        """At a boundary: count this thread's tallies in the closed step and move its settled
-        sites on to ``step``, so that a tally handed out stays good across the boundary (a read
-        once a step calls nothing). Returns whether one grew in the closed step: it may grow
-        again. Else, or with another thread's settled site, every tally is made stale."""
+        """At a boundary: count this thread's tallies in the closed step and move their sites on
+        to ``step``, so that a tally handed out stays good across the boundary (a read once a
+        step calls nothing). Returns whether one grew in the closed step: it may grow again.
+        Else, or with another thread's tally out, every tally is made stale.
+
+        Only the sites in :attr:`_grown` are visited: a tally is handed out by :meth:`record`
+        alone, which lists its site, and the list is emptied only with the tallies made stale.
+        A site left at an older step is folded by :meth:`record` when next met."""
         me = _get_ident()
         grew, alone = False, True
-        for quiet in self._quiet.values():
+        grown = self._grown
+        for quiet in grown:
             if quiet.stats.last_ident != me:
                 alone = False  # its tally is counted by its thread: stale at our boundary
                 continue
@@ -803,6 +832,9 @@ class Guard:
             quiet.step = step
         if grew and alone:
             return True
+        for quiet in grown:
+            quiet.listed = False
+        grown.clear()
         hub.invalidate()
         return False
 
