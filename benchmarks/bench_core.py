@@ -380,8 +380,8 @@ def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> 
     meter = GuardMeter(
         [
             (guard_module.Guard, "_on_optimizer_step", "optimizer hook (with the boundary)"),
-            # The boundary's work when some is due (a fold, a listener, kept frames); the
-            # count of a quiet step's boundary is in the hook itself.
+            # The boundary's work when some is due (a listener, kept frames); a quiet step's
+            # boundary, a carried tally's roll, is Guard._advance's, which the hook calls.
             (guard_module.Guard, "_boundary", "  of which the boundary's work when due"),
         ]
     )

@@ -824,8 +824,7 @@ def _parts_fit(args: argparse.Namespace) -> dict[str, Any]:
         [
             (Guard, "_on_optimizer_step", "optimizer hook"),
             (cls, "on_train_batch_end", "callback: on_train_batch_end, its step()"),
-            # _advance, not _boundary: the boundary probes the kept frames from its caller's
-            # frame, which a meter between the two would move.
+            # _advance: every boundary's entry, its quiet path inline.
             (Guard, "_advance", "  of which the step boundary"),
             # A read carried over the boundary is counted in its step here (_fold: a report's).
             (Guard, "_roll", "    of which the roll of the tallies"),

@@ -372,6 +372,21 @@ def test_a_quiet_boundary_is_one_call_and_a_walk_makes_the_next_one_forget(
     assert guard.report.steps == 5
 
 
+def test_a_quiet_step_call_does_no_boundary_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    # step(), which the callbacks call, takes the optimizer hook's quiet path: with nothing
+    # kept, folded or due, its boundary is Guard._advance alone.
+    with barrierguard.watch(policy="record", memory=False) as guard:
+        boundaries: list[int] = []
+        work = guard._boundary
+        monkeypatch.setattr(
+            guard, "_boundary", lambda *args: boundaries.append(args[0]) or work(*args)
+        )
+        for _ in range(5):
+            guard.step()
+        assert boundaries == [1]  # the first asks the listeners
+    assert guard.report.steps == 5
+
+
 @pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "boundary-wrapped"])
 def test_a_boundary_finding_the_held_frames_where_they_were_is_skipped_and_a_finished_one_dropped(
     monkeypatch: pytest.MonkeyPatch, wrapped: bool

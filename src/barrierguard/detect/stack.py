@@ -119,7 +119,7 @@ _phases_seen: tuple[int, bool] = (-1, False)
 holding = False
 # The held frames' (id, depth for sys._getframe in forget's origin) at the last live forget(),
 # cleared wherever holding is set: while it stands, a boundary that finds each frame there has
-# nothing to drop (the optimizer hook tests it inline, without the call).
+# nothing to drop (Guard._advance tests it inline, without a call).
 settled: tuple[tuple[int, int], ...] | None = None
 _ORIGIN_DEPTH = 8  # how far out of forget() its origin may be
 
@@ -309,22 +309,6 @@ def _returned(frame: FrameType) -> bool:
         return frame.f_code.co_code[frame.f_lasti] in _RETURNS
     except IndexError:
         return False
-
-
-def kept_in_place(base: int) -> bool:
-    """Whether :data:`settled` stands and each kept frame is at its depth, counted from the frame
-    ``base`` calls out of this one (1: the caller's): a boundary there has nothing to drop."""
-    kept = settled
-    if kept is None:
-        return False
-    getframe = sys._getframe
-    try:
-        for held, depth in kept:
-            if id(getframe(depth + base)) != held:
-                return False
-    except ValueError:
-        return False
-    return True
 
 
 def _settle(origin: FrameType) -> tuple[tuple[int, int], ...] | None:

@@ -396,33 +396,7 @@ class Guard:
         key = id(optimizer)
         if key == self._alone:
             # The last boundary's optimizer, none other since: one boundary, counted here.
-            # _boundary's tests inline: a quiet step's boundary is this one call.
-            self._step_syncs = 0
-            self._steps = step = self._steps + 1
-            kept = stack.holding
-            if kept:
-                # stack.kept_in_place(1), inline: the frames held where the last boundary
-                # found them (by depth from this hook's frame), none kept since.
-                settled = stack.settled
-                if settled is not None:
-                    try:
-                        for held, depth in settled:
-                            if id(_getframe(depth)) != held:
-                                break
-                        else:
-                            kept = False
-                    except ValueError:
-                        pass
-            if (
-                kept
-                or step >= self._listen_at
-                or step == len(self._per_step)
-                or self._open.held
-                or self._due
-            ):
-                self._boundary(step, _getframe())
-            elif self._tallied:  # a read once a step, nothing else due: its tally rolls on
-                self._tallied = self._roll(step)
+            self._advance()
             return
         self._alone = None
         if self._probing:
@@ -440,24 +414,48 @@ class Guard:
             self._advance()
 
     def _advance(self) -> None:
+        """Count a step and make its boundary. :meth:`_boundary`'s tests inline: a quiet step's
+        boundary (nothing due, but a carried tally's roll) is this one call."""
         # Only the training thread advances steps: no lock, the counters made first.
         self._step_syncs = 0
         self._steps = step = self._steps + 1
-        self._boundary(step, _getframe())
+        kept = stack.holding
+        if kept:
+            # Whether the frames held are where the last boundary found them (by depth from
+            # this frame, its origin), none kept since: then it has nothing to drop.
+            settled = stack.settled
+            if settled is not None:
+                try:
+                    for held, depth in settled:
+                        if id(_getframe(depth)) != held:
+                            break
+                    else:
+                        kept = False
+                except ValueError:
+                    pass
+        if (
+            kept
+            or step >= self._listen_at
+            or step == len(self._per_step)
+            or self._open.held
+            or self._due
+        ):
+            self._boundary(step, _getframe(), kept)
+        elif self._tallied:  # a read once a step, nothing else due: its tally rolls on
+            self._tallied = self._roll(step)
 
-    def _boundary(self, step: int, origin: FrameType) -> None:
+    def _boundary(self, step: int, origin: FrameType, kept: bool) -> None:
         """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners.
-        The optimizer hook's quiet path calls it only when one of its tests holds: work added
-        here needs its test there too. ``origin``: the caller's frame, from which
-        :data:`stack.settled` counts the kept frames' depths."""
+        :meth:`_advance` calls it only when one of its tests holds: work added here needs its
+        test there too. ``kept``: frames are held that may have finished; ``origin``: the
+        caller's frame, from which :data:`stack.settled` counts their depths."""
         if self._tallied:
             self._tallied = self._roll(step)
         if step == len(self._per_step):
             self._per_step += [0] * _STEPS_AHEAD
             self._step_stall += [0.0] * _STEPS_AHEAD
-        # The walk's anchors hold frames: none that finished outlives a step. Those where the
-        # last boundary from this caller found them are probed there, without forget().
-        if stack.holding and not stack.kept_in_place(2):
+        # The walk's anchors hold frames: none that finished outlives a step.
+        if kept:
             stack.forget(live=True, origin=origin)
         late = self._close_step() if self._open.held or self._due else None
         if step >= self._listen_at:
