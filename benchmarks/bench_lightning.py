@@ -325,6 +325,19 @@ Reproduce:
     and ``benchmarks/results/h200/lightning_parts_transformer_eeef063.json`` (and ``.txt``), the
     two commits on different hosts (step 6.0 ms against 10.5 ms for the MLP).
 
+    Old and new on one host, the old ``src/`` unpacked from ``git archive 68e2ff0
+    src/barrierguard`` into ``/tmp/old`` and run with ``PYTHONPATH=/tmp/old/src``: at ac75bcc
+    (a callback's fit hooks no optimizer step; a roll visits only the tallies handed out)
+    against 68e2ff0, the MLP command into
+    ``benchmarks/results/h200/lightning_parts_mlp_ac75bcc.json`` and
+    ``benchmarks/results/h200/lightning_parts_mlp_68e2ff0_host1.json`` (and ``.txt``); on
+    another host, at f84a426 (every boundary is ``Guard._advance``) against 68e2ff0, both
+    commands into ``benchmarks/results/h200/lightning_parts_mlp_f84a426.json``,
+    ``benchmarks/results/h200/lightning_parts_mlp_68e2ff0.json``,
+    ``benchmarks/results/h200/lightning_parts_transformer_f84a426.json`` and
+    ``benchmarks/results/h200/lightning_parts_transformer_68e2ff0.json`` (and ``.txt``; that
+    last table rendered from its JSON by ``_print_parts``, as the run's own output was lost).
+
     CPU smoke run (tiny settings, audit engine)::
 
         PYTHONPATH=src python benchmarks/bench_lightning.py --tiny

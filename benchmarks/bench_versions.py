@@ -55,6 +55,9 @@ Reproduce:
     ``torch.tensor(1.0)`` passes no wrapper) against an archive of eed2357, on one host;
     ``benchmarks/results/h200/versions_read_eeef063.json`` and ``versions_read_eeef063.txt``
     ``src/`` at eeef063 against eed2357, on another.
+    ``benchmarks/results/h200/versions_read_f84a426.json`` and ``versions_read_f84a426.txt``
+    are the ``--read`` command, ``src/`` at f84a426 (every boundary is ``Guard._advance``,
+    which the optimizer hook now calls) against an archive of 68e2ff0.
 
     Where the working tree has no git history (a copy sent to a GPU machine), make the
     archive first and pass its path::
