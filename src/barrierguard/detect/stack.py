@@ -236,8 +236,7 @@ def forget(live: bool = False, origin: FrameType | None = None) -> None:
                 if id(getframe(depth)) != held:
                     break
             else:
-                if origin is not None:
-                    settled = _settle(origin)
+                settled = _settle(origin)
                 return
         except ValueError:
             pass
@@ -293,8 +292,7 @@ def forget(live: bool = False, origin: FrameType | None = None) -> None:
             id(last and last[0]),
             _held_version,
         )
-        if origin is not None:
-            settled = _settle(origin)
+        settled = _settle(origin)
 
 
 # The opcodes a frame that returned stopped at (one that raised stopped elsewhere: looked for).
@@ -311,8 +309,11 @@ def _returned(frame: FrameType) -> bool:
         return False
 
 
-def _settle(origin: FrameType) -> tuple[tuple[int, int], ...] | None:
-    """:data:`_depths` counted from ``origin`` (``None`` where it is not near forget's caller)."""
+def _settle(origin: FrameType | None) -> tuple[tuple[int, int], ...] | None:
+    """:data:`_depths` counted from ``origin`` (``None`` where there is none, or it is not near
+    forget's caller)."""
+    if origin is None:
+        return None
     f: FrameType | None = sys._getframe(2)  # forget's caller: its sys._getframe(1)
     for out in range(1, _ORIGIN_DEPTH):
         if f is None:

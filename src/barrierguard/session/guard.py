@@ -913,7 +913,6 @@ class Guard:
     def _thread_name(self, ident: int) -> str:
         # A thread keeps the name it had when first seen (listing threads is slow).
         name = self._thread_names.get(ident)
-
         if name is None:
             named = (t.name for t in threading.enumerate() if t.ident == ident)
             name = self._thread_names[ident] = next(named, f"thread-{ident}")
