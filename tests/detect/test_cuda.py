@@ -597,6 +597,27 @@ def test_a_boundary_visits_only_the_sites_whose_tallies_were_handed_out(
     assert {s.line: s.count for s in guard.report.sites}[_line("# T-late")] == 5
 
 
+def test_a_carried_tallys_closed_steps_are_counted_together_as_the_guard_counts_them(
+    scalar_reads: FakeMode,
+) -> None:
+    # A boundary puts a carried tally's closed step aside (the site's counters untouched) and
+    # the steps put aside are counted together every few hundred steps and at a report: the
+    # report is the one the guard makes when it counts every read itself, violations too.
+    from barrierguard.session import guard as guard_module
+
+    steps = guard_module._PAST_STEPS * 4 + 37  # and past the 1,000 violations listed
+    for allow in (("item", "framework:*"), ()):
+        fast, fast_calls, slow_calls = _both_ways("u1s" + "us" * steps + "1s" * 5, allow=allow)
+        user = _view(fast)[(_line("# T-user"), "user")]
+        assert user[:3] == (1 + steps, 1 + steps, ((1, 1 + steps),))
+        assert fast_calls <= 12 < slow_calls
+        if not allow:
+            assert len(fast.violations) == guard_module._MAX_VIOLATIONS
+            assert [v.step for v in fast.violations] == sorted(v.step for v in fast.violations)
+            extra = 2 + steps + 5 - guard_module._MAX_VIOLATIONS
+            assert f"{extra} further policy violations" in " ".join(fast.notes)
+
+
 def test_a_violating_read_once_a_step_is_listed_by_its_tally(scalar_reads: FakeMode) -> None:
     # Under the record policy a read the policy forbids settles at once, as an allowed one
     # does: its tally lists its violations (by step, then by site), with nothing called.

@@ -495,3 +495,27 @@ def test_a_step_listener_is_called_at_the_step_it_asks_for() -> None:
     assert calls["broken"] == [1, 2, 3, 10]
     assert calls["every"] == list(range(1, 13))
     assert sum("RuntimeError: boom" in n for n in guard.report.notes) == 1
+
+
+def test_a_sites_steps_stay_ranges_in_order_whatever_order_they_are_counted_in() -> None:
+    # A tally's closed steps are counted after a later sync of the same site (another
+    # thread's): a site's ranges of steps stay merged and in order either way.
+    import random
+
+    from barrierguard.session.guard import _add_step
+
+    rng = random.Random(0)
+    for _ in range(300):
+        steps = rng.sample(range(60), rng.randint(1, 40))
+        steps += rng.sample(steps, len(steps) // 3)  # a step counted twice
+        rng.shuffle(steps)
+        ranges: list[list[int]] = []
+        for step in steps:
+            _add_step(ranges, step)
+        want: list[list[int]] = []
+        for step in sorted(set(steps)):
+            if want and want[-1][1] == step - 1:
+                want[-1][1] = step
+            else:
+                want.append([step, step])
+        assert ranges == want, steps

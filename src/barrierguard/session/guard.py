@@ -5,6 +5,7 @@ One module, as :class:`Guard`'s parts share one lock and one hot path.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import logging
@@ -46,6 +47,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _MAX_VIOLATIONS = 1000
 # Per-step counters are made this many steps ahead (see Guard._boundary).
 _STEPS_AHEAD = 1024
+# A tally's closed steps kept uncounted (see Guard._roll) before they are counted together.
+_PAST_STEPS = 256
 # This thread's open allowed() blocks, read on the quiet path (see _Quiet).
 _allowing_tls = allowing._TLS
 _get_ident = threading.get_ident
@@ -89,6 +92,7 @@ class _Quiet(hub.Tally):
         "guard_phase",
         "listed",
         "mechanism",
+        "past",
         "phase",
         "stats",
         "step",
@@ -108,6 +112,8 @@ class _Quiet(hub.Tally):
         self.phase: str | None = None
         self.untimed = 0  # of the n, those without a measured stall
         self.listed = False  # in Guard._grown: its tally was handed out (see _roll)
+        # The closed steps' (step, n, stall, untimed), not yet counted (see _roll).
+        self.past: list[tuple[int, int, float, int]] = []
 
 
 # A listener's due step when there is none: past any run's last step.
@@ -809,14 +815,17 @@ class Guard:
             self._quiet.setdefault(stats.loc, _Quiet(stats, stats.blocking and not stats.allowed))
 
     def _roll(self, step: int) -> bool:
-        """At a boundary: count this thread's tallies in the closed step and move their sites on
-        to ``step``, so that a tally handed out stays good across the boundary (a read once a
-        step calls nothing). Returns whether one grew in the closed step: it may grow again.
-        Else, or with another thread's tally out, every tally is made stale.
+        """At a boundary: close this thread's tallies' step and move their sites on to ``step``,
+        so that a tally handed out stays good across the boundary (a read once a step calls
+        nothing). Returns whether one grew in the closed step: it may grow again. Else, or
+        with another thread's tally out, every tally is made stale.
 
         Only the sites in :attr:`_grown` are visited: a tally is handed out by :meth:`record`
         alone, which lists its site, and the list is emptied only with the tallies made stale.
-        A site left at an older step is folded by :meth:`record` when next met."""
+        A site left at an older step is folded by :meth:`record` when next met. A closed step's
+        count is put aside in the site's ``past`` and counted with the others later
+        (:meth:`_fold_one`: at a report, or every ``_PAST_STEPS`` steps): a boundary touches
+        the tally alone, not the site's counters."""
         me = _get_ident()
         grew, alone = False, True
         grown = self._grown
@@ -824,9 +833,17 @@ class Guard:
             if quiet.stats.last_ident != me:
                 alone = False  # its tally is counted by its thread: stale at our boundary
                 continue
-            if quiet.n:
+            n = quiet.n
+            if n:
                 grew = True
-                self._fold_one(quiet)
+                if quiet.violating and quiet.phase not in APART_PHASES:
+                    # Listed as they ran (the list keeps the first ones), counted later.
+                    self._violate_quietly(quiet.stats, quiet.step, n)
+                past = quiet.past
+                past.append((quiet.step, n, quiet.stall, quiet.untimed))
+                quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
+                if len(past) >= _PAST_STEPS:
+                    self._fold_one(quiet)
             quiet.step = step
         if grew and alone:
             return True
@@ -841,20 +858,30 @@ class Guard:
         hub.invalidate()  # a new step or a report: the tallies start again
         me = _get_ident()
         for quiet in self._quiet.values():
-            if quiet.n and (every or quiet.stats.last_ident == me):
+            if (quiet.n or quiet.past) and (every or quiet.stats.last_ident == me):
                 self._fold_one(quiet)
 
     def _fold_one(self, quiet: _Quiet) -> None:
-        """Count ``quiet``'s tally: its last sync, ``n`` times more, in its step."""
+        """Count ``quiet``'s closed steps put aside, then its tally in its step."""
+        past = quiet.past
+        if past:
+            quiet.past = []
+            for step, n, stall, untimed in past:
+                self._count_tally(quiet, step, n, stall, n - untimed, listed=True)
         n = quiet.n
-        if not n:
-            return
-        stall, timed = quiet.stall, n - quiet.untimed
-        quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
+        if n:
+            stall, timed = quiet.stall, n - quiet.untimed
+            quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
+            self._count_tally(quiet, quiet.step, n, stall, timed, listed=False)
+
+    def _count_tally(
+        self, quiet: _Quiet, step: int, n: int, stall: float, timed: int, listed: bool
+    ) -> None:
+        """Count ``n`` more of ``quiet``'s last sync in ``step``, ``timed`` of them with
+        ``stall`` seconds in all; ``listed``: their violations are listed already (_roll)."""
         stats = quiet.stats
         if self._count_occurrence(stats, quiet.mechanism, quiet.phase, n):
             return
-        step = quiet.step
         if stats.blocking:
             self._per_step[step] += n
         stats.step_count += n
@@ -863,7 +890,7 @@ class Guard:
             stats.stall += stall
             stats.stall_count += timed
             self._step_stall[step] += stall
-        if quiet.violating:
+        if quiet.violating and not listed:
             if step == self._steps:
                 self._step_syncs += n
             self._violate_quietly(stats, step, n)
@@ -935,7 +962,9 @@ class Guard:
 
     @property
     def report(self) -> Report:
-        """A snapshot of what was found so far (also while running)."""
+        """A snapshot of what was found so far (also while running: taken on another thread,
+        it leaves out the training thread's repeats of a settled site since their last count,
+        a few hundred steps at most)."""
         with self._lock:
             self._fold()
             stats = list(self._sites.values())
@@ -1014,12 +1043,26 @@ class Guard:
 
 
 def _add_step(ranges: list[list[int]], step: int) -> None:
-    """Put ``step`` (none before the last range's end) in a site's ranges of steps."""
-    if ranges and ranges[-1][1] >= step - 1:
-        if ranges[-1][1] < step:
-            ranges[-1][1] = step
+    """Put ``step`` in a site's ranges of steps, kept in order and merged. A step before the
+    last range is rare: another thread's count, then a tally's closed steps."""
+    if ranges and ranges[-1][0] <= step:
+        last = ranges[-1]
+        if last[1] < step - 1:
+            ranges.append([step, step])
+        elif last[1] < step:
+            last[1] = step
+        return
+    i = bisect.bisect_right(ranges, [step, _NEVER])  # ranges[i - 1] starts at or before it
+    if i and ranges[i - 1][1] >= step:
+        return
+    if i and ranges[i - 1][1] == step - 1:
+        i -= 1
+        ranges[i][1] = step
     else:
-        ranges.append([step, step])
+        ranges.insert(i, [step, step])
+    if i + 1 < len(ranges) and ranges[i + 1][0] <= ranges[i][1] + 1:
+        ranges[i][1] = max(ranges[i][1], ranges[i + 1][1])
+        del ranges[i + 1]
 
 
 def _violation_order(entry: tuple[Location, int, str, str]) -> tuple[int, str, int]:
