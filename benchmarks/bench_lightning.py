@@ -337,6 +337,10 @@ Reproduce:
     ``benchmarks/results/h200/lightning_parts_transformer_f84a426.json`` and
     ``benchmarks/results/h200/lightning_parts_transformer_68e2ff0.json`` (and ``.txt``; that
     last table rendered from its JSON by ``_print_parts``, as the run's own output was lost).
+    At 227da59 (a boundary puts a carried tally's closed step aside) against a41c287, ``src/``
+    of a41c287 unpacked the same way, on one host, the MLP command into
+    ``benchmarks/results/h200/lightning_parts_mlp_227da59.json`` and
+    ``benchmarks/results/h200/lightning_parts_mlp_a41c287.json`` (and ``.txt``).
 
     CPU smoke run (tiny settings, audit engine)::
 

@@ -57,7 +57,10 @@ Reproduce:
     ``src/`` at eeef063 against eed2357, on another.
     ``benchmarks/results/h200/versions_read_f84a426.json`` and ``versions_read_f84a426.txt``
     are the ``--read`` command, ``src/`` at f84a426 (every boundary is ``Guard._advance``,
-    which the optimizer hook now calls) against an archive of 68e2ff0.
+    which the optimizer hook now calls) against an archive of 68e2ff0;
+    ``benchmarks/results/h200/versions_read_227da59.json`` and ``versions_read_227da59.txt``
+    the same, ``src/`` at 227da59 (a boundary puts a carried tally's closed step aside)
+    against an archive of a41c287.
 
     Where the working tree has no git history (a copy sent to a GPU machine), make the
     archive first and pass its path::
