@@ -60,7 +60,9 @@ Reproduce:
     which the optimizer hook now calls) against an archive of 68e2ff0;
     ``benchmarks/results/h200/versions_read_227da59.json`` and ``versions_read_227da59.txt``
     the same, ``src/`` at 227da59 (a boundary puts a carried tally's closed step aside)
-    against an archive of a41c287.
+    against an archive of a41c287. ``benchmarks/results/h200/versions_73a4ed1.json`` and
+    ``versions_73a4ed1.txt`` are the command without ``--read`` (a step with no sync), ``src/``
+    at 73a4ed1 against an archive of 68e2ff0.
 
     Where the working tree has no git history (a copy sent to a GPU machine), make the
     archive first and pass its path::
