@@ -862,35 +862,32 @@ class Guard:
                 self._fold_one(quiet)
 
     def _fold_one(self, quiet: _Quiet) -> None:
-        """Count ``quiet``'s closed steps put aside, then its tally in its step."""
-        past = quiet.past
-        if past:
-            quiet.past = []
-            for step, n, stall, untimed in past:
-                self._count_tally(quiet, step, n, stall, n - untimed, listed=True)
-        n = quiet.n
+        """Count ``quiet``'s tally, as more of its last sync: the closed steps put aside
+        (:meth:`_roll`, which listed their violations), then its count in the open step."""
+        entries, n = quiet.past, quiet.n
         if n:
-            stall, timed = quiet.stall, n - quiet.untimed
+            entries.append((quiet.step, n, quiet.stall, quiet.untimed))
             quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
-            self._count_tally(quiet, quiet.step, n, stall, timed, listed=False)
-
-    def _count_tally(
-        self, quiet: _Quiet, step: int, n: int, stall: float, timed: int, listed: bool
-    ) -> None:
-        """Count ``n`` more of ``quiet``'s last sync in ``step``, ``timed`` of them with
-        ``stall`` seconds in all; ``listed``: their violations are listed already (_roll)."""
-        stats = quiet.stats
-        if self._count_occurrence(stats, quiet.mechanism, quiet.phase, n):
+        elif not entries:
             return
-        if stats.blocking:
-            self._per_step[step] += n
-        stats.step_count += n
-        _add_step(stats.ranges, step)  # a step _roll moved to has had no count of its own
-        if timed:
-            stats.stall += stall
-            stats.stall_count += timed
-            self._step_stall[step] += stall
-        if quiet.violating and not listed:
+        quiet.past = []
+        stats = quiet.stats
+        total = sum(entry[1] for entry in entries)
+        if self._count_occurrence(stats, quiet.mechanism, quiet.phase, total):
+            return
+        stats.step_count += total
+        blocking, ranges = stats.blocking, stats.ranges
+        per_step, step_stall = self._per_step, self._step_stall
+        for step, k, stall, untimed in entries:
+            if blocking:
+                per_step[step] += k
+            _add_step(ranges, step)  # a step _roll moved to has had no count of its own
+            if k > untimed:
+                stats.stall += stall
+                stats.stall_count += k - untimed
+                step_stall[step] += stall
+        if n and quiet.violating:  # the open step's count: no roll listed it
+            step = entries[-1][0]
             if step == self._steps:
                 self._step_syncs += n
             self._violate_quietly(stats, step, n)
