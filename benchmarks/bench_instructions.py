@@ -67,9 +67,9 @@ Reproduce:
             --out benchmarks/results/instructions_cpu.json \\
             | tee benchmarks/results/instructions_cpu.txt
 
-    The committed run is at eeef063 (a violating read settled at once; calls that seldom
-    sync timed on demand). The ones before it, at 8f7d436, 4b2adb7, 0bd0649, 8343848 and
-    2f8e154, are in git history.
+    The committed run is at 2645640 (a boundary puts a carried tally's closed step aside;
+    every boundary is ``Guard._advance``). The ones before it, at eeef063, 8f7d436, 4b2adb7,
+    0bd0649, 8343848 and 2f8e154, are in git history.
     The ``steps`` part of another ``src/``
     (``79963a1``, before the copy and the listeners changed) is counted with this
     script and that ``src/`` first on ``PYTHONPATH``.
