@@ -107,6 +107,27 @@ def test_steps_come_from_the_callback_with_no_optimizer_hook(tmp_path: Path) -> 
     assert set(seen) == {(0, True)}
 
 
+def test_an_optimizer_without_weak_references_is_held_for_the_run() -> None:
+    # The Trainer's optimizer is held weakly for a capture probe; one that takes no weak
+    # reference is held for the run instead, and the run starts all the same.
+    cb = barrierguard.HFBarrierGuard(
+        policy="record", print_report=False, save_report=False, memory=False
+    )
+
+    class Slotted:
+        __slots__ = ("param_groups",)
+
+    opt = Slotted()
+    opt.param_groups = []
+    cb.on_train_begin(None, None, None, optimizer=opt)
+    try:
+        assert cb.guard is not None and cb.guard.is_running
+        source = cb.guard._optimizer_source
+        assert source is not None and list(source()) == [opt]
+    finally:
+        cb.guard.stop()
+
+
 def test_weights_are_identical_with_and_without_the_callback(tmp_path: Path) -> None:
     plain = trainer(tmp_path / "a")
     plain.train()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -69,7 +70,11 @@ class HFBarrierGuard(Adapter, TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._protect(sys._getframe(1))
         optimizer = kwargs.get("optimizer")
-        held = weakref.ref(optimizer) if optimizer is not None else lambda: None
+        held: Callable[[], Any]
+        try:
+            held = weakref.ref(optimizer)
+        except TypeError:  # None, or an object without weak references: held for the run
+            held = functools.partial(lambda opt: opt, optimizer)
         self._begin("train", lambda: () if (opt := held()) is None else (opt,))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
