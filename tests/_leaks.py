@@ -13,7 +13,7 @@ import torch
 import barrierguard
 from barrierguard.detect import hub
 
-__all__ = ["EXITS", "RAISED", "global_state"]
+__all__ = ["EXITS", "RAISED", "global_state", "guard_step_hooks"]
 
 # The ways out of watched code, and what each raises ("hook_exception": a
 # framework hook that fails, such as an optimizer step hook).
@@ -34,6 +34,16 @@ def _is_ours(entry: Any) -> bool:
 
 def _alive() -> set[int | None]:
     return {t.ident for t in threading.enumerate()}
+
+
+def guard_step_hooks() -> int:
+    """How many of torch's global optimizer-step hooks are a guard's."""
+    from torch.optim import optimizer as optim_mod
+
+    from barrierguard.session.guard import Guard
+
+    hooks = optim_mod._global_optimizer_post_hooks.values()
+    return sum(getattr(h, "__func__", None) is Guard._on_optimizer_step for h in hooks)
 
 
 def global_state() -> dict[str, Any]:

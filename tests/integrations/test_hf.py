@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import barrierguard
+from _leaks import guard_step_hooks
 from barrierguard import BarrierGuardError, Report
 
 transformers = pytest.importorskip("transformers")
@@ -75,18 +76,9 @@ def test_framework_sites_are_named_with_why_and_fix(default_fit: tuple[Report, i
     assert len({s.framework_line for s in report.sites if s.framework_line}) >= 5
 
 
-def _guard_hooks(hooks: Any) -> int:
-    """How many of torch's global optimizer hooks are a guard's."""
-    from barrierguard.session.guard import Guard
-
-    return sum(getattr(h, "__func__", None) is Guard._on_optimizer_step for h in hooks.values())
-
-
 def test_steps_come_from_the_callback_with_no_optimizer_hook(tmp_path: Path) -> None:
     # The Trainer's step end makes the steps: the guard hooks no optimizer step; a capture
     # probe asks for the Trainer's optimizer instead.
-    from torch.optim import optimizer as optim_module
-
     cb = barrierguard.HFBarrierGuard(policy="record", print_report=False, memory=False)
     seen: list[tuple[int, bool]] = []
 
@@ -95,12 +87,7 @@ def test_steps_come_from_the_callback_with_no_optimizer_hook(tmp_path: Path) -> 
             assert cb.guard is not None
             source = cb.guard._optimizer_source
             found = list(source()) if source is not None else []
-            seen.append(
-                (
-                    _guard_hooks(optim_module._global_optimizer_post_hooks),
-                    found == [kwargs["optimizer"]],
-                )
-            )
+            seen.append((guard_step_hooks(), found == [kwargs["optimizer"]]))
 
     trainer(tmp_path, [cb, Look()]).train()
     assert len(seen) == cb.report.steps == 6

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import barrierguard
+from _leaks import guard_step_hooks
 from _lightning_helpers import TinyModule, fit, loaders, trainer
 from barrierguard import BarrierGuardError, Report
 from barrierguard.detect import audit_provenance
@@ -192,21 +193,12 @@ def test_callback_itself_adds_no_sync(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "_lightning_helpers.py" in files  # the classification patch did not hide the user
 
 
-def _guard_hooks(hooks: Any) -> int:
-    """How many of torch's global optimizer hooks are a guard's."""
-    from barrierguard.session.guard import Guard
-
-    return sum(getattr(h, "__func__", None) is Guard._on_optimizer_step for h in hooks.values())
-
-
 def test_steps_come_from_the_callback_with_no_optimizer_hook(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Lightning's batch end makes the steps: the guard hooks no optimizer step (it would only
     # cost each step). A capture probe asks the trainer for its optimizers instead, to put
     # their parameters' gradients back.
-    from torch.optim import optimizer as optim_module
-
     from barrierguard.session import capture
 
     given: list[list[Any]] = []
@@ -221,7 +213,7 @@ def test_steps_come_from_the_callback_with_no_optimizer_hook(
 
     class Look(pl.Callback):
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
-            hooks.append(_guard_hooks(optim_module._global_optimizer_post_hooks))
+            hooks.append(guard_step_hooks())
             if len(hooks) == 3:
                 assert cb.guard is not None
                 cb.guard.probe_capture(lambda: None)

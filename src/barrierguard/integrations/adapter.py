@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -18,7 +20,28 @@ from barrierguard.session.options import (
 )
 from barrierguard.session.rank_reports import RANK_REPORT_NAME, REPORT_NAME, report_file
 
-__all__ = ["Adapter"]
+__all__ = ["Adapter", "hold_weakly"]
+
+
+def hold_weakly(obj: Any) -> Callable[[], Any]:
+    """``obj`` when called: through a weak reference (``None`` once it is gone), or held for
+    the run where it takes none (``None`` itself, a class with ``__slots__``).
+
+    Example:
+        >>> class Box: ...
+        >>> box = Box()
+        >>> hold_weakly(box)() is box, hold_weakly(None)()
+        (True, None)
+    """
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return functools.partial(_same, obj)
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
 
 _REPORT_DEFAULTS = dict(print_report=True, save_report=True, rank_reports=False, merge_ranks=True)
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
-from barrierguard.integrations.adapter import Adapter
+from barrierguard.integrations.adapter import Adapter, hold_weakly
 
 __all__ = ["HFBarrierGuard"]
 
@@ -69,12 +68,7 @@ class HFBarrierGuard(Adapter, TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._protect(sys._getframe(1))
-        optimizer = kwargs.get("optimizer")
-        held: Callable[[], Any]
-        try:
-            held = weakref.ref(optimizer)
-        except TypeError:  # None, or an object without weak references: held for the run
-            held = functools.partial(lambda opt: opt, optimizer)
+        held = hold_weakly(kwargs.get("optimizer"))
         self._begin("train", lambda: () if (opt := held()) is None else (opt,))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

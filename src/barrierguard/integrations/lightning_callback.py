@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from barrierguard._errors import BarrierGuardError
-from barrierguard.integrations.adapter import Adapter
+from barrierguard.integrations.adapter import Adapter, hold_weakly
 from barrierguard.report.combine import combine
 from barrierguard.report.records import Report
 from barrierguard.session.rank_reports import RANK_REPORT_NAME, REPORT_NAME
@@ -79,7 +78,7 @@ class BarrierGuard(Adapter, pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # A test or predict run is that phase from its setup on (each run ends at teardown).
-        held = weakref.ref(trainer)  # asked by a capture probe; the run's end frees the trainer
+        held = hold_weakly(trainer)  # asked by a capture probe; the run's end frees the trainer
         self._begin(
             stage if stage in ("validate", "test", "predict") else "setup",
             lambda: getattr(held(), "optimizers", ()),

@@ -147,9 +147,8 @@ class Guard:
         self._sites: dict[tuple[str, int, str, str, str, int], SiteStats] = {}
         # Settled sites by their interned location (_settle).
         self._quiet: dict[Location, _Quiet] = {}
-        self._tallied = False  # a tally may have grown since the last boundary (see _roll)
         # The settled sites whose tallies were handed out since the last stale-making roll: the
-        # only ones that can grow without record() (see _roll).
+        # only ones that can grow without record(), so a boundary rolls them on (see _roll).
         self._grown: list[_Quiet] = []
         self._steps = 0
         self._step_syncs = 0
@@ -234,8 +233,7 @@ class Guard:
                 if self._optimizer_source is None:
                     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-                    hook = register_optimizer_step_post_hook(self._on_optimizer_step)
-                    self._hook_handle = hook
+                    self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
                 watch_loaders(self._on_loader_end)
             except BaseException:
                 if self._hook_handle is not None:
@@ -447,16 +445,16 @@ class Guard:
             or self._due
         ):
             self._boundary(step, _getframe(), kept)
-        elif self._tallied:  # a read once a step, nothing else due: its tally rolls on
-            self._tallied = self._roll(step)
+        elif self._grown:  # a read once a step, nothing else due: its tally rolls on
+            self._roll(step)
 
     def _boundary(self, step: int, origin: FrameType, kept: bool) -> None:
         """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners.
         :meth:`_advance` calls it only when one of its tests holds: work added here needs its
         test there too. ``kept``: frames are held that may have finished; ``origin``: the
         caller's frame, from which :data:`stack.settled` counts their depths."""
-        if self._tallied:
-            self._tallied = self._roll(step)
+        if self._grown:
+            self._roll(step)
         if step == len(self._per_step):
             self._per_step += [0] * _STEPS_AHEAD
             self._step_stall += [0.0] * _STEPS_AHEAD
@@ -687,7 +685,6 @@ class Guard:
                 self._fold_one(quiet)
                 quiet.step = self._steps
             quiet.n += 1  # a repeat: folded into the counters later (_roll, _fold)
-            self._tallied = True
             if not quiet.listed:
                 quiet.listed = True
                 self._grown.append(quiet)
@@ -814,11 +811,11 @@ class Guard:
         if stats.in_loop and self._options.max_syncs_per_step is None:
             self._quiet.setdefault(stats.loc, _Quiet(stats, stats.blocking and not stats.allowed))
 
-    def _roll(self, step: int) -> bool:
+    def _roll(self, step: int) -> None:
         """At a boundary: close this thread's tallies' step and move their sites on to ``step``,
         so that a tally handed out stays good across the boundary (a read once a step calls
-        nothing). Returns whether one grew in the closed step: it may grow again. Else, or
-        with another thread's tally out, every tally is made stale.
+        nothing) while one grew in the closed step: it may grow again. Else, or with another
+        thread's tally out, every tally is made stale and :attr:`_grown` emptied.
 
         Only the sites in :attr:`_grown` are visited: a tally is handed out by :meth:`record`
         alone, which lists its site, and the list is emptied only with the tallies made stale.
@@ -846,12 +843,11 @@ class Guard:
                     self._fold_one(quiet)
             quiet.step = step
         if grew and alone:
-            return True
+            return
         for quiet in grown:
             quiet.listed = False
         grown.clear()
         hub.invalidate()
-        return False
 
     def _fold(self, every: bool = False) -> None:
         """Count this thread's tallies of settled sites (every thread's with ``every``)."""
@@ -887,10 +883,9 @@ class Guard:
                 stats.stall_count += k - untimed
                 step_stall[step] += stall
         if n and quiet.violating:  # the open step's count: no roll listed it
-            step = entries[-1][0]
-            if step == self._steps:
+            if quiet.step == self._steps:
                 self._step_syncs += n
-            self._violate_quietly(stats, step, n)
+            self._violate_quietly(stats, quiet.step, n)
 
     @staticmethod
     def _count_occurrence(
