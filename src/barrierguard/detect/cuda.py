@@ -185,24 +185,25 @@ def _timed_no_args(
             # Met again while its tally stands (hub.Tally): counted here, nothing called.
             # stack._replay's probe test is written out: a call per read is the cost.
             hot = state.hot
-            if hot is not None and hot[2] == hub_module.epoch:
-                last = anchors.last
-                if last is not None and frame is last[0]:
-                    hit = last[4] is hot[0] and frame.f_lasti == last[1]
+            if hot is not None:
+                sync, tally, epoch, route, lasti, imported = hot
+                if epoch != hub_module.epoch:
+                    hit = False
+                elif (last := anchors.last) is not None and frame is last[0]:
+                    hit = last[4] is sync and frame.f_lasti == last[1]
                 else:
-                    route = hot[3]
                     hit = False
                     if (
                         route is not None
                         and route.code is frame.f_code
-                        and hot[4] == frame.f_lasti
-                        and not 0 <= hot[5] != len(modules)  # no import since
+                        and lasti == frame.f_lasti
+                        and not 0 <= imported != len(modules)  # no import since
                     ):
                         hit = True
                         try:
-                            for depth, code, lasti in route.probes:
+                            for depth, code, at in route.probes:
                                 f = getframe(depth + 1)
-                                if f.f_code is not code or (lasti >= 0 and f.f_lasti != lasti):
+                                if f.f_code is not code or (at >= 0 and f.f_lasti != at):
                                     hit = False
                                     break
                             outer = route.outer
@@ -211,7 +212,6 @@ def _timed_no_args(
                         except ValueError:
                             hit = False
                 if hit:
-                    tally = hot[1]
                     tally.n += 1
                     tally.stall += stall
                     return out
@@ -507,13 +507,15 @@ class CudaEngine:
         # The tensor is args[0]: (self, *args, **kwargs) would build a tuple (1/6 of the cost).
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if compiling() or not args:
+            if compiling():
                 return orig(*args, **kwargs)
             # A sync inside the copy reads method, args, kwargs and t0 from this frame (_copy_of).
             t0 = clock()
-            out = orig(*args, **kwargs)
+            out = orig(*args, **kwargs)  # without a tensor: raises, as torch's own does
             # _nonblocking(args[1:], kwargs) inline; a positional non_blocking is never first.
-            if kwargs.get("non_blocking") or (len(args) > 2 and any(a is True for a in args)):
+            if (kwargs and kwargs.get("non_blocking")) or (
+                len(args) > 2 and any(a is True for a in args)
+            ):
                 if method == "copy_":
                     src = args[1] if len(args) > 1 else kwargs.get("src")
                     dst = args[0]

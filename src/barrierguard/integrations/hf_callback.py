@@ -72,7 +72,8 @@ class HFBarrierGuard(Adapter, TrainerCallback):
         self._begin("train", lambda: () if (opt := held()) is None else (opt,))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if (guard := self._running()) is not None:
+        guard = self._guard  # _running() inline: this runs every step
+        if guard is not None and guard.is_running:
             guard.step()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -105,7 +105,8 @@ class BarrierGuard(Adapter, pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if (guard := self._running()) is not None:
+        guard = self._guard  # _running() inline: this runs every step
+        if guard is not None and guard.is_running:
             guard.step()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -91,6 +91,7 @@ class _Quiet(hub.Tally):
     __slots__ = (
         "guard_phase",
         "listed",
+        "lists",
         "mechanism",
         "past",
         "phase",
@@ -105,6 +106,7 @@ class _Quiet(hub.Tally):
         super().__init__()
         self.stats = stats
         self.violating = violating  # a blocking site not allowed: counts against the policy
+        self.lists = violating  # ... and not in a phase counted apart: a roll lists its syncs
         self.sync: Sync | None = None
         self.step = -1
         self.guard_phase: str | None = None
@@ -184,6 +186,8 @@ class Guard:
         # The step each listener asked to be called at next; the earliest of them.
         self._listen_due: list[int] = []
         self._listen_at = 0
+        # The first step whose boundary has more than a quiet step's work (_plan_work).
+        self._work_at = 0
         self._memory: MemoryMonitor | None = None
         self._timeline: StepTimeline | None = None
         self._compile = CompileWatch()
@@ -244,7 +248,7 @@ class Guard:
             self._running = True
             self._started = time.perf_counter()
             self._listen_due = [0] * len(self._step_listeners)  # each asks anew
-            self._listen_at = 0
+            self._listen_at = self._work_at = 0
             self._start_memory()
             if name == "cuda":  # step timing reads CUDA events
                 with self._faults_noted():
@@ -394,7 +398,7 @@ class Guard:
         """
         self._listen_due.append(0)  # first: a boundary meanwhile finds its due step
         self._step_listeners.append(listener)
-        self._listen_at = 0
+        self._listen_at = self._work_at = 0
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         key = id(optimizer)
@@ -437,13 +441,7 @@ class Guard:
                         kept = False
                 except ValueError:
                     pass
-        if (
-            kept
-            or step >= self._listen_at
-            or step == len(self._per_step)
-            or self._open.held
-            or self._due
-        ):
+        if kept or step >= self._work_at:
             self._boundary(step, _getframe(), kept)
         elif self._grown:  # a read once a step, nothing else due: its tally rolls on
             self._roll(step)
@@ -461,11 +459,24 @@ class Guard:
         # The walk's anchors hold frames: none that finished outlives a step.
         if kept:
             stack.forget(live=True, origin=origin)
-        late = self._close_step() if self._open.held or self._due else None
-        if step >= self._listen_at:
-            self._listen(step)
+        try:
+            late = self._close_step() if self._open.held or self._due else None
+            if step >= self._listen_at:
+                self._listen(step)
+        finally:
+            with self._lock:  # record() may hold a sync meanwhile, on another thread
+                self._plan_work()
         if late is not None:
             raise late
+
+    def _plan_work(self) -> None:
+        """Note the next step whose boundary has work (:attr:`_work_at`): a listener due, the
+        per-step counters to extend, or now, while a sync is held or an error due. Called
+        wherever one of them changes (a held sync: under the lock)."""
+        if self._open.held or self._due:
+            self._work_at = 0
+        else:
+            self._work_at = min(self._listen_at, len(self._per_step))
 
     def _listen(self, step: int) -> None:
         """Call the step listeners due at ``step``; note when the next one is due."""
@@ -708,6 +719,7 @@ class Guard:
             self._count_quiet(quiet.stats, mechanism, phase, stall)
             quiet.sync, quiet.step, quiet.guard_phase = sync, self._steps, self._phase
             quiet.mechanism, quiet.phase = mechanism, phase
+            quiet.lists = quiet.violating and phase not in APART_PHASES
             return None
         if again:
             with self._lock:
@@ -738,6 +750,7 @@ class Guard:
             held = not stats.in_loop
             if held:
                 self._open.hold(stats, stall)
+                self._work_at = 0  # the next boundary judges it
             self._count_in_step(stats, step, stall)
             if not stats.blocking:
                 if opts.policy == "record" or loc.key in self._warned:
@@ -833,9 +846,12 @@ class Guard:
             n = quiet.n
             if n:
                 grew = True
-                if quiet.violating and quiet.phase not in APART_PHASES:
+                if quiet.lists:
                     # Listed as they ran (the list keeps the first ones), counted later.
-                    self._violate_quietly(quiet.stats, quiet.step, n)
+                    if len(self._violations) < _MAX_VIOLATIONS:
+                        self._violate_quietly(quiet.stats, quiet.step, n)
+                    else:
+                        self._violation_count += n
                 past = quiet.past
                 past.append((quiet.step, n, quiet.stall, quiet.untimed))
                 quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
