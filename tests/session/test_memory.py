@@ -93,9 +93,9 @@ def _probe_costing(clock: Clock, cost_s: float) -> Callable[[], Mapping[str, int
 @pytest.mark.parametrize(
     ("step_s", "cost_s", "stride"),
     [
-        # 1 ms step, 19 us sample, counted twice (AFTERMATH): 0.25 % budget -> every 16th step
-        (1e-3, 19e-6, 16),
-        (1e-3, 1e-6, 1),
+        # 1 ms step, 19 us sample, counted twice (AFTERMATH): 0.1 % budget -> every 38th step
+        (1e-3, 19e-6, 38),
+        (1e-3, 1e-6, 2),
         (0.1, 40e-6, 1),
         (1e-5, 40e-6, _memory.MAX_STRIDE),
     ],
@@ -130,11 +130,11 @@ def test_adaptive_stride_counts_the_samplers_own_bookkeeping() -> None:
     for step in range(1, 400):
         clock.now += 1e-3
         sampler.on_step(step)
-    assert sampler.stride == 12  # 15 us, counted twice, over 0.25 % of 1 ms
+    assert sampler.stride == 30  # 15 us, counted twice, over 0.1 % of 1 ms
 
 
 def test_adaptive_stride_ramps_up_so_a_short_run_gets_a_verdict() -> None:
-    # A 1 ms step and a 20 us sample: the budget's stride is 16, reached by doubling at
+    # A 1 ms step and a 20 us sample: the budget's stride is 40, reached by doubling at
     # most every RAMP samples, so 30 steps hold enough samples for a verdict.
     clock = Clock()
     sampler = Sampler({"host": _probe_costing(clock, 20e-6)}, clock=clock)

@@ -181,3 +181,44 @@ def test_each_step_end_names_the_next_step_the_timeline_needs() -> None:
     asked = [tl.on_step(step) for step in (1, 2, 3, 9, 10, 11, 12, 13)]
     assert asked == [2, 3, 9, 10, 11, 12, 13, 19]
     assert tl.steps == [1, 2, 10, 11, 12]
+
+
+@pytest.mark.parametrize("own_us", [0.0, 10.0])
+def test_the_period_doubles_while_a_windows_own_work_is_over_its_budget(own_us: float) -> None:
+    from barrierguard.session.timeline import AFTERMATH, BUDGET
+
+    clock, device = FakeClock(), FakeDevice()
+
+    def event() -> FakeEvent:
+        made = FakeEvent(device)
+        record = made.record
+
+        def costly_record() -> None:  # a timed step's own work
+            clock.advance(own_us * 1e-6)
+            record()
+
+        made.record = costly_record  # type: ignore[method-assign]
+        return made
+
+    tl = StepTimeline(clock=clock, make_event=event, window=4, period=8)
+    tl.start(0)
+    due, opened = 1, []
+    for step in range(1, 200):
+        clock.advance(0.001)  # 1 ms steps: the budget is 1 us a step
+        device.reach(device.recorded, clock.now)
+        if step == due:
+            due = tl.on_step(step)
+            if tl.steps and tl.steps[-1] == step and step - 1 not in tl.steps:
+                opened.append(step)
+    # Each window's own work is timed out of its steps (start()'s, in the first, is not).
+    assert tl.host_s[1:] == pytest.approx([0.001] * (len(tl.steps) - 1))
+    if not own_us:
+        assert opened == [1, *range(8, 200, 8)]
+        assert tl.sampling.startswith("4 consecutive steps every 8 ")
+        return
+    # The first window times steps 1-3 (start() was its step 0): 3 x 10 us, counted
+    # AFTERMATH times, is 60 steps' budget, so the next period is 64; the window at 8 times
+    # 4 steps, 80 steps' budget, so 128.
+    assert AFTERMATH == 2.0 and BUDGET == 0.001
+    assert opened == [1, 8, 72]
+    assert tl.sampling.startswith("4 consecutive steps every 8 to 128")

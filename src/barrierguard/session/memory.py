@@ -31,7 +31,7 @@ from barrierguard.report.records import MemoryReport, format_bytes
 
 __all__ = ["MemoryMonitor", "ProbeSet", "Sampler", "analyze_series", "default_probes", "explain"]
 
-BUDGET = 0.0025
+BUDGET = 0.001
 AFTERMATH = 2.0  # a sample counts twice: the launches after it pay 0.3-0.8x its own time
 MAX_SAMPLES = 2048
 MAX_STRIDE = 256

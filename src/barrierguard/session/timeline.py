@@ -16,12 +16,17 @@ from typing import Any
 
 from barrierguard.report.records import Timeline
 
-__all__ = ["PERIOD", "WINDOW", "StepTimeline", "summarize"]
+__all__ = ["BUDGET", "MAX_PERIOD", "PERIOD", "WINDOW", "StepTimeline", "summarize"]
 
-# WINDOW consecutive steps timed every PERIOD: events cost microseconds a step, too much
-# for a launch-bound loop, and a window keeps per-step resolution for run-ahead.
+# WINDOW consecutive steps timed every PERIOD steps or more: events cost microseconds a step,
+# too much for a launch-bound loop, and a window keeps per-step resolution for run-ahead. The
+# period doubles, up to MAX_PERIOD, while a window's own work, counted twice (AFTERMATH: what
+# it leaves the steps after it, as memory sampling counts it), is over BUDGET of step time.
 WINDOW = 16
 PERIOD = 256
+MAX_PERIOD = 4096
+BUDGET = 0.001
+AFTERMATH = 2.0
 
 
 class _CudaEvent:
@@ -62,7 +67,9 @@ class StepTimeline:
         period: int = PERIOD,
     ) -> None:
         self._window = max(1, window)
-        self._period = max(self._window, period)
+        self._period = self._least = max(self._window, period)
+        self._longest = self._period  # the longest period used, for the report's words
+        self._spent = 0.0  # this window's own work so far, in seconds
         self._origin, self._started = 0, False
         self._clock = clock
         self._given_event = self._make_event = make_event
@@ -119,12 +126,15 @@ class StepTimeline:
             >>> [timeline.on_step(step) for step in (1, 2, 7)]
             [2, 7, 8]
         """
-        phase = (step - self._origin) % self._period
+        phase = step - self._origin
+        if phase >= self._period:  # a window opens: its period from the last one's cost
+            self._origin, phase = step, 0
+            self._period = self._next_period()
         if phase >= self._window:
             if phase == self._period - 1:
                 self._t_prev = self._clock()  # the next step opens a window
                 return step + 1
-            return step + self._period - 1 - phase
+            return self._origin + self._period - 1
         now = self._clock()
         if self._t_prev is None:
             self._t_prev = now
@@ -138,12 +148,33 @@ class StepTimeline:
         self.ahead.append(ahead)
         # Time our own work out of the next step.
         self._t_prev = self._clock()
+        self._spent += self._t_prev - now
         return step + 1
+
+    def _next_period(self) -> int:
+        """The least period (doubling from ``period``) that keeps the last window's own work,
+        counted ``AFTERMATH`` times, under ``BUDGET`` of its steps' host time."""
+        spent, self._spent = self._spent * AFTERMATH, 0.0
+        timed = self.host_s[-self._window :]
+        period = self._least
+        if spent > 0 and timed:
+            step_s = statistics.median(timed)
+            while period < MAX_PERIOD and spent > BUDGET * step_s * period:
+                period *= 2
+        self._longest = max(self._longest, period)
+        return period
 
     @property
     def sampling(self) -> str:
         """How steps were chosen for timing, in words."""
-        return f"{self._window} consecutive steps every {self._period}"
+        every = (
+            f"{self._least}"
+            if self._longest == self._least
+            else (f"{self._least} to {self._longest}")
+        )
+        return (
+            f"{self._window} consecutive steps every {every} (kept under {BUDGET:.1%} of step time)"
+        )
 
     def stop(self) -> None:
         """Stop timing: read what has completed; pending events are dropped unread."""

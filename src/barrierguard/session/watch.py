@@ -33,7 +33,7 @@ def watch(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
             ``"path/file.py:LINE"`` with LINE ``*``, ``N`` or ``N-M``.
         max_syncs_per_step: A budget of syncs per step not allowed by a rule; ``None``: none.
         memory: Sample host and device memory at step boundaries, adaptively (the sampler's
-            own time, counted twice for what it leaves the steps after it, under 0.25 % of the
+            own time, counted twice for what it leaves the steps after it, under 0.1 % of the
             step time; never syncing), and give a growth verdict.
         max_growth_per_step: Growth per step, sustained until the end, above which memory
             leaks: bytes, or a string such as ``"512KB"``, ``"1.5MiB"``. ``"warn"`` issues a
