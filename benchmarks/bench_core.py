@@ -365,7 +365,9 @@ def overhead(
     }
 
 
-def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> dict[str, Any]:
+def parts(
+    device: str, steps: int, layers: int, width: int, rounds: int = 6, read: bool = False
+) -> dict[str, Any]:
     """Host microseconds per step of each part of ``watch(memory=False)``, measured in place.
 
     ``rounds`` rounds of blocks of ``steps`` steps: bare, watched, and watched
@@ -373,7 +375,8 @@ def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> 
     empty call after each step: a meter's own cost, cold). The step's host CPU
     time is compared between the bare and the plain watched block of each
     round, which carry no meter: the median of the rounds' differences, with
-    its quartiles.
+    its quartiles. With ``read`` each step ends with ``loss.item()``, and the boundary's roll
+    of that read's tally is metered too.
     """
     from barrierguard.session import guard as guard_module
 
@@ -383,9 +386,10 @@ def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> 
             # The boundary's work when some is due (a listener, kept frames); a quiet step's
             # boundary, a carried tally's roll, is Guard._advance's, which the hook calls.
             (guard_module.Guard, "_boundary", "  of which the boundary's work when due"),
+            *([(guard_module.Guard, "_roll", "  of which a carried tally's roll")] if read else []),
         ]
     )
-    step = adam_mlp_step(device, layers, width)
+    step = adam_mlp_step(device, layers, width, read)
     for _ in range(20):
         step()
     guards = {
@@ -429,6 +433,7 @@ def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> 
         "steps": counted,
         "layers": layers,
         "rounds": rounds,
+        "read": read,
         "meter_us": meter.meter_us,
         "parts": rows,
         "named_us_per_step": named,
@@ -439,8 +444,10 @@ def parts(device: str, steps: int, layers: int, width: int, rounds: int = 6) -> 
 
 
 def print_parts(pp: dict[str, Any]) -> None:
+    read = " (each step ending with loss.item())" if pp.get("read") else ""
     print(
-        f"\n## where watch(memory=False)'s host time goes on that step ({pp['steps']} watched steps)"
+        f"\n## where watch(memory=False)'s host time goes on that step{read} "
+        f"({pp['steps']} watched steps)"
     )
     rows = [
         [name, f"{r['calls_per_step']:.2f}", f"{r['us_per_step']:.2f}"]
@@ -744,6 +751,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="steps per block of the by-part rounds (0: none)",
     )
     ap.add_argument("--parts-rounds", type=int, default=6, help="rounds of the by-part blocks")
+    ap.add_argument(
+        "--parts-read",
+        action="store_true",
+        help="the by-part step ends with loss.item() (a loop that logs its loss)",
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
         "--sync-stand-in",
@@ -853,7 +865,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"ratio to bare of the whole blocks, those steps in (95% CI): {wholes}"
         )
     if args.device == "cuda" and args.parts_steps:
-        pp = parts(args.device, args.parts_steps, layers, args.width, args.parts_rounds)
+        pp = parts(
+            args.device, args.parts_steps, layers, args.width, args.parts_rounds, args.parts_read
+        )
         results["parts"] = pp
         print_parts(pp)
     if (args.device == "cuda" or args.sync_stand_in) and args.sync_pairs:
