@@ -147,6 +147,12 @@ Reproduce:
     ``benchmarks/results/h200/core_sync_eeef063.json`` is ``--pin 2 --layers 3 --steps 50
     --pairs 10 --parts-steps 0 --sync-pairs 40`` at eeef063: the per-sync part (its 10 rounds
     of the per-step part are too few to read).
+    ``benchmarks/results/h200/core_59aa2f4.json`` and ``core_59aa2f4.txt`` are ``--pin 2
+    --layers 3 --steps 200 --pairs 200 --parts-steps 0 --sync-pairs 0`` at 59aa2f4 (the step
+    timeline's period and memory sampling under 0.1% of the step; a noisy host), and
+    ``benchmarks/results/h200/core_parts_read_59aa2f4.json`` and ``core_parts_read_59aa2f4.txt``
+    ``--pin 2 --layers 3 --pairs 3 --steps 5 --parts-steps 100 --parts-rounds 30 --parts-read
+    --sync-pairs 0`` at 59aa2f4 (its 3 rounds of the per-step part are too few to read).
 
     CPU smoke run (the per-step rounds only, audit engine)::
 

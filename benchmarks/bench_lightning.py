@@ -341,6 +341,12 @@ Reproduce:
     of a41c287 unpacked the same way, on one host, the MLP command into
     ``benchmarks/results/h200/lightning_parts_mlp_227da59.json`` and
     ``benchmarks/results/h200/lightning_parts_mlp_a41c287.json`` (and ``.txt``).
+    At 59aa2f4 (one test for a quiet boundary's work; the step timeline's period and memory
+    sampling under 0.1% of the step) against e2a1478, unpacked the same way, on one host, the
+    MLP command into ``benchmarks/results/h200/lightning_parts_mlp_e2a1478.json`` (run first)
+    and ``benchmarks/results/h200/lightning_parts_mlp_59aa2f4.json``, then the transformer
+    command into ``benchmarks/results/h200/lightning_parts_transformer_59aa2f4.json`` (and
+    ``.txt``).
 
     CPU smoke run (tiny settings, audit engine)::
 

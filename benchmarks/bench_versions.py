@@ -63,6 +63,12 @@ Reproduce:
     against an archive of a41c287. ``benchmarks/results/h200/versions_73a4ed1.json`` and
     ``versions_73a4ed1.txt`` are the command without ``--read`` (a step with no sync), ``src/``
     at 73a4ed1 against an archive of 68e2ff0.
+    ``benchmarks/results/h200/versions_59aa2f4.json`` and ``versions_59aa2f4.txt`` (no read),
+    and ``benchmarks/results/h200/versions_read_59aa2f4.json`` and ``versions_read_59aa2f4.txt``
+    (``--read``), both ``--old old.tar --pin 2 --steps 100 --pairs 200`` on one host, are
+    ``src/`` at 59aa2f4 (one test for a quiet boundary's work; the step timeline's period and
+    memory sampling under 0.1% of the step) against an archive of e2a1478; their ``.txt`` hold
+    the printed table alone.
 
     Where the working tree has no git history (a copy sent to a GPU machine), make the
     archive first and pass its path::

@@ -600,7 +600,7 @@ class MemoryMonitor:
             strides = sorted(self._strides) or [1]
             span = f"{strides[0]}" if len(strides) == 1 else f"{strides[0]}-{strides[-1]}"
             sampling = (
-                f"adaptive (sampling kept under {BUDGET:.2%} of step time): every {span} step(s)"
+                f"adaptive (sampling kept under {BUDGET:.1%} of step time): every {span} step(s)"
             )
         return MemoryReport(
             steps=steps,
