@@ -458,3 +458,28 @@ def test_a_replayed_route_reads_the_hook_in_flight_again(walks: list[int]) -> No
     ]
     assert all(s is not None and s.phase == "train" for s in seen)
     assert len(walks) == 1  # one route, its hook caller's frame read at each replay
+
+
+def test_a_boundary_probes_the_innermost_held_frame_alone_unless_it_can_be_resumed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # While the innermost held frame is where it was, so is each frame out of it: its callers
+    # cannot change. A generator's frame can be resumed from elsewhere: then each is probed.
+    def forget(origin: Any) -> Any:  # stack.forget's place: _settle's caller
+        return stack._settle(origin)
+
+    def held_here() -> Any:
+        here = sys._getframe()
+        # Depths as forget's sys._getframe counts them: 1 is forget's caller.
+        monkeypatch.setattr(stack, "_depths", {id(here): 1, id(here.f_back): 2})
+        return forget(here), id(here), id(here.f_back)
+
+    def held_in_a_generator() -> Any:
+        here = sys._getframe()
+        monkeypatch.setattr(stack, "_depths", {id(here): 1, id(here.f_back): 2})
+        yield forget(here), id(here), id(here.f_back)
+
+    settled, inner, outer = held_here()
+    assert settled == ((inner, 0),)  # depths from the origin, forget's caller
+    settled, inner, outer = next(held_in_a_generator())
+    assert settled == ((inner, 0), (outer, 1))

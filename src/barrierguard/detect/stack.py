@@ -311,7 +311,9 @@ def _returned(frame: FrameType) -> bool:
 
 def _settle(origin: FrameType | None) -> tuple[tuple[int, int], ...] | None:
     """:data:`_depths` counted from ``origin`` (``None`` where there is none, or it is not near
-    forget's caller)."""
+    forget's caller). The held frames are all on one stack: while the innermost is where it
+    was, so is each frame out of it, unless it is a generator's or a coroutine's (resumed, its
+    callers change), so only it is given then."""
     if origin is None:
         return None
     f: FrameType | None = sys._getframe(2)  # forget's caller: its sys._getframe(1)
@@ -319,9 +321,19 @@ def _settle(origin: FrameType | None) -> tuple[tuple[int, int], ...] | None:
         if f is None:
             return None
         if f is origin:
-            return tuple((held, depth - out) for held, depth in _depths.items())
+            held = tuple((held, depth - out) for held, depth in _depths.items())
+            if len(held) > 1:
+                inner = min(held, key=_depth_of)
+                # sys._getframe(1) in forget is sys._getframe(2) here.
+                if not sys._getframe(inner[1] + out + 1).f_code.co_flags & _RESUMABLE:
+                    return (inner,)
+            return held
         f = f.f_back
     return None
+
+
+def _depth_of(held: tuple[int, int]) -> int:
+    return held[1]
 
 
 @dataclass(slots=True, eq=False)
