@@ -503,6 +503,7 @@ class CudaEngine:
         compiling = _compiling
         clock = _clock
         tensor_type = torch.Tensor
+        moves = method != "copy_"  # to() and cuda() return the tensor itself when it stays
 
         # The tensor is args[0]: (self, *args, **kwargs) would build a tuple (1/6 of the cost).
         @functools.wraps(orig)
@@ -512,6 +513,8 @@ class CudaEngine:
             # A sync inside the copy reads method, args, kwargs and t0 from this frame (_copy_of).
             t0 = clock()
             out = orig(*args, **kwargs)  # without a tensor: raises, as torch's own does
+            if moves and out is args[0]:
+                return out  # nothing moved (a framework moves logged values every step)
             # _nonblocking(args[1:], kwargs) inline; a positional non_blocking is never first.
             if (kwargs and kwargs.get("non_blocking")) or (
                 len(args) > 2 and any(a is True for a in args)
