@@ -346,7 +346,13 @@ Reproduce:
     MLP command into ``benchmarks/results/h200/lightning_parts_mlp_e2a1478.json`` (run first)
     and ``benchmarks/results/h200/lightning_parts_mlp_59aa2f4.json``, then the transformer
     command into ``benchmarks/results/h200/lightning_parts_transformer_59aa2f4.json`` (and
-    ``.txt``).
+    ``.txt``). On a faster host, the MLP command at e2a1478 (run first) into
+    ``benchmarks/results/h200/lightning_parts_mlp_e2a1478_host2.json`` and at 0f1d8be (a
+    boundary probes the innermost kept frame alone) into
+    ``benchmarks/results/h200/lightning_parts_mlp_0f1d8be.json``; on a third, at 55c0a4b (a
+    ``to()`` that moved nothing returns at once; run first) into
+    ``benchmarks/results/h200/lightning_parts_mlp_55c0a4b.json`` and at 0f1d8be into
+    ``benchmarks/results/h200/lightning_parts_mlp_0f1d8be_host3.json`` (and ``.txt``).
 
     CPU smoke run (tiny settings, audit engine)::
 
