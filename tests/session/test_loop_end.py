@@ -71,6 +71,25 @@ def test_a_site_seen_in_one_step_raises_at_the_next_boundary_but_one(
         guard._stop(act=False)
 
 
+def test_a_due_error_is_raised_at_the_next_boundary_when_no_listener_is_due(
+    fake_cuda: FakeMode,
+) -> None:
+    # Past the step timeline's first window, memory sampling off: no listener is due for a
+    # while, and the boundary that finds an error due still raises it (Guard._work_at).
+    t = FakeTensor()
+    guard = barrierguard.watch(engine="cuda", policy="error", memory=False).start()
+    try:
+        for _ in range(40):
+            guard.step()
+        assert guard._work_at > guard.steps + 1
+        t.item()  # held: its site is new
+        guard.step()  # closes step 40: the violation is recorded, the error is due
+        with pytest.raises(barrierguard.SyncError, match=r"step 40 .*t\.item\(\)"):
+            guard.step()
+    finally:
+        guard._stop(act=False)
+
+
 def test_a_due_error_left_at_stop_is_raised_by_stop(fake_cuda: FakeMode) -> None:
     t = FakeTensor()
     guard = barrierguard.watch(engine="cuda", policy="error").start()
