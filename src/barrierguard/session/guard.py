@@ -848,6 +848,7 @@ class Guard:
                 grew = True
                 if quiet.lists:
                     # Listed as they ran (the list keeps the first ones), counted later.
+                    # _violate_quietly's test, inline: once the list is full, no call a step.
                     if len(self._violations) < _MAX_VIOLATIONS:
                         self._violate_quietly(quiet.stats, quiet.step, n)
                     else:

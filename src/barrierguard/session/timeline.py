@@ -167,11 +167,9 @@ class StepTimeline:
     @property
     def sampling(self) -> str:
         """How steps were chosen for timing, in words."""
-        every = (
-            f"{self._least}"
-            if self._longest == self._least
-            else (f"{self._least} to {self._longest}")
-        )
+        every = str(self._least)
+        if self._longest != self._least:
+            every += f" to {self._longest}"
         return (
             f"{self._window} consecutive steps every {every} (kept under {BUDGET:.1%} of step time)"
         )
