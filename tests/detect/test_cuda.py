@@ -331,6 +331,26 @@ def test_optimizers_read_host_step_counters_past_the_item_wrapper(
     assert "item" not in torch.Tensor.__dict__ or torch.Tensor.item is not counted
 
 
+def test_a_compiled_optimizer_read_of_a_host_step_counter_stays_in_its_graph(
+    fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.optim import adam
+
+    from barrierguard.detect import cuda as cuda_engine
+
+    monkeypatch.setattr(cuda_engine, "_on_device", lambda tensor: tensor.is_cuda)
+
+    def bias_correction(step: torch.Tensor) -> Any:
+        return 1 - 0.9 ** adam._get_value(step)  # Adam's own use: under dynamo, no read
+
+    torch._dynamo.reset()
+    with barrierguard.watch(engine="cuda", policy="record") as guard:
+        explained = torch._dynamo.explain(bias_correction)(torch.tensor(3.0))
+    torch._dynamo.reset()
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert guard.report.sites == ()
+
+
 @pytest.fixture
 def scalar_reads(fake_cuda: FakeMode, monkeypatch: pytest.MonkeyPatch) -> FakeMode:
     """Plain CPU tensors read as CUDA ones on the scalar-read path (the mode faked)."""

@@ -486,11 +486,13 @@ class CudaEngine:
             return
         plain = torch.Tensor
         on_device = _on_device
-        is_compiling = torch.compiler.is_compiling
+        # is_dynamo_compiling: one call where is_compiling() makes two. Outside dynamo, a traced
+        # tensor (fake or functional) is not a plain one: torch's own _get_value reads it.
+        compiling = _compiling
 
         @functools.wraps(orig)
         def _get_value(x: Any) -> Any:
-            if type(x) is plain and not is_compiling() and not on_device(x):
+            if type(x) is plain and not on_device(x) and not compiling():
                 return item(x)
             return orig(x)
 

@@ -72,7 +72,7 @@ class HFBarrierGuard(Adapter, TrainerCallback):
         self._begin("train", lambda: () if (opt := held()) is None else (opt,))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        guard = self._guard  # _running() inline: this runs every step
+        guard = self._guard  # _running() inline, no call: this runs every step
         if guard is not None and guard.is_running:
             guard.step()
 

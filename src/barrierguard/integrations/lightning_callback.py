@@ -105,7 +105,7 @@ class BarrierGuard(Adapter, pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        guard = self._guard  # _running() inline: this runs every step
+        guard = self._guard  # _running() inline, no call: this runs every step
         if guard is not None and guard.is_running:
             guard.step()
 

@@ -173,7 +173,9 @@ class Guard:
         self._faults: list[str] = []
         self._notes: list[str] = []
         self._engine_name = "none"
-        self._running = False
+        # Whether the guard is collecting now, from start() to stop(): an attribute, not a
+        # property, as a framework's callback reads it every step.
+        self.is_running = False
         self._thread_ident: int | None = None
         # start() and stop() may race across threads; each thread's entries are apart.
         self._life = threading.RLock()
@@ -201,11 +203,6 @@ class Guard:
         self.report_path: str | None = None
 
     @property
-    def is_running(self) -> bool:
-        """Whether the guard is collecting now."""
-        return self._running
-
-    @property
     def options(self) -> Options:
         """The validated options this guard runs with."""
         return self._options
@@ -217,7 +214,7 @@ class Guard:
             BarrierGuardError: This guard is already running, or ``engine='cuda'`` without CUDA.
         """
         with self._life:
-            if self._running:
+            if self.is_running:
                 raise BarrierGuardError(
                     "this guard is already running - did you call start() twice? Create a "
                     "second guard with watch() instead"
@@ -245,7 +242,7 @@ class Guard:
                     self._hook_handle = None
                 hub.detach(self, name)
                 raise
-            self._running = True
+            self.is_running = True
             self._started = time.perf_counter()
             self._listen_due = [0] * len(self._step_listeners)  # each asks anew
             self._listen_at = self._work_at = 0
@@ -270,7 +267,7 @@ class Guard:
         warmup = max(1, self._options.warmup_steps)
         self._call_probe = CallProbe(
             name,
-            lambda: self._running and not self._probing and self._steps >= warmup,
+            lambda: self.is_running and not self._probing and self._steps >= warmup,
             lambda fn, args, kwargs: self.probe_capture(fn, *args, **kwargs),
         )
         self._call_probe.arm()
@@ -311,9 +308,9 @@ class Guard:
 
     def _stop(self, *, act: bool) -> Report:
         with self._life:
-            if not self._running:
+            if not self.is_running:
                 return self.report
-            self._running = False
+            self.is_running = False
             self._elapsed += time.perf_counter() - self._started
             memory_error: MemoryGrowthError | None = None
             try:
@@ -1001,7 +998,7 @@ class Guard:
                 "follows the loop, so the policy judged no step; run at least "
                 f"{self._options.warmup_steps + 2} steps for a verdict"
             )
-        elapsed = self._elapsed + (time.perf_counter() - self._started if self._running else 0.0)
+        elapsed = self._elapsed + (time.perf_counter() - self._started if self.is_running else 0.0)
         memory: MemoryReport | None = None
         if self._memory is not None:
             try:
@@ -1028,7 +1025,7 @@ class Guard:
         sites = [site_record(s, max(0, steps - warmup)) for s in stats]
         compiled: Any = None
         with self._faults_noted():
-            joined = join(sites, self._compile, running=self._running)
+            joined = join(sites, self._compile, running=self.is_running)
             if joined is not None:
                 sites, compiled = list(joined[0]), joined[1]
         return Report(

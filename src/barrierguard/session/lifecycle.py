@@ -27,7 +27,7 @@ class Guard(Protocol):
 
     _life: Any
     _entries: threading.local
-    _running: bool
+    is_running: bool
     _thread_ident: int | None
 
     def start(self) -> Any: ...
@@ -44,7 +44,7 @@ def enter(guard: Guard) -> None:
     """Enter ``guard`` (``with``, a decorated call): start it, or join it."""
     entries: list[str] = guard._entries.__dict__.setdefault("stack", [])
     with guard._life:
-        if not guard._running:
+        if not guard.is_running:
             guard.start()
             entries.append(_OWN)
             return
