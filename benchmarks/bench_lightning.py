@@ -353,6 +353,11 @@ Reproduce:
     ``to()`` that moved nothing returns at once; run first) into
     ``benchmarks/results/h200/lightning_parts_mlp_55c0a4b.json`` and at 0f1d8be into
     ``benchmarks/results/h200/lightning_parts_mlp_0f1d8be_host3.json`` (and ``.txt``).
+    On a fourth, at 85f72aa (two calls fewer a step: the optimizers' host step reads,
+    ``Guard.is_running``) against 358b8c8 unpacked the same way, in one command in the order
+    new, old, new: ``benchmarks/results/h200/lightning_parts_mlp_85f72aa.json``,
+    ``benchmarks/results/h200/lightning_parts_mlp_358b8c8.json`` and
+    ``benchmarks/results/h200/lightning_parts_mlp_85f72aa_b.json`` (and ``.txt``).
 
     CPU smoke run (tiny settings, audit engine)::
 

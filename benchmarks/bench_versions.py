@@ -68,7 +68,9 @@ Reproduce:
     (``--read``), both ``--old old.tar --pin 2 --steps 100 --pairs 200`` on one host, are
     ``src/`` at 59aa2f4 (one test for a quiet boundary's work; the step timeline's period and
     memory sampling under 0.1% of the step) against an archive of e2a1478; their ``.txt`` hold
-    the printed table alone.
+    the printed table alone. ``benchmarks/results/h200/versions_85f72aa.json`` and
+    ``versions_85f72aa.txt`` are the same command without ``--read``, ``src/`` at 85f72aa
+    (the optimizers' host step reads make one call fewer) against an archive of 358b8c8.
 
     Where the working tree has no git history (a copy sent to a GPU machine), make the
     archive first and pass its path::
