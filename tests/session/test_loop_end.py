@@ -174,6 +174,34 @@ def test_a_read_once_per_epoch_after_the_data_ran_out_never_fails() -> None:
     assert not hasattr(_BaseDataLoaderIter.__next__, "__wrapped__")
 
 
+def test_loaders_are_watched_only_while_no_phase_is_named() -> None:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    def watched() -> bool:
+        return hasattr(_BaseDataLoaderIter.__next__, "__wrapped__")
+
+    data = torch.utils.data.TensorDataset(torch.randn(4, 2))
+    loader = torch.utils.data.DataLoader(data, batch_size=2)
+    model = torch.nn.Linear(2, 1).to("cpu")
+    guard = barrierguard.watch(engine="audit", policy="record", memory=False)
+    guard.set_phase("train")  # as a framework's adapter does before it starts the guard
+    guard.start()
+    try:
+        assert not watched()  # its phases name the loop's end: no wrapper on each batch
+        guard.set_phase(None)
+        guard.set_phase(None)  # watched once
+        assert watched()
+        for (x,) in loader:
+            loss = model(x.to("cpu")).pow(2).mean()
+            guard.step()
+        loss.item()  # after the data ran out, no phase named
+    finally:
+        guard.stop()
+    assert not watched()
+    (read,) = [s for s in guard.report.sites if s.kind == "item"]
+    assert _after_loop(read) == 1
+
+
 def test_a_read_in_the_loop_of_a_dataloader_still_fails() -> None:
     data = torch.utils.data.TensorDataset(torch.randn(8, 2))
     loader = torch.utils.data.DataLoader(data, batch_size=2)

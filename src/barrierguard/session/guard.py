@@ -235,7 +235,11 @@ class Guard:
                     from torch.optim.optimizer import register_optimizer_step_post_hook
 
                     self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
-                watch_loaders(self._on_loader_end)
+                if self._phase is None:
+                    # A loader that ran out marks a loop's end only for syncs without a phase;
+                    # a framework's adapter names every phase (set_phase), so its fit pays no
+                    # wrapper on each batch. set_phase(None) watches them from then on.
+                    watch_loaders(self._on_loader_end)
             except BaseException:
                 if self._hook_handle is not None:
                     self._hook_handle.remove()
@@ -613,6 +617,8 @@ class Guard:
         """
         self._phase = phase
         hub.invalidate()
+        if phase is None and self.is_running:
+            watch_loaders(self._on_loader_end)  # once; stop() unwatches
 
     @property
     def steps(self) -> int:

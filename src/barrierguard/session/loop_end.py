@@ -107,8 +107,11 @@ _patches = Patches()
 
 
 def watch_loaders(listener: Callable[[], None]) -> None:
-    """Call ``listener()`` whenever a ``DataLoader`` iterator runs out, until unwatched."""
+    """Call ``listener()`` whenever a ``DataLoader`` iterator runs out, until unwatched (once,
+    however often it is watched)."""
     with _lock:
+        if listener in _listeners:
+            return
         _listeners.append(listener)
         if len(_listeners) > 1:
             return
