@@ -357,7 +357,13 @@ Reproduce:
     ``Guard.is_running``) against 358b8c8 unpacked the same way, in one command in the order
     new, old, new: ``benchmarks/results/h200/lightning_parts_mlp_85f72aa.json``,
     ``benchmarks/results/h200/lightning_parts_mlp_358b8c8.json`` and
-    ``benchmarks/results/h200/lightning_parts_mlp_85f72aa_b.json`` (and ``.txt``).
+    ``benchmarks/results/h200/lightning_parts_mlp_85f72aa_b.json`` (and ``.txt``). On a fifth,
+    at cae2aa3 (a callback's guard wraps no ``DataLoader`` iteration) against 358b8c8, in one
+    command in the order old, new, old, new:
+    ``benchmarks/results/h200/lightning_parts_mlp_358b8c8_c.json``,
+    ``benchmarks/results/h200/lightning_parts_mlp_cae2aa3.json``,
+    ``benchmarks/results/h200/lightning_parts_mlp_358b8c8_d.json`` and
+    ``benchmarks/results/h200/lightning_parts_mlp_cae2aa3_b.json`` (and ``.txt``).
 
     CPU smoke run (tiny settings, audit engine)::
 
