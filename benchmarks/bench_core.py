@@ -381,18 +381,18 @@ def parts(
     empty call after each step: a meter's own cost, cold). The step's host CPU
     time is compared between the bare and the plain watched block of each
     round, which carry no meter: the median of the rounds' differences, with
-    its quartiles. With ``read`` each step ends with ``loss.item()``, and the boundary's roll
-    of that read's tally is metered too.
+    its quartiles. With ``read`` each step ends with ``loss.item()`` (the boundary's roll of
+    that read's tally is the hook's own, metered with it).
     """
     from barrierguard.session import guard as guard_module
 
     meter = GuardMeter(
         [
-            (guard_module.Guard, "_on_optimizer_step", "optimizer hook (with the boundary)"),
-            # The boundary's work when some is due (a listener, kept frames); a quiet step's
-            # boundary, a carried tally's roll, is Guard._advance's, which the hook calls.
+            # Guard._advance is the hook; a quiet step's boundary and a carried tally's roll are
+            # its own (metered apart, as Guard._roll, up to 47abf57).
+            (guard_module.Guard, "_advance", "optimizer hook (with the boundary)"),
+            # The boundary's work when some is due (a listener, kept frames).
             (guard_module.Guard, "_boundary", "  of which the boundary's work when due"),
-            *([(guard_module.Guard, "_roll", "  of which a carried tally's roll")] if read else []),
         ]
     )
     step = adam_mlp_step(device, layers, width, read)

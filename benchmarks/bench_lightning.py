@@ -862,12 +862,12 @@ def _parts_fit(args: argparse.Namespace) -> dict[str, Any]:
     cls = barrierguard.BarrierGuard
     meter = GuardMeter(
         [
-            (Guard, "_on_optimizer_step", "optimizer hook"),
+            # Under a callback (steps by caller) every hook call would come here: none is made.
+            (Guard, "_optimizer_boundaries", "optimizer hook"),
             (cls, "on_train_batch_end", "callback: on_train_batch_end, its step()"),
-            # _advance: every boundary's entry, its quiet path inline.
+            # _advance: every boundary's entry, its quiet path and the carried tallies' roll
+            # inline (metered apart, as Guard._roll, up to 47abf57).
             (Guard, "_advance", "  of which the step boundary"),
-            # A read carried over the boundary is counted in its step here (_fold: a report's).
-            (Guard, "_roll", "    of which the roll of the tallies"),
             (stack, "forget", "    of which stack.forget (the kept frames)"),
             (Guard, "_close_step", "    of which closing the step's held syncs"),
             (Guard, "_listen", "    of which its listeners"),

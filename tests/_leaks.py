@@ -43,7 +43,7 @@ def guard_step_hooks() -> int:
     from barrierguard.session.guard import Guard
 
     hooks = optim_mod._global_optimizer_post_hooks.values()
-    return sum(getattr(h, "__func__", None) is Guard._on_optimizer_step for h in hooks)
+    return sum(getattr(h, "__func__", None) is Guard._advance for h in hooks)
 
 
 def global_state() -> dict[str, Any]:

@@ -47,7 +47,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _MAX_VIOLATIONS = 1000
 # Per-step counters are made this many steps ahead (see Guard._boundary).
 _STEPS_AHEAD = 1024
-# A tally's closed steps kept uncounted (see Guard._roll) before they are counted together.
+# A tally's closed steps kept uncounted (see the roll in Guard._advance) before they are counted together.
 _PAST_STEPS = 256
 # This thread's open allowed() blocks, read on the quiet path (see _Quiet).
 _allowing_tls = allowing._TLS
@@ -113,8 +113,8 @@ class _Quiet(hub.Tally):
         self.mechanism: str | None = None
         self.phase: str | None = None
         self.untimed = 0  # of the n, those without a measured stall
-        self.listed = False  # in Guard._grown: its tally was handed out (see _roll)
-        # The closed steps' (step, n, stall, untimed), not yet counted (see _roll).
+        self.listed = False  # in Guard._grown: its tally was handed out (see the roll in _advance)
+        # The closed steps' (step, n, stall, untimed), not yet counted (see the roll in _advance).
         self.past: list[tuple[int, int, float, int]] = []
 
 
@@ -150,7 +150,7 @@ class Guard:
         # Settled sites by their interned location (_settle).
         self._quiet: dict[Location, _Quiet] = {}
         # The settled sites whose tallies were handed out since the last stale-making roll: the
-        # only ones that can grow without record(), so a boundary rolls them on (see _roll).
+        # only ones that can grow without record(), so a boundary rolls them on (see the roll in _advance).
         self._grown: list[_Quiet] = []
         self._steps = 0
         self._step_syncs = 0
@@ -234,7 +234,7 @@ class Guard:
                 if self._optimizer_source is None:
                     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-                    self._hook_handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+                    self._hook_handle = register_optimizer_step_post_hook(self._advance)
                 if self._phase is None:
                     # A loader that ran out marks a loop's end only for syncs without a phase;
                     # a framework's adapter names every phase (set_phase), so its fit pays no
@@ -401,30 +401,34 @@ class Guard:
         self._step_listeners.append(listener)
         self._listen_at = self._work_at = 0
 
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _optimizer_boundaries(self, optimizer: Any) -> int:
+        """How many boundaries a step of ``optimizer`` makes, when it is not the last
+        boundary's optimizer stepping again (see :meth:`_advance`); it is held from now on."""
         key = id(optimizer)
-        if key == self._alone:
-            # The last boundary's optimizer, none other since: one boundary, counted here.
-            self._advance()
-            return
         self._alone = None
         if self._probing:
-            return  # a captured step runs no kernel: not a step of the training
+            return 0  # a captured step runs no kernel: not a step of the training
         if key not in self._optimizers:
             self._optimizers[key] = optimizer  # held: its id stays its own
         if self._manual:
-            return
+            return 0
         rule = self._optimizer_steps
         boundaries = rule.boundaries(key)
         if rule.alone(key):
             self._alone = key
-        while boundaries:
-            boundaries -= 1
-            self._advance()
+        return boundaries
 
-    def _advance(self) -> None:
-        """Count a step and make its boundary. :meth:`_boundary`'s tests inline: a quiet step's
-        boundary (nothing due, but a carried tally's roll) is this one call."""
+    def _advance(self, optimizer: Any = None, args: Any = None, kwargs: Any = None) -> None:
+        """Count a step and make its boundary; also torch's optimizer-step hook (``optimizer``
+        stepped), one call where the last boundary's optimizer steps again, none other since.
+        :meth:`_boundary`'s tests and the carried tallies' roll are inline: a quiet step's
+        boundary, or one that only rolls a read once a step on, is this one call."""
+        if optimizer is not None and id(optimizer) != self._alone:
+            boundaries = self._optimizer_boundaries(optimizer)
+            if not boundaries:
+                return
+            for _ in range(boundaries - 1):
+                self._advance()  # the rule counts more than one: the others first
         # Only the training thread advances steps: no lock, the counters made first.
         self._step_syncs = 0
         self._steps = step = self._steps + 1
@@ -442,18 +446,53 @@ class Guard:
                         kept = False
                 except ValueError:
                     pass
+        grown = self._grown
+        if grown:
+            # The roll: close this thread's tallies' step and move their sites on to ``step``,
+            # so that a tally handed out stays good across the boundary (a read once a step
+            # calls nothing) while one grew in the closed step: it may grow again. Else, or
+            # with another thread's tally out, every tally is made stale and _grown emptied.
+            # Only the sites in _grown are visited: a tally is handed out by record() alone,
+            # which lists its site, and the list is emptied only with the tallies made stale.
+            # A site left at an older step is folded by record() when next met. A closed
+            # step's count is put aside in the site's ``past`` and counted with the others
+            # later (_fold_one: at a report, or every _PAST_STEPS steps): a boundary touches
+            # the tally alone, not the site's counters.
+            me = _get_ident()
+            grew, alone = False, True
+            for quiet in grown:
+                if quiet.stats.last_ident != me:
+                    alone = False  # its tally is counted by its thread: stale at our boundary
+                    continue
+                n = quiet.n
+                if n:
+                    grew = True
+                    if quiet.lists:
+                        # Listed as they ran (the list keeps the first ones), counted later.
+                        # _violate_quietly's test, inline: once the list is full, no call.
+                        if len(self._violations) < _MAX_VIOLATIONS:
+                            self._violate_quietly(quiet.stats, quiet.step, n)
+                        else:
+                            self._violation_count += n
+                    past = quiet.past
+                    past.append((quiet.step, n, quiet.stall, quiet.untimed))
+                    quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
+                    if len(past) >= _PAST_STEPS:
+                        self._fold_one(quiet)
+                quiet.step = step
+            if not (grew and alone):
+                for quiet in grown:
+                    quiet.listed = False
+                grown.clear()
+                hub.invalidate()
         if kept or step >= self._work_at:
             self._boundary(step, _getframe(), kept)
-        elif self._grown:  # a read once a step, nothing else due: its tally rolls on
-            self._roll(step)
 
     def _boundary(self, step: int, origin: FrameType, kept: bool) -> None:
-        """A step boundary's work once ``step`` is counted: tallies, frames, held syncs, listeners.
-        :meth:`_advance` calls it only when one of its tests holds: work added here needs its
-        test there too. ``kept``: frames are held that may have finished; ``origin``: the
-        caller's frame, from which :data:`stack.settled` counts their depths."""
-        if self._grown:
-            self._roll(step)
+        """A step boundary's work once ``step`` is counted and its tallies rolled: frames, held
+        syncs, listeners. :meth:`_advance` calls it only when one of its tests holds: work added
+        here needs its test there too. ``kept``: frames are held that may have finished;
+        ``origin``: the caller's frame, from which :data:`stack.settled` counts their depths."""
         if step == len(self._per_step):
             self._per_step += [0] * _STEPS_AHEAD
             self._step_stall += [0.0] * _STEPS_AHEAD
@@ -695,10 +734,10 @@ class Guard:
         ):
             if quiet.step != self._steps:
                 # The guard's thread's first in a later step: no tally of it stands (a boundary
-                # moves each one on, _roll, or makes it stale): its count so far is its step's.
+                # moves each one on, the roll in _advance, or makes it stale): its count so far is its step's.
                 self._fold_one(quiet)
                 quiet.step = self._steps
-            quiet.n += 1  # a repeat: folded into the counters later (_roll, _fold)
+            quiet.n += 1  # a repeat: folded into the counters later (the roll, _fold)
             if not quiet.listed:
                 quiet.listed = True
                 self._grown.append(quiet)
@@ -827,48 +866,6 @@ class Guard:
         if stats.in_loop and self._options.max_syncs_per_step is None:
             self._quiet.setdefault(stats.loc, _Quiet(stats, stats.blocking and not stats.allowed))
 
-    def _roll(self, step: int) -> None:
-        """At a boundary: close this thread's tallies' step and move their sites on to ``step``,
-        so that a tally handed out stays good across the boundary (a read once a step calls
-        nothing) while one grew in the closed step: it may grow again. Else, or with another
-        thread's tally out, every tally is made stale and :attr:`_grown` emptied.
-
-        Only the sites in :attr:`_grown` are visited: a tally is handed out by :meth:`record`
-        alone, which lists its site, and the list is emptied only with the tallies made stale.
-        A site left at an older step is folded by :meth:`record` when next met. A closed step's
-        count is put aside in the site's ``past`` and counted with the others later
-        (:meth:`_fold_one`: at a report, or every ``_PAST_STEPS`` steps): a boundary touches
-        the tally alone, not the site's counters."""
-        me = _get_ident()
-        grew, alone = False, True
-        grown = self._grown
-        for quiet in grown:
-            if quiet.stats.last_ident != me:
-                alone = False  # its tally is counted by its thread: stale at our boundary
-                continue
-            n = quiet.n
-            if n:
-                grew = True
-                if quiet.lists:
-                    # Listed as they ran (the list keeps the first ones), counted later.
-                    # _violate_quietly's test, inline: once the list is full, no call a step.
-                    if len(self._violations) < _MAX_VIOLATIONS:
-                        self._violate_quietly(quiet.stats, quiet.step, n)
-                    else:
-                        self._violation_count += n
-                past = quiet.past
-                past.append((quiet.step, n, quiet.stall, quiet.untimed))
-                quiet.n, quiet.stall, quiet.untimed = 0, 0.0, 0
-                if len(past) >= _PAST_STEPS:
-                    self._fold_one(quiet)
-            quiet.step = step
-        if grew and alone:
-            return
-        for quiet in grown:
-            quiet.listed = False
-        grown.clear()
-        hub.invalidate()
-
     def _fold(self, every: bool = False) -> None:
         """Count this thread's tallies of settled sites (every thread's with ``every``)."""
         hub.invalidate()  # a new step or a report: the tallies start again
@@ -879,7 +876,7 @@ class Guard:
 
     def _fold_one(self, quiet: _Quiet) -> None:
         """Count ``quiet``'s tally, as more of its last sync: the closed steps put aside
-        (:meth:`_roll`, which listed their violations), then its count in the open step."""
+        (the roll in :meth:`_advance`, which listed their violations), then its count in the open step."""
         entries, n = quiet.past, quiet.n
         if n:
             entries.append((quiet.step, n, quiet.stall, quiet.untimed))
@@ -897,7 +894,7 @@ class Guard:
         for step, k, stall, untimed in entries:
             if blocking:
                 per_step[step] += k
-            _add_step(ranges, step)  # a step _roll moved to has had no count of its own
+            _add_step(ranges, step)  # a step the roll moved to has had no count of its own
             if k > untimed:
                 stats.stall += stall
                 stats.stall_count += k - untimed
