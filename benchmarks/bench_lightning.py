@@ -363,7 +363,13 @@ Reproduce:
     ``benchmarks/results/h200/lightning_parts_mlp_358b8c8_c.json``,
     ``benchmarks/results/h200/lightning_parts_mlp_cae2aa3.json``,
     ``benchmarks/results/h200/lightning_parts_mlp_358b8c8_d.json`` and
-    ``benchmarks/results/h200/lightning_parts_mlp_cae2aa3_b.json`` (and ``.txt``).
+    ``benchmarks/results/h200/lightning_parts_mlp_cae2aa3_b.json`` (and ``.txt``). On a
+    sixth, at 42d5c31 (the boundary is the optimizer hook and rolls the tallies inline; the
+    roll is no longer metered apart) into
+    ``benchmarks/results/h200/lightning_parts_mlp_42d5c31.json``, then in one command 47abf57
+    (``src/`` and ``benchmarks/`` of ``git archive 47abf57``, its own meters) into
+    ``benchmarks/results/h200/lightning_parts_mlp_47abf57.json`` and 42d5c31 into
+    ``benchmarks/results/h200/lightning_parts_mlp_42d5c31_b.json`` (and ``.txt``).
 
     CPU smoke run (tiny settings, audit engine)::
 

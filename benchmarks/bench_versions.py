@@ -71,6 +71,11 @@ Reproduce:
     the printed table alone. ``benchmarks/results/h200/versions_85f72aa.json`` and
     ``versions_85f72aa.txt`` are the same command without ``--read``, ``src/`` at 85f72aa
     (the optimizers' host step reads make one call fewer) against an archive of 358b8c8.
+    ``benchmarks/results/h200/versions_42d5c31.json`` and ``versions_42d5c31.txt`` (no read),
+    and ``benchmarks/results/h200/versions_read_42d5c31.json`` and
+    ``versions_read_42d5c31.txt`` (``--read``), on one host, are ``src/`` at 42d5c31 (the step
+    boundary is the optimizer hook itself and rolls the tallies inline) against an archive of
+    47abf57.
 
     Where the working tree has no git history (a copy sent to a GPU machine), make the
     archive first and pass its path::
