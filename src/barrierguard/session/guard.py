@@ -133,14 +133,18 @@ class Guard:
     the first step and in the first ``warmup_steps`` steps are setup, never held against the
     policy; those after the last step, at sites no closed step saw, are ``"after-loop"``.
 
+    Attributes:
+        is_running: Whether the guard is collecting now, from :meth:`start` to :meth:`stop`.
+        report_path: Where :meth:`stop` last saved the report (``watch(out=...)``), or ``None``.
+
     Example:
         >>> import barrierguard, torch
         >>> with barrierguard.watch(policy="record") as guard:
         ...     for _ in range(3):
         ...         x = torch.ones(4) * 2
         ...         guard.step()
-        >>> guard.report.steps
-        3
+        >>> guard.report.steps, guard.is_running
+        (3, False)
     """
 
     def __init__(self, options: Options) -> None:
@@ -645,7 +649,8 @@ class Guard:
         """Tag the syncs from now on with ``phase`` (a framework adapter's events).
 
         A phase the stack shows wins over ``"train"``; syncs in :data:`APART_PHASES`
-        are counted apart.
+        are counted apart. While no phase is named (``None``), a ``DataLoader`` that runs out
+        marks the loop's end; a guard started with a phase does not watch its loaders.
 
         Example:
             >>> import barrierguard
