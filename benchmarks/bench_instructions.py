@@ -67,10 +67,10 @@ Reproduce:
             --out benchmarks/results/instructions_cpu.json \\
             | tee benchmarks/results/instructions_cpu.txt
 
-    The committed run is at 55c0a4b (one test for a quiet boundary's work; the step
-    timeline's period under 0.1% of the step; one kept frame probed; a move that moved nothing
-    returns at once). The ones before it, at 2645640, eeef063, 8f7d436, 4b2adb7, 0bd0649,
-    8343848 and 2f8e154, are in git history.
+    The committed run is at c64b767 (the step boundary is the optimizer hook itself and rolls
+    the tallies inline; a callback's guard wraps no ``DataLoader``). The ones before it, at
+    55c0a4b, 2645640, eeef063, 8f7d436, 4b2adb7, 0bd0649, 8343848 and 2f8e154, are in git
+    history.
     The ``steps`` part of another ``src/``
     (``79963a1``, before the copy and the listeners changed) is counted with this
     script and that ``src/`` first on ``PYTHONPATH``.
