@@ -323,8 +323,8 @@ def test_a_settled_sites_tally_keeps_timed_and_untimed_repeats_apart(
         return out, tallied
 
     settled, tallied = run()
-    # Every sync of a step once its tally is carried over a boundary (the roll in _advance); in the first
-    # settled step, all but the one that settled the site.
+    # Every sync of a step once its tally is carried over a boundary (the roll in _advance); in
+    # the first settled step, all but the one that settled the site.
     assert tallied == len(stalls)
     monkeypatch.setattr(Guard, "_settle", lambda self, stats: None)
     full, none = run()

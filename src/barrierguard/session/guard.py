@@ -47,7 +47,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _MAX_VIOLATIONS = 1000
 # Per-step counters are made this many steps ahead (see Guard._boundary).
 _STEPS_AHEAD = 1024
-# A tally's closed steps kept uncounted (see the roll in Guard._advance) before they are counted together.
+# A tally's closed steps kept uncounted (see the roll in Guard._advance) before they are
+# counted together.
 _PAST_STEPS = 256
 # This thread's open allowed() blocks, read on the quiet path (see _Quiet).
 _allowing_tls = allowing._TLS
@@ -154,7 +155,8 @@ class Guard:
         # Settled sites by their interned location (_settle).
         self._quiet: dict[Location, _Quiet] = {}
         # The settled sites whose tallies were handed out since the last stale-making roll: the
-        # only ones that can grow without record(), so a boundary rolls them on (see the roll in _advance).
+        # only ones that can grow without record(), so a boundary rolls them on (see the roll in
+        # _advance).
         self._grown: list[_Quiet] = []
         self._steps = 0
         self._step_syncs = 0
@@ -739,7 +741,8 @@ class Guard:
         ):
             if quiet.step != self._steps:
                 # The guard's thread's first in a later step: no tally of it stands (a boundary
-                # moves each one on, the roll in _advance, or makes it stale): its count so far is its step's.
+                # moves each one on, the roll in _advance, or makes it stale): its count so far
+                # is its step's.
                 self._fold_one(quiet)
                 quiet.step = self._steps
             quiet.n += 1  # a repeat: folded into the counters later (the roll, _fold)
@@ -881,7 +884,8 @@ class Guard:
 
     def _fold_one(self, quiet: _Quiet) -> None:
         """Count ``quiet``'s tally, as more of its last sync: the closed steps put aside
-        (the roll in :meth:`_advance`, which listed their violations), then its count in the open step."""
+        (the roll in :meth:`_advance`, which listed their violations), then its count in the
+        open step."""
         entries, n = quiet.past, quiet.n
         if n:
             entries.append((quiet.step, n, quiet.stall, quiet.untimed))
