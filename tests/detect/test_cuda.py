@@ -567,8 +567,9 @@ def test_a_read_once_a_step_is_counted_by_its_tally_across_boundaries(
 ) -> None:
     # The common loop: one read a step (a logged loss), in user code or inside a framework.
     # Once settled, its tally is carried over each boundary that saw it grow (the roll in
-    # Guard._advance): the read calls nothing, and the report is the one the guard makes by itself. A step
-    # without it, a phase or another site ends the carry; the read after takes one call.
+    # Guard._advance): the read calls nothing, and the report is the one the guard makes by
+    # itself. A step without it, a phase or another site ends the carry; the read after takes
+    # one call.
     plan = "u1s" + "us" * 30 + "1s" * 20 + "ss" + "us" * 10 + "v" + "us" * 5 + "t" + "u2s" * 5
     fast, fast_calls, slow_calls = _both_ways(plan)
     user = _view(fast)[(_line("# T-user"), "user")]
