@@ -144,6 +144,12 @@ Reproduce:
     ``benchmarks/results/h200/core_parts_8274972.json`` and ``core_parts_8274972.txt`` are
     ``--pin 2 --layers 3 --pairs 3 --steps 5 --parts-steps 100 --parts-rounds 30
     --sync-pairs 0`` at 8274972.
+    ``benchmarks/results/h200/core_null_2a5264d.json`` and ``core_null_2a5264d.txt`` are
+    ``--pin 2 --layers 3 --steps 200 --pairs 200 --parts-steps 0 --sync-pairs 0 --settle 16
+    --null`` at 2a5264d, the first with the null's ``_get_value`` replaced as the guard's is
+    (5 minutes); ``benchmarks/results/h200/core_parts_2a5264d.json`` and
+    ``core_parts_2a5264d.txt`` are ``--pin 2 --layers 3 --pairs 3 --steps 5 --parts-steps 3000
+    --parts-rounds 30 --sync-pairs 0`` at 2a5264d, on another host.
     ``benchmarks/results/h200/core_sync_eeef063.json`` is ``--pin 2 --layers 3 --steps 50
     --pairs 10 --parts-steps 0 --sync-pairs 40`` at eeef063: the per-sync part (its 10 rounds
     of the per-step part are too few to read).
@@ -204,6 +210,31 @@ from _common import (
 import barrierguard
 
 
+def host_step_reads(item: Any) -> list[tuple[Any, Any]]:
+    """Replace ``torch.optim``'s ``_get_value`` as the CUDA engine does, reading a plain host
+    tensor with ``item``; returns ``(module, original)`` pairs to put back."""
+    import operator
+
+    from torch.optim import optimizer as base
+
+    orig = base._get_value
+    plain = torch.Tensor
+    on_device = operator.attrgetter("is_cuda")
+    compiling = torch.compiler.is_dynamo_compiling
+
+    def _get_value(x: Any) -> Any:
+        if type(x) is plain and not on_device(x) and not compiling():
+            return item(x)
+        return orig(x)
+
+    replaced = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.optim") and getattr(module, "_get_value", None) is orig:
+            replaced.append((module, orig))
+            module._get_value = _get_value
+    return replaced
+
+
 class NullInterposition:
     """The calls ``watch(memory=False)`` interposes on, passed on and nothing else.
 
@@ -212,11 +243,14 @@ class NullInterposition:
     ``DataLoader`` iterator that a started guard changes), then stopped; each such
     callable is then wrapped in a plain ``(*args, **kwargs)`` pass-through, an
     empty global optimizer step hook is registered and, on a GPU, sync-debug warn
-    mode is set with its warnings ignored (:class:`ModeOnly`). ``_get_value`` is
-    left alone: the guard replaces that Python function with one that calls no
-    further, adding no call. The floor under any detector built from Python
-    wrappers and an optimizer hook: what the guard's own work costs is its ratio
-    to this one.
+    mode is set with its warnings ignored (:class:`ModeOnly`). ``torch.optim``'s
+    ``_get_value`` is replaced as the guard replaces it (a host step counter read
+    with the unwrapped ``item``, one test of compiling), so that Adam's reads of
+    its step counters pass no wrapper here either (before ``core_null_2a5264d``
+    it was left alone, and each of them passed the null's ``item`` wrapper: 12 a
+    step that the guard does not pay). The floor under a detector built as this
+    one is, from Python wrappers and an optimizer hook: what the guard's own work
+    costs is its ratio to this one.
     """
 
     def __init__(self, device: str) -> None:
@@ -225,6 +259,7 @@ class NullInterposition:
         self._changed = changed
         self._mode = ModeOnly() if device == "cuda" else None
         self._handle: Any = None
+        self._get_values: list[tuple[Any, Any]] = []
 
     def __enter__(self) -> None:
         import functools
@@ -236,8 +271,10 @@ class NullInterposition:
 
             return passed
 
+        item = torch.Tensor.item
         for owner, name, orig, _ in self._changed:
             setattr(owner, name, passthrough(orig))
+        self._get_values = host_step_reads(item)
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: None)
@@ -248,6 +285,8 @@ class NullInterposition:
         if self._mode is not None:
             self._mode.__exit__()
         self._handle.remove()
+        for module, orig in self._get_values:
+            module._get_value = orig
         unpatch(self._changed)
 
 
