@@ -369,7 +369,9 @@ Reproduce:
     ``benchmarks/results/h200/lightning_parts_mlp_42d5c31.json``, then in one command 47abf57
     (``src/`` and ``benchmarks/`` of ``git archive 47abf57``, its own meters) into
     ``benchmarks/results/h200/lightning_parts_mlp_47abf57.json`` and 42d5c31 into
-    ``benchmarks/results/h200/lightning_parts_mlp_42d5c31_b.json`` (and ``.txt``).
+    ``benchmarks/results/h200/lightning_parts_mlp_42d5c31_b.json`` (and ``.txt``). On a
+    seventh, twice at 2a5264d: ``benchmarks/results/h200/lightning_parts_mlp_2a5264d_a.json``
+    and ``benchmarks/results/h200/lightning_parts_mlp_2a5264d_b.json`` (and ``.txt``).
 
     CPU smoke run (tiny settings, audit engine)::
 
