@@ -208,31 +208,7 @@ from _common import (
 )
 
 import barrierguard
-
-
-def host_step_reads(item: Any) -> list[tuple[Any, Any]]:
-    """Replace ``torch.optim``'s ``_get_value`` as the CUDA engine does, reading a plain host
-    tensor with ``item``; returns ``(module, original)`` pairs to put back."""
-    import operator
-
-    from torch.optim import optimizer as base
-
-    orig = base._get_value
-    plain = torch.Tensor
-    on_device = operator.attrgetter("is_cuda")
-    compiling = torch.compiler.is_dynamo_compiling
-
-    def _get_value(x: Any) -> Any:
-        if type(x) is plain and not on_device(x) and not compiling():
-            return item(x)
-        return orig(x)
-
-    replaced = []
-    for name, module in list(sys.modules.items()):
-        if name.startswith("torch.optim") and getattr(module, "_get_value", None) is orig:
-            replaced.append((module, orig))
-            module._get_value = _get_value
-    return replaced
+from barrierguard.detect.cuda import CudaEngine
 
 
 class NullInterposition:
@@ -244,8 +220,9 @@ class NullInterposition:
     callable is then wrapped in a plain ``(*args, **kwargs)`` pass-through, an
     empty global optimizer step hook is registered and, on a GPU, sync-debug warn
     mode is set with its warnings ignored (:class:`ModeOnly`). ``torch.optim``'s
-    ``_get_value`` is replaced as the guard replaces it (a host step counter read
-    with the unwrapped ``item``, one test of compiling), so that Adam's reads of
+    ``_get_value`` is replaced by the CUDA engine's own replacement
+    (``CudaEngine._host_reads_unwrapped``: a host step counter read with the
+    unwrapped ``item``, one test of compiling), so that Adam's reads of
     its step counters pass no wrapper here either (before ``core_null_2a5264d``
     it was left alone, and each of them passed the null's ``item`` wrapper: 12 a
     step that the guard does not pay). The floor under a detector built as this
@@ -259,7 +236,7 @@ class NullInterposition:
         self._changed = changed
         self._mode = ModeOnly() if device == "cuda" else None
         self._handle: Any = None
-        self._get_values: list[tuple[Any, Any]] = []
+        self._host_reads: Any = None  # the CUDA engine whose _get_value is set
 
     def __enter__(self) -> None:
         import functools
@@ -274,7 +251,8 @@ class NullInterposition:
         item = torch.Tensor.item
         for owner, name, orig, _ in self._changed:
             setattr(owner, name, passthrough(orig))
-        self._get_values = host_step_reads(item)
+        self._host_reads = CudaEngine()
+        self._host_reads._host_reads_unwrapped(item)
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._handle = register_optimizer_step_post_hook(lambda opt, args, kwargs: None)
@@ -285,8 +263,7 @@ class NullInterposition:
         if self._mode is not None:
             self._mode.__exit__()
         self._handle.remove()
-        for module, orig in self._get_values:
-            module._get_value = orig
+        self._host_reads._patches.undo()
         unpatch(self._changed)
 
 
